@@ -1,0 +1,233 @@
+"""Kernel families: each owns its validation rules, its knobs and its derived sizes.
+
+A family is a small object, not a subclass tree: `check(spec)` lists every broken rule as
+"value: rule; fix", and the derived values (warps, shared memory) are plain functions of the
+spec, so nothing is stored twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .arch import ARCHS
+
+if TYPE_CHECKING:
+    from .spec import KernelSpec
+
+# Lanes that cooperate on one query row in the simt family (a power of two <= 32).
+SIMT_LANES_PER_ROW = 4
+# Extra 16-byte pad per shared-memory row in the mma family: it shifts successive rows by 4
+# banks, so the 8 row addresses of every ldmatrix phase hit 8 distinct bank quads.
+MMA_ROW_PAD = 8
+# A warp's accumulators must leave room for fragments, indices and softmax state.
+MMA_ACC_REG_BUDGET = 160
+
+
+def _pick(values: list[int], ok: Any) -> str:
+    good = [str(v) for v in values if ok(v)]
+    return " or ".join(good[:3]) if good else "another value"
+
+
+@dataclass(frozen=True)
+class Family:
+    """Rules and derived values shared by every family; subclasses fill in the specifics."""
+
+    name: str
+    template: str
+    archs: tuple[str, ...]
+    has_knobs: bool
+    axes: dict[str, tuple[Any, ...]]  # the shipped space: every axis of KernelSpec
+
+    def default_warps(self, spec: KernelSpec) -> int:
+        """The warps a spec gets when it does not name them."""
+        raise NotImplementedError
+
+    def align_elems(self, spec: KernelSpec) -> int:
+        """Elements every base pointer and token/head/batch stride must be a multiple of."""
+        return 1
+
+    def default_stages(self, spec: KernelSpec) -> int:
+        """The pipeline stages a spec gets when it does not name them."""
+        raise NotImplementedError
+
+    def check(self, spec: KernelSpec) -> list[str]:
+        """Every broken rule as 'value: rule; fix' (empty when the spec is valid)."""
+        raise NotImplementedError
+
+    def smem_bytes(self, spec: KernelSpec) -> int:
+        """Dynamic shared memory one block needs."""
+        raise NotImplementedError
+
+    def context(self, spec: KernelSpec) -> dict[str, Any]:
+        """Family-specific values handed to the template (all derived in Python)."""
+        return {}
+
+    def smem_rule(self, spec: KernelSpec, formula: str, fix: str) -> list[str]:
+        """The shared-memory rule: the block must fit every arch the family ships for."""
+        limit = min(ARCHS[a].smem_per_block for a in self.archs)
+        need = self.smem_bytes(spec)
+        if need > limit:
+            arch = min(self.archs, key=lambda a: ARCHS[a].smem_per_block)
+            return [f"smem={need} B: exceeds the {limit} B per block of {arch} ({formula}); {fix}"]
+        return []
+
+
+@dataclass(frozen=True)
+class SimtFamily(Family):
+    """The seed's algorithm on CUDA cores, fp32 math; `SIMT_LANES_PER_ROW` lanes per query row."""
+
+    def default_warps(self, spec: KernelSpec) -> int:
+        return max(1, spec.br * SIMT_LANES_PER_ROW // 32)
+
+    def default_stages(self, spec: KernelSpec) -> int:
+        return 1
+
+    def smem_bytes(self, spec: KernelSpec) -> int:
+        # fp32 tiles, each row padded by one word so lanes of different rows hit different banks
+        return 4 * ((spec.br + 2 * spec.bc) * (spec.d + 1) + spec.br * (spec.bc + 1))
+
+    def check(self, spec: KernelSpec) -> list[str]:
+        p: list[str] = []
+        g = SIMT_LANES_PER_ROW
+        if spec.d < 8 or spec.d > 256 or spec.d % 8:
+            p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family simt; try 64")
+        if spec.br < 8 or spec.br > 128 or spec.br % 8:
+            fix = _pick([16, 32, 64], lambda v: True)
+            p.append(f"br={spec.br}: must be a multiple of 8 in [8, 128] for family simt; try {fix}")
+        if spec.bc < g or spec.bc > 128 or spec.bc % 16:
+            p.append(f"bc={spec.bc}: must be a multiple of 16 in [16, 128] for family simt; try 32")
+        if spec.warps != self.default_warps(spec):
+            p.append(
+                f"warps={spec.warps}: family simt derives warps from br (br*{g}/32 = "
+                f"{self.default_warps(spec)}); leave warps unset"
+            )
+        if spec.stages != 1:
+            p.append(f"stages={spec.stages}: family simt has no pipeline; leave stages unset")
+        if not p:
+            # registers: each lane holds d/G output columns and bc/G scores of its row
+            regs = spec.d // g + spec.bc // g
+            if regs > 64:
+                p.append(
+                    f"d={spec.d}, bc={spec.bc}: {regs} accumulators per thread (d/{g} + bc/{g}) "
+                    "exceed 64 and would spill; lower bc or d"
+                )
+            p += self.smem_rule(spec, "4*((br+2*bc)*(d+1) + br*(bc+1))", "lower bc or br")
+        return p
+
+    def context(self, spec: KernelSpec) -> dict[str, Any]:
+        return {"lanes_per_row": SIMT_LANES_PER_ROW}
+
+
+@dataclass(frozen=True)
+class MmaFamily(Family):
+    """FlashAttention-2 on mma.sync tensor cores: each warp owns 16 or 32 query rows."""
+
+    def default_warps(self, spec: KernelSpec) -> int:
+        return max(1, spec.br // 16)
+
+    def default_stages(self, spec: KernelSpec) -> int:
+        return 2
+
+    def align_elems(self, spec: KernelSpec) -> int:
+        # K/V/Q tiles move in 16-byte cp.async chunks
+        return 16 // spec.dtype_info.itemsize
+
+    def rows_per_warp(self, spec: KernelSpec) -> int:
+        """Query rows each warp owns (16 per m16n8k16 row tile)."""
+        return spec.br // max(spec.warps, 1)
+
+    def smem_bytes(self, spec: KernelSpec) -> int:
+        row = (spec.d + MMA_ROW_PAD) * spec.dtype_info.itemsize
+        return row * (spec.br + 2 * spec.stages * spec.bc)
+
+    def check(self, spec: KernelSpec) -> list[str]:
+        p: list[str] = []
+        if not spec.dtype_info.tensor_core:
+            p.append(
+                f"dtype={spec.dtype}: family mma needs a tensor-core dtype; use fp16 or bf16, "
+                "or family simt for fp32"
+            )
+        if spec.d < 16 or spec.d > 256 or spec.d % 16:
+            p.append(f"d={spec.d}: must be a multiple of 16 in [16, 256] for family mma; try 64")
+        if spec.br % 16 or not 16 <= spec.br <= 256:
+            p.append(f"br={spec.br}: must be a multiple of 16 in [16, 256] for family mma; try 128")
+        if spec.bc % 16 or not 16 <= spec.bc <= 256:
+            p.append(f"bc={spec.bc}: must be a multiple of 16 in [16, 256] for family mma; try 64")
+        if spec.warps not in (1, 2, 4, 8, 16):
+            p.append(f"warps={spec.warps}: must be 1, 2, 4, 8 or 16; try 4")
+        elif spec.br % 16 == 0 and spec.br % (16 * spec.warps):
+            p.append(
+                f"warps={spec.warps}: br={spec.br} must split into 16-row tiles per warp "
+                f"(br % (16*warps) == 0); try warps={_pick([4, 8, 2], lambda w: spec.br % (16 * w) == 0)}"
+            )
+        elif spec.br % 16 == 0 and self.rows_per_warp(spec) > 32:
+            p.append(
+                f"warps={spec.warps}: each warp would own {self.rows_per_warp(spec)} rows of br={spec.br}; "
+                f"at most 32; try warps={spec.br // 16}"
+            )
+        if spec.stages not in (1, 2):
+            p.append(f"stages={spec.stages}: K/V pipeline depth must be 1 or 2; try 2")
+        if not p:
+            mt = self.rows_per_warp(spec) // 16
+            acc = mt * (spec.d // 8 * 4 + spec.bc // 8 * 4)
+            if acc > MMA_ACC_REG_BUDGET:
+                p.append(
+                    f"d={spec.d}, bc={spec.bc}, rows/warp={16 * mt}: {acc} fp32 accumulators per "
+                    f"thread (rows/16*(d/2 + bc/2)) exceed {MMA_ACC_REG_BUDGET} and would spill; "
+                    "lower bc, or use more warps"
+                )
+            p += self.smem_rule(
+                spec, "(d+8)*2*(br + 2*stages*bc)", "lower bc or stages, or use br=64"
+            )
+        return p
+
+    def context(self, spec: KernelSpec) -> dict[str, Any]:
+        return {
+            "row_pad": MMA_ROW_PAD,
+            "m_tiles": self.rows_per_warp(spec) // 16,
+        }
+
+
+FAMILIES: dict[str, Family] = {
+    "simt": SimtFamily(
+        name="simt",
+        template="simt.cu.j2",
+        archs=("sm_80", "sm_90"),
+        has_knobs=False,
+        axes={
+            "d": (16, 32, 64, 96, 128),
+            "br": (16, 32, 64),
+            "bc": (16, 32, 64),
+            "dtype": ("fp32", "fp16", "bf16"),
+            "causal": (False, True),
+            "warps": (0,),
+            "stages": (0,),
+        },
+    ),
+    "mma": MmaFamily(
+        name="mma",
+        template="mma.cu.j2",
+        archs=("sm_80", "sm_90"),
+        has_knobs=True,
+        axes={
+            "d": (32, 64, 96, 128, 256),
+            "br": (64, 128),
+            "bc": (32, 64, 128),
+            "dtype": ("fp16", "bf16"),
+            "causal": (False, True),
+            "warps": (4, 8),
+            "stages": (1, 2),
+        },
+    ),
+}
+
+
+def family_of(name: str) -> Family:
+    """Return the family called `name`; KeyError carries a message naming the choices."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(
+            f"family={name!r}: unknown family; choose one of {', '.join(FAMILIES)}"
+        ) from None

@@ -1,0 +1,81 @@
+"""Render a KernelSpec to CUDA source: pure (no GPU, no I/O beyond reading templates)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jinja2
+
+from .._version import __version__
+from .spec import KernelSpec
+
+TEMPLATE_PACKAGE = "flashgen"
+TEMPLATE_DIR = "templates"
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    """A rendered kernel: its spec, its symbol and its source text."""
+
+    spec: KernelSpec
+    source: str
+
+    @property
+    def name(self) -> str:
+        """The kernel's `extern "C"` symbol (also the file stem)."""
+        return self.spec.name
+
+    @property
+    def filename(self) -> str:
+        """The file name `flashgen build` writes."""
+        return f"{self.spec.name}.cu"
+
+
+@cache
+def environment() -> jinja2.Environment:
+    """The one strict Jinja environment: an undefined variable is an error, not an empty string."""
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader(TEMPLATE_PACKAGE, TEMPLATE_DIR),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def context(spec: KernelSpec) -> dict[str, Any]:
+    """Every value a template may use, derived here in Python (templates do no arithmetic)."""
+    info = spec.dtype_info
+    ctx: dict[str, Any] = {
+        "name": spec.name,
+        "family": spec.family,
+        "template": spec.fam.template,
+        "version": __version__,
+        "spec_json": spec.to_json(),
+        "d": spec.d,
+        "br": spec.br,
+        "bc": spec.bc,
+        "causal": spec.causal,
+        "warps": spec.warps,
+        "stages": spec.stages,
+        "threads": spec.threads,
+        "smem_bytes": spec.smem_bytes,
+        "dtype": spec.dtype,
+        "ctype": info.ctype,
+        "header": info.header,
+        "to_float": info.to_float,
+        "from_float": info.from_float,
+        "elem_bytes": info.itemsize,
+        "is_bf16": spec.dtype == "bf16",
+    }
+    ctx.update(spec.fam.context(spec))
+    return ctx
+
+
+def render(spec: KernelSpec) -> RenderedKernel:
+    """Render `spec` with its family's template; the same spec always gives the same bytes."""
+    template = environment().get_template(spec.fam.template)
+    return RenderedKernel(spec=spec, source=template.render(**context(spec)))

@@ -1,0 +1,52 @@
+"""The shipped variants: each family's axes multiplied out and filtered by validation."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cache
+
+from .families import FAMILIES, family_of
+from .spec import KernelSpec, SpecError
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A point of a family's product that is not shipped, with the rules it broke."""
+
+    fields: dict[str, object]
+    reasons: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        """A readable description of the point (it has no valid name)."""
+        return " ".join(f"{k}={v}" for k, v in self.fields.items())
+
+
+@cache
+def _walk(family: str) -> tuple[tuple[KernelSpec, ...], tuple[Pruned, ...]]:
+    fam = family_of(family)
+    keys = list(fam.axes)
+    kept: dict[str, KernelSpec] = {}
+    pruned: list[Pruned] = []
+    for values in itertools.product(*(fam.axes[k] for k in keys)):
+        fields = dict(zip(keys, values, strict=True))
+        try:
+            spec = KernelSpec(family=family, **fields)  # type: ignore[arg-type]
+        except SpecError as exc:
+            pruned.append(Pruned(fields, tuple(exc.problems)))
+            continue
+        kept.setdefault(spec.name, spec)
+    return tuple(kept.values()), tuple(pruned)
+
+
+def shipped(family: str | None = None) -> list[KernelSpec]:
+    """Every shipped variant (of one family, or of all), in a stable order."""
+    names = [family] if family else list(FAMILIES)
+    return [s for f in names for s in _walk(f)[0]]
+
+
+def pruned(family: str | None = None) -> list[Pruned]:
+    """Every point of the families' axes that validation rejects, with its reasons."""
+    names = [family] if family else list(FAMILIES)
+    return [p for f in names for p in _walk(f)[1]]
