@@ -22,6 +22,8 @@ SIMT_LANES_PER_ROW = 4
 MMA_ROW_PAD = 8
 # A warp's accumulators must leave room for fragments, indices and softmax state.
 MMA_ACC_REG_BUDGET = 160
+# Q fragments (registers per thread) kept resident across the key loop when at most this many.
+MMA_Q_REGS = 32
 
 
 def _pick(values: list[int], ok: Any) -> str:
@@ -183,9 +185,14 @@ class MmaFamily(Family):
         return p
 
     def context(self, spec: KernelSpec) -> dict[str, Any]:
+        m_tiles = self.rows_per_warp(spec) // 16
         return {
             "row_pad": MMA_ROW_PAD,
-            "m_tiles": self.rows_per_warp(spec) // 16,
+            "m_tiles": m_tiles,
+            "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
+            "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+            # Q fragments stay in registers when they are few (<= 32 per thread)
+            "q_in_regs": m_tiles * spec.d // 16 * 4 <= MMA_Q_REGS,
         }
 
 

@@ -1,0 +1,364 @@
+"""`flashgen bench`: time flashgen variants and torch SDPA peers on one GPU (DESIGN.md protocol).
+
+Protocol: bf16 and fp16; d 64 and 128; H*d = 2048; B*T = 16384 tokens; T 512 ... 16384;
+causal and not. FLOPs = 4*B*H*Tq*Tk*d, halved for causal. Each time is the median of
+CUDA-event timings after warm-up, on random normal inputs. Peers (torch SDPA's FLASH, CUDNN
+and EFFICIENT backends) run in the same process when torch is importable. torch allocates
+every tensor, flashgen's kernels read them through `__cuda_array_interface__`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from .spec import KernelSpec
+
+TOKENS = 16384  # B * T
+MODEL_DIM = 2048  # H * d
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128)
+DTYPES = ("bf16", "fp16")
+PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+WARMUP = 5
+REPS = 30
+
+
+class BenchUnavailable(RuntimeError):
+    """torch with CUDA (needed to allocate and time) or a GPU is missing."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark problem."""
+
+    dtype: str
+    d: int
+    causal: bool
+    t: int
+
+    @property
+    def b(self) -> int:
+        """Batch so that B*T = TOKENS."""
+        return max(1, TOKENS // self.t)
+
+    @property
+    def h(self) -> int:
+        """Heads so that H*d = MODEL_DIM."""
+        return MODEL_DIM // self.d
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs: 4*B*H*T*T*d, halved under a causal mask."""
+        f = 4.0 * self.b * self.h * self.t * self.t * self.d
+        return f / 2 if self.causal else f
+
+
+@dataclass
+class Row:
+    """One timed (case, implementation)."""
+
+    impl: str  # "flashgen" or a peer name
+    variant: str | None  # flashgen kernel name
+    dtype: str
+    d: int
+    causal: bool
+    t: int
+    b: int
+    h: int
+    ms: float | None
+    tflops: float | None
+    max_err_vs_flash: float | None = None  # flashgen only: max |O - sdpa-flash O|
+    error: str | None = None
+
+
+@dataclass
+class BenchResult:
+    """A whole run: environment plus rows."""
+
+    env: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The run as indented JSON."""
+        return json.dumps(
+            {"env": self.env, "rows": [asdict(r) for r in self.rows], "memory": self.memory},
+            indent=1,
+        )
+
+
+def cases(
+    dtypes: Iterable[str] = DTYPES,
+    head_dims: Iterable[int] = HEAD_DIMS,
+    seq_lens: Iterable[int] = SEQ_LENS,
+    causal: Iterable[bool] = (False, True),
+) -> list[Case]:
+    """The protocol's problems (or a subset)."""
+    return [
+        Case(dt, d, c, t) for dt in dtypes for d in head_dims for c in causal for t in seq_lens
+    ]
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise BenchUnavailable(f"torch is not importable ({exc}); bench needs torch with CUDA") from exc
+    if not torch.cuda.is_available():
+        raise BenchUnavailable("torch sees no CUDA device; run bench on a GPU machine")
+    return torch
+
+
+def time_ms(fn: Callable[[], Any], warmup: int = WARMUP, reps: int = REPS) -> float:
+    """Median milliseconds of `fn` over `reps` CUDA-event-timed calls after `warmup` calls."""
+    torch = _torch()
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends, strict=True):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+
+
+def _inputs(case: Case, seed: int = 0) -> tuple[Any, Any, Any]:
+    torch = _torch()
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (case.b, case.h, case.t, case.d)
+    return tuple(  # type: ignore[return-value]
+        torch.randn(shape, device="cuda", dtype=dt, generator=g) for _ in range(3)
+    )
+
+
+def flashgen_runner(spec: KernelSpec, q: Any, k: Any, v: Any) -> tuple[Callable[[], None], Any]:
+    """A closure launching `spec` on torch tensors (validated once), and its output tensor."""
+    torch = _torch()
+    from . import runtime
+    from .validate import check_scale, validate_inputs
+
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
+    problem = validate_inputs(spec, q, k, v, o=o, lse=lse)
+    scale = check_scale(None, spec.d)
+    func = runtime.get_function(spec)
+
+    def run() -> None:
+        runtime.launch_problem(spec, func, problem, scale, None, sync=False)
+
+    return run, o
+
+
+def peer_runner(peer: str, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], Any]:
+    """A closure running torch SDPA with one backend forced."""
+    torch = _torch()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }[peer]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run() -> Any:
+        with sdpa_kernel([backend]):
+            return sdpa(q, k, v, is_causal=causal)
+
+    return run
+
+
+def _row(impl: str, variant: str | None, case: Case, ms: float | None, **extra: Any) -> Row:
+    tflops = case.flops / (ms * 1e-3) / 1e12 if ms else None
+    return Row(impl, variant, case.dtype, case.d, case.causal, case.t, case.b, case.h, ms, tflops, **extra)
+
+
+def bench_case(
+    case: Case, specs: list[KernelSpec], peers: Iterable[str] = PEERS, reps: int = REPS
+) -> list[Row]:
+    """Time every spec in `specs` and every peer on one case; flashgen rows carry their error."""
+    torch = _torch()
+    q, k, v = _inputs(case)
+    rows: list[Row] = []
+    ref = None
+    for peer in peers:
+        try:
+            fn = peer_runner(peer, q, k, v, case.causal)
+            out = fn()
+            if peer == "sdpa-flash":
+                ref = out
+            rows.append(_row(peer, None, case, time_ms(fn, reps=reps)))
+        except Exception as exc:  # a backend that refuses this shape is a row, not a crash
+            rows.append(_row(peer, None, case, None, error=f"{type(exc).__name__}: {exc}"[:200]))
+    for spec in specs:
+        try:
+            fn, o = flashgen_runner(spec, q, k, v)
+            fn()
+            torch.cuda.synchronize()
+            err = float((o.float() - ref.float()).abs().max()) if ref is not None else None
+            rows.append(_row("flashgen", spec.name, case, time_ms(fn, reps=reps), max_err_vs_flash=err))
+        except Exception as exc:
+            rows.append(_row("flashgen", spec.name, case, None, error=f"{type(exc).__name__}: {exc}"[:300]))
+    del q, k, v, ref
+    return rows
+
+
+def memory_comparison(spec: KernelSpec, t: int = 8192, d: int = 64, h: int = 16) -> dict[str, Any]:
+    """Extra peak device memory (beyond Q, K, V) at B=1, H=16, T=8192, causal: flashgen, FA2, naive."""
+    torch = _torch()
+    case = Case(spec.dtype, d, True, t)
+    shape = (1, h, t, d)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dt) for _ in range(3))
+    out: dict[str, Any] = {"B": 1, "H": h, "T": t, "d": d, "causal": True, "dtype": spec.dtype}
+
+    def extra(fn: Callable[[], Any]) -> float:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        res = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del res
+        return peak / 2**20
+
+    def naive() -> Any:
+        s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        mask = torch.ones(t, t, device="cuda", dtype=torch.bool).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+        return torch.softmax(s.float(), dim=-1).to(dt) @ v
+
+    def ours() -> Any:
+        fn, o = flashgen_runner(spec, q, k, v)
+        fn()
+        return o
+
+    out["naive_mib"] = extra(naive)
+    out["sdpa_flash_mib"] = extra(peer_runner("sdpa-flash", q, k, v, True))
+    out["flashgen_mib"] = extra(ours)
+    out["flashgen_variant"] = spec.name
+    del case
+    return out
+
+
+def environment(commit: str | None = None) -> dict[str, Any]:
+    """GPU, driver, clocks, versions and commit of this run."""
+    torch = _torch()
+    env: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "flashgen": __version__,
+        "commit": commit or os.environ.get("FLASHGEN_COMMIT") or _git_sha(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "protocol": {
+            "tokens": TOKENS, "model_dim": MODEL_DIM, "warmup": WARMUP, "reps": REPS,
+            "statistic": "median of CUDA-event timings",
+            "flops": "4*B*H*T*T*d, halved for causal",
+        },
+    }  # fmt: skip
+    try:
+        q = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu"
+        smi = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=False,
+        ).stdout.strip().splitlines()  # fmt: skip
+        if smi:
+            env["nvidia_smi"] = dict(zip(q.split(","), [x.strip() for x in smi[0].split(",")], strict=False))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return env
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        out = ""
+    return out or "unknown"
+
+
+def result_path(env: dict[str, Any], outdir: Path) -> Path:
+    """bench/results/<gpu>-<date>-<sha>.json."""
+    gpu = re.sub(r"[^a-z0-9]+", "-", str(env.get("gpu", "gpu")).lower()).strip("-")
+    date = str(env.get("date", ""))[:10]
+    return outdir / f"{gpu}-{date}-{str(env.get('commit', 'unknown'))[:10]}.json"
+
+
+def best_rows(rows: list[Row]) -> dict[tuple[str, int, bool, int, str], Row]:
+    """For each (dtype, d, causal, T, impl): the fastest row (flashgen: best variant)."""
+    best: dict[tuple[str, int, bool, int, str], Row] = {}
+    for r in rows:
+        if r.tflops is None:
+            continue
+        key = (r.dtype, r.d, r.causal, r.t, r.impl)
+        if key not in best or r.tflops > (best[key].tflops or 0):
+            best[key] = r
+    return best
+
+
+def summary_table(rows: list[Row]) -> list[dict[str, Any]]:
+    """One line per case: flashgen's best TFLOP/s, each peer's, and the ratios."""
+    best = best_rows(rows)
+    keys = sorted({k[:4] for k in best})
+    out = []
+    for key in keys:
+        ours = best.get((*key, "flashgen"))
+        line: dict[str, Any] = {
+            "dtype": key[0], "d": key[1], "causal": key[2], "T": key[3],
+            "flashgen": ours.tflops if ours else None,
+            "variant": ours.variant if ours else None,
+        }  # fmt: skip
+        for peer in PEERS:
+            p = best.get((*key, peer))
+            line[peer] = p.tflops if p else None
+            line[f"x_{peer}"] = (ours.tflops / p.tflops) if (ours and p and p.tflops) else None
+        out.append(line)
+    return out
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """PNG of TFLOP/s against T, one panel per (dtype, d, causal), one line per implementation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = best_rows(rows)
+    panels = sorted({(k[0], k[1], k[2]) for k in best})
+    cols = 4
+    nrows = max(1, math.ceil(len(panels) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax, (dt, d, causal) in zip(axes.flat, panels, strict=False):
+        for impl in ("flashgen", *PEERS):
+            pts = sorted((k[3], r.tflops) for k, r in best.items() if k[:3] == (dt, d, causal) and k[4] == impl)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dt} d={d} {'causal' if causal else 'non-causal'}", fontsize=10)
+        ax.set_xlabel("T")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
