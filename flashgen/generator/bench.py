@@ -105,16 +105,16 @@ def cases(
     causal: Iterable[bool] = (False, True),
 ) -> list[Case]:
     """The protocol's problems (or a subset)."""
-    return [
-        Case(dt, d, c, t) for dt in dtypes for d in head_dims for c in causal for t in seq_lens
-    ]
+    return [Case(dt, d, c, t) for dt in dtypes for d in head_dims for c in causal for t in seq_lens]
 
 
 def _torch() -> Any:
     try:
         import torch
     except ImportError as exc:
-        raise BenchUnavailable(f"torch is not importable ({exc}); bench needs torch with CUDA") from exc
+        raise BenchUnavailable(
+            f"torch is not importable ({exc}); bench needs torch with CUDA"
+        ) from exc
     if not torch.cuda.is_available():
         raise BenchUnavailable("torch sees no CUDA device; run bench on a GPU machine")
     return torch
@@ -133,7 +133,7 @@ def time_ms(fn: Callable[[], Any], warmup: int = WARMUP, reps: int = REPS) -> fl
         fn()
         e.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
 
 
 def _inputs(case: Case, seed: int = 0) -> tuple[Any, Any, Any]:
@@ -185,7 +185,9 @@ def peer_runner(peer: str, q: Any, k: Any, v: Any, causal: bool) -> Callable[[],
 
 def _row(impl: str, variant: str | None, case: Case, ms: float | None, **extra: Any) -> Row:
     tflops = case.flops / (ms * 1e-3) / 1e12 if ms else None
-    return Row(impl, variant, case.dtype, case.d, case.causal, case.t, case.b, case.h, ms, tflops, **extra)
+    return Row(
+        impl, variant, case.dtype, case.d, case.causal, case.t, case.b, case.h, ms, tflops, **extra
+    )
 
 
 def bench_case(
@@ -211,15 +213,19 @@ def bench_case(
             fn()
             torch.cuda.synchronize()
             err = float((o.float() - ref.float()).abs().max()) if ref is not None else None
-            rows.append(_row("flashgen", spec.name, case, time_ms(fn, reps=reps), max_err_vs_flash=err))
+            rows.append(
+                _row("flashgen", spec.name, case, time_ms(fn, reps=reps), max_err_vs_flash=err)
+            )
         except Exception as exc:
-            rows.append(_row("flashgen", spec.name, case, None, error=f"{type(exc).__name__}: {exc}"[:300]))
+            rows.append(
+                _row("flashgen", spec.name, case, None, error=f"{type(exc).__name__}: {exc}"[:300])
+            )
     del q, k, v, ref
     return rows
 
 
 def memory_comparison(spec: KernelSpec, t: int = 8192, d: int = 64, h: int = 16) -> dict[str, Any]:
-    """Extra peak device memory (beyond Q, K, V) at B=1, H=16, T=8192, causal: flashgen, FA2, naive."""
+    """Extra peak device memory beyond Q, K, V (B=1, H=16, T=8192, causal): ours, FA2, naive."""
     torch = _torch()
     case = Case(spec.dtype, d, True, t)
     shape = (1, h, t, d)
@@ -236,7 +242,7 @@ def memory_comparison(spec: KernelSpec, t: int = 8192, d: int = 64, h: int = 16)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
         del res
-        return peak / 2**20
+        return float(peak) / 2**20
 
     def naive() -> Any:
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
@@ -279,7 +285,9 @@ def environment(commit: str | None = None) -> dict[str, Any]:
             capture_output=True, text=True, timeout=20, check=False,
         ).stdout.strip().splitlines()  # fmt: skip
         if smi:
-            env["nvidia_smi"] = dict(zip(q.split(","), [x.strip() for x in smi[0].split(",")], strict=False))
+            env["nvidia_smi"] = dict(
+                zip(q.split(","), [x.strip() for x in smi[0].split(",")], strict=False)
+            )
     except (OSError, subprocess.SubprocessError):
         pass
     return env
@@ -329,7 +337,8 @@ def summary_table(rows: list[Row]) -> list[dict[str, Any]]:
         for peer in PEERS:
             p = best.get((*key, peer))
             line[peer] = p.tflops if p else None
-            line[f"x_{peer}"] = (ours.tflops / p.tflops) if (ours and p and p.tflops) else None
+            ok = ours is not None and ours.tflops and p is not None and p.tflops
+            line[f"x_{peer}"] = ours.tflops / p.tflops if ok else None  # type: ignore[union-attr,operator]
         out.append(line)
     return out
 
@@ -348,7 +357,11 @@ def plot(rows: list[Row], path: Path) -> None:
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
     for ax, (dt, d, causal) in zip(axes.flat, panels, strict=False):
         for impl in ("flashgen", *PEERS):
-            pts = sorted((k[3], r.tflops) for k, r in best.items() if k[:3] == (dt, d, causal) and k[4] == impl)
+            pts = sorted(
+                (k[3], r.tflops)
+                for k, r in best.items()
+                if k[:3] == (dt, d, causal) and k[4] == impl
+            )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
         ax.set_xscale("log", base=2)

@@ -26,8 +26,8 @@ def default_cache_dir() -> Path:
 def _writable(path: Path) -> bool:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".probe", delete=True)
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe"):
+            pass
     except OSError:
         return False
     return True

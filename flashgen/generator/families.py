@@ -20,8 +20,10 @@ SIMT_LANES_PER_ROW = 4
 # Extra 16-byte pad per shared-memory row in the mma family: it shifts successive rows by 4
 # banks, so the 8 row addresses of every ldmatrix phase hit 8 distinct bank quads.
 MMA_ROW_PAD = 8
-# A warp's accumulators must leave room for fragments, indices and softmax state.
-MMA_ACC_REG_BUDGET = 160
+# Ceiling for MmaFamily.register_estimate: above it ptxas 13.0 spills (255 registers max).
+MMA_REG_BUDGET = 232
+# Registers beyond the estimate that addresses, indices and softmax state take (see min_blocks).
+MMA_INDEX_REGS = 64
 # Q fragments (registers per thread) kept resident across the key loop when at most this many.
 MMA_Q_REGS = 32
 
@@ -65,6 +67,10 @@ class Family:
         """Family-specific values handed to the template (all derived in Python)."""
         return {}
 
+    def min_blocks(self, spec: KernelSpec) -> int:
+        """Blocks per SM promised to ptxas in `__launch_bounds__` (caps registers per thread)."""
+        return 1
+
     def smem_rule(self, spec: KernelSpec, formula: str, fix: str) -> list[str]:
         """The shared-memory rule: the block must fit every arch the family ships for."""
         limit = min(ARCHS[a].smem_per_block for a in self.archs)
@@ -96,7 +102,9 @@ class SimtFamily(Family):
             p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family simt; try 64")
         if spec.br < 8 or spec.br > 128 or spec.br % 8:
             fix = _pick([16, 32, 64], lambda v: True)
-            p.append(f"br={spec.br}: must be a multiple of 8 in [8, 128] for family simt; try {fix}")
+            p.append(
+                f"br={spec.br}: must be a multiple of 8 in [8, 128] for family simt; try {fix}"
+            )
         if spec.bc < g or spec.bc > 128 or spec.bc % 16:
             p.append(f"bc={spec.bc}: must be a multiple of 16 in [16, 128] for family simt; try 32")
         if spec.warps != self.default_warps(spec):
@@ -135,6 +143,22 @@ class MmaFamily(Family):
         # K/V/Q tiles move in 16-byte cp.async chunks
         return 16 // spec.dtype_info.itemsize
 
+    def register_estimate(self, spec: KernelSpec) -> int:
+        """Registers a thread needs for its live arrays: O (d/2 per 16 rows), fp32 S (bc/2),
+        packed P (bc/4), plus the second stage's addresses. Calibrated on ptxas 13.0: every
+        variant at or under MMA_REG_BUDGET compiles without spills on sm_80 and sm_90."""
+        mt = self.rows_per_warp(spec) // 16
+        return mt * (spec.d // 2 + 3 * spec.bc // 4) + 16 * (spec.stages - 1)
+
+    def min_blocks(self, spec: KernelSpec) -> int:
+        # The most blocks (up to 4) whose register share still holds the estimate plus ~64
+        # registers of addresses and indices: more resident warps hide the latency of the
+        # S -> softmax -> P V chain. Calibrated like MMA_REG_BUDGET; the zero-spill compile
+        # test over the whole space guards it.
+        need = self.register_estimate(spec) + MMA_INDEX_REGS
+        fits = [n for n in (1, 2, 3, 4) if need <= min(255, 65536 // (n * spec.threads))]
+        return max(fits, default=1)
+
     def rows_per_warp(self, spec: KernelSpec) -> int:
         """Query rows each warp owns (16 per m16n8k16 row tile)."""
         return spec.br // max(spec.warps, 1)
@@ -159,25 +183,26 @@ class MmaFamily(Family):
         if spec.warps not in (1, 2, 4, 8, 16):
             p.append(f"warps={spec.warps}: must be 1, 2, 4, 8 or 16; try 4")
         elif spec.br % 16 == 0 and spec.br % (16 * spec.warps):
+            fix = _pick([4, 8, 2], lambda w: spec.br % (16 * w) == 0)
             p.append(
                 f"warps={spec.warps}: br={spec.br} must split into 16-row tiles per warp "
-                f"(br % (16*warps) == 0); try warps={_pick([4, 8, 2], lambda w: spec.br % (16 * w) == 0)}"
+                f"(br % (16*warps) == 0); try warps={fix}"
             )
         elif spec.br % 16 == 0 and self.rows_per_warp(spec) > 32:
             p.append(
-                f"warps={spec.warps}: each warp would own {self.rows_per_warp(spec)} rows of br={spec.br}; "
-                f"at most 32; try warps={spec.br // 16}"
+                f"warps={spec.warps}: each warp would own {self.rows_per_warp(spec)} rows of "
+                f"br={spec.br}; at most 32; try warps={spec.br // 16}"
             )
         if spec.stages not in (1, 2):
             p.append(f"stages={spec.stages}: K/V pipeline depth must be 1 or 2; try 2")
         if not p:
-            mt = self.rows_per_warp(spec) // 16
-            acc = mt * (spec.d // 8 * 4 + spec.bc // 8 * 4)
-            if acc > MMA_ACC_REG_BUDGET:
+            regs = self.register_estimate(spec)
+            if regs > MMA_REG_BUDGET:
                 p.append(
-                    f"d={spec.d}, bc={spec.bc}, rows/warp={16 * mt}: {acc} fp32 accumulators per "
-                    f"thread (rows/16*(d/2 + bc/2)) exceed {MMA_ACC_REG_BUDGET} and would spill; "
-                    "lower bc, or use more warps"
+                    f"d={spec.d}, bc={spec.bc}, rows/warp={self.rows_per_warp(spec)}, "
+                    f"stages={spec.stages}: ~{regs} registers per thread "
+                    "(rows/16*(d/2 + 3*bc/4) + 16*(stages-1)) exceed "
+                    f"{MMA_REG_BUDGET} and would spill; lower bc, use stages=1, or more warps"
                 )
             p += self.smem_rule(
                 spec, "(d+8)*2*(br + 2*stages*bc)", "lower bc or stages, or use br=64"

@@ -62,6 +62,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "warps": spec.warps,
         "stages": spec.stages,
         "threads": spec.threads,
+        "min_blocks": spec.fam.min_blocks(spec),
         "smem_bytes": spec.smem_bytes,
         "dtype": spec.dtype,
         "ctype": info.ctype,

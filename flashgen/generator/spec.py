@@ -40,7 +40,7 @@ class KernelSpec:
     stages: int = 0
 
     def __post_init__(self) -> None:
-        from .families import family_of  # families import KernelSpec for typing only
+        from .families import FAMILIES, family_of  # families import KernelSpec for typing only
 
         problems: list[str] = []
         for fname in ("d", "br", "bc", "warps", "stages"):
@@ -49,14 +49,18 @@ class KernelSpec:
                 problems.append(f"{fname}={value!r}: must be an integer; e.g. {fname}=64")
         if not isinstance(self.causal, bool):
             problems.append(f"causal={self.causal!r}: must be True or False")
-        if self.dtype not in DTYPES:
+        # isinstance first: an unhashable value (a list) must be a SpecError, not a TypeError
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             problems.append(
                 f"dtype={self.dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}"
             )
         try:
-            fam = family_of(self.family)
-        except KeyError as exc:
-            problems.append(str(exc.args[0]))
+            # a non-string (even an unhashable list) is reported like an unknown name
+            fam = family_of(self.family if isinstance(self.family, str) else "")
+        except KeyError:
+            problems.append(
+                f"family={self.family!r}: unknown family; choose one of {', '.join(FAMILIES)}"
+            )
             raise SpecError(problems) from None
         if problems:
             raise SpecError(problems)

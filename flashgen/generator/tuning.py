@@ -35,9 +35,7 @@ def entry_key(d: int, dtype: str, causal: bool) -> str:
 
 def candidates(d: int, dtype: str, causal: bool) -> list[KernelSpec]:
     """Every shipped tensor-core variant that serves (d, dtype, causal)."""
-    return [
-        s for s in shipped("mma") if s.d == d and s.dtype == dtype and s.causal == causal
-    ]
+    return [s for s in shipped("mma") if s.d == d and s.dtype == dtype and s.causal == causal]
 
 
 def table_dir() -> Path:

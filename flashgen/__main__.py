@@ -1,0 +1,8 @@
+"""`python -m flashgen`: the same command line as the `flashgen` console script."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,713 @@
+"""The `flashgen` command line: thin click commands that parse, call generator/, and print.
+
+Every failure a user can cause (a broken spec, a bad option, no nvcc, an nvcc error, no GPU)
+ends as ONE line `error: ...` on stderr and exit code 2 -- never a traceback. `check` and
+`fuzz` exit 1 when a kernel gives a wrong answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import click
+import jinja2
+
+from ._version import __version__
+from .generator.arch import ARCHS, STATIC_SMEM_LIMIT, arch_info
+from .generator.cache import CubinCache, atomic_write
+from .generator.compile import CompiledKernel, CompileError, compile_kernel
+from .generator.dtypes import DTYPES
+from .generator.families import FAMILIES
+from .generator.nvcc import NvccNotFound
+from .generator.occupancy import occupancy
+from .generator.render import render
+from .generator.space import pruned, shipped
+from .generator.spec import KernelSpec, SpecError
+
+if TYPE_CHECKING:  # checks pulls in Hypothesis and the runtime: imported by the commands
+    from .generator.checks import VariantResult
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+USAGE_EXIT = 2  # bad input of any kind (click's own usage errors use 2 as well)
+FAIL_EXIT = 1  # a kernel gave a wrong answer
+
+# Tile and dtype defaults when the user names only `--d`: the shipped, well-balanced choice of
+# each family (simt: one 32-row tile per 4 warps; mma: FlashAttention-2's 128x64 tiles).
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "simt": {"br": 32, "bc": 32, "dtype": "fp32"},
+    "mma": {"br": 128, "bc": 64, "dtype": "bf16"},
+}
+
+NVCC_HINT = (
+    'to compile, install the CUDA toolkit or nvcc from PyPI: pip install -e ".[nvcc]" '
+    '(in a checkout) or pip install "flashgen[nvcc]"'
+)
+
+
+# ---- errors: one line, exit code 2 -----------------------------------------------------------
+class CliError(click.ClickException):
+    """A user-facing failure: printed as one `error: ...` line, exit code 2."""
+
+    exit_code = USAGE_EXIT
+
+
+def one_line(text: str) -> str:
+    """Collapse a message to one line (nvcc's log, click's wrapped help) for `error: ...`."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _error_message(exc: click.ClickException) -> str:
+    msg = one_line(exc.format_message())
+    if isinstance(exc, click.UsageError) and exc.ctx is not None:
+        msg += f" (see: {exc.ctx.command_path} --help)"
+    return msg
+
+
+# Exceptions the generator raises for things the user can fix; anything else is a bug and
+# keeps its traceback.
+KNOWN_ERRORS: tuple[type[BaseException], ...] = (
+    SpecError,
+    NvccNotFound,
+    CompileError,
+    jinja2.TemplateError,
+    OSError,
+)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the generator's user-facing exceptions into `CliError` (one line, exit 2)."""
+    try:
+        yield
+    except (CliError, BrokenPipeError):  # a closed pipe (`show | head`) is click's to handle
+        raise
+    except jinja2.TemplateNotFound as exc:
+        raise CliError(f"template {exc.name} not found: this family cannot render yet") from exc
+    except KNOWN_ERRORS as exc:
+        raise CliError(one_line(str(exc)) or type(exc).__name__) from exc
+
+
+def friendly(fn: F) -> F:
+    """Decorator: run a command body under `user_errors()`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with user_errors():
+            return fn(*args, **kwargs)
+
+    return cast(F, wrapper)
+
+
+# click >= 8.2 raises this for a bare group invocation; its message is the whole help text.
+_NO_ARGS_IS_HELP: tuple[type[click.ClickException], ...] = tuple(
+    t for t in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if t is not None
+)
+
+
+class FlashgenGroup(click.Group):
+    """A click group whose every error, click's usage errors included, is one stderr line."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the CLI; in standalone mode, print errors as `error: ...` and exit."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            if isinstance(exc, _NO_ARGS_IS_HELP):  # bare `flashgen`: the help text, not one line
+                exc.show()
+                sys.exit(exc.exit_code)
+            click.echo(f"error: {_error_message(exc)}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        # without standalone mode click returns the exit code of ctx.exit() / --help / --version
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# ---- the spec options every kernel command shares ---------------------------------------------
+def spec_options(fn: F) -> F:
+    """Add --family/--d/--br/--bc/--dtype/--causal/--warps/--stages/--name to a command."""
+    options = [
+        click.option(
+            "--name",
+            "name",
+            default=None,
+            metavar="KERNEL",
+            help="A kernel name (from `flashgen list`) instead of the options below.",
+        ),
+        click.option(
+            "--family",
+            type=click.Choice(list(FAMILIES)),
+            default=None,
+            help="Kernel family (default: simt).",
+        ),
+        click.option("--d", "d", type=int, default=None, help="Head dimension, e.g. 64."),
+        click.option(
+            "--br", type=int, default=None, help="Query rows per block (default: simt 32, mma 128)."
+        ),
+        click.option(
+            "--bc", type=int, default=None, help="Keys per K/V tile (default: simt 32, mma 64)."
+        ),
+        click.option(
+            "--dtype",
+            type=click.Choice(list(DTYPES)),
+            default=None,
+            help="Storage dtype of Q, K, V, O (default: simt fp32, mma bf16).",
+        ),
+        click.option(
+            "--causal/--no-causal",
+            default=None,
+            help="Bottom-right aligned causal mask (default: off).",
+        ),
+        click.option(
+            "--warps", type=int, default=None, help="Warps per block (default: the family's)."
+        ),
+        click.option(
+            "--stages",
+            type=int,
+            default=None,
+            help="K/V pipeline stages (families with a pipeline; default: the family's).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def spec_from_options(
+    name: str | None,
+    family: str | None,
+    d: int | None,
+    br: int | None,
+    bc: int | None,
+    dtype: str | None,
+    causal: bool | None,
+    warps: int | None,
+    stages: int | None,
+) -> KernelSpec:
+    """Build the KernelSpec the options describe; SpecError / CliError when they do not."""
+    given = {
+        "--family": family,
+        "--d": d,
+        "--br": br,
+        "--bc": bc,
+        "--dtype": dtype,
+        "--causal/--no-causal": causal,
+        "--warps": warps,
+        "--stages": stages,
+    }
+    if name is not None:
+        clash = [opt for opt, value in given.items() if value is not None]
+        if clash:
+            raise CliError(
+                f"--name {name} already fixes every field; drop {', '.join(clash)} or drop --name"
+            )
+        return KernelSpec.from_name(name)
+    if d is None:
+        raise CliError(
+            "--d is required (the head dimension, e.g. --d 64), or name a kernel with --name"
+        )
+    fam = family or "simt"
+    defaults = FAMILY_DEFAULTS.get(fam, {})
+    fields: dict[str, Any] = {"br": br, "bc": bc, "dtype": dtype}
+    for key, value in fields.items():
+        if value is None:
+            if key not in defaults:
+                raise CliError(f"--{key} is required for family {fam} (it has no default)")
+            fields[key] = defaults[key]
+    return KernelSpec(
+        family=fam,
+        d=d,
+        causal=bool(causal),
+        warps=warps or 0,
+        stages=stages or 0,
+        **fields,
+    )
+
+
+def _spec(kw: dict[str, Any]) -> KernelSpec:
+    keys = ("name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages")
+    return spec_from_options(*(kw.pop(k) for k in keys))
+
+
+# ---- small printing helpers ---------------------------------------------------------------------
+def _fmt_bytes(n: int) -> str:
+    return f"{n:,} B"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """Aligned plain-text table lines (numbers right-aligned): greppable, no wrapping."""
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
+    numeric = [
+        bool(rows)
+        and all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows)
+        for i in range(len(headers))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [line(list(headers)), line(["-" * w for w in widths]), *(line(r) for r in cells)]
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _describe_compile(ck: CompiledKernel, seconds: float) -> str:
+    r = ck.report
+    how = "cache hit" if ck.cached else f"nvcc {seconds:.1f} s"
+    return (
+        f"compiled for {ck.arch} ({how}): {r.registers} registers, smem "
+        f"{_fmt_bytes(r.static_smem)} static + {_fmt_bytes(ck.spec.smem_bytes)} dynamic, "
+        f"stack {_fmt_bytes(r.stack_frame)}, spills {_fmt_bytes(r.spill_bytes)}"
+    )
+
+
+# ---- the commands -------------------------------------------------------------------------------
+@click.group(
+    cls=FlashgenGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="""\b
+Examples:
+  flashgen build --d 64 --bc 32          write generated/<name>.cu and compile it
+  flashgen show --d 64 --dtype bf16      print the generated source
+  flashgen list --all                    the shipped variants, and why others are not
+  flashgen inspect --family mma --d 128  registers, shared memory, occupancy
+""",
+)
+@click.version_option(__version__, "-V", "--version", prog_name="flashgen")
+def main() -> None:
+    """flashgen: generate, compile and check specialized FlashAttention CUDA kernels.
+
+    A kernel is named by its spec: --family, --d, --br, --bc, --dtype, --causal (or --name).
+    """
+
+
+@main.command(
+    epilog="""\b
+Examples:
+  flashgen build --d 64 --bc 32
+  flashgen build --family mma --d 128 --dtype bf16 --causal --arch sm_80 --out kernels/
+  flashgen build --name flash_fwd_simt_d64_br32_bc32_fp32_noncausal --no-compile
+"""
+)
+@spec_options
+@click.option(
+    "--arch",
+    type=click.Choice(list(ARCHS)),
+    default=None,
+    help="Target GPU (default: the local GPU's, else sm_90).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("generated"),
+    show_default=True,
+    help="Directory for <name>.cu (nothing is written anywhere else).",
+)
+@click.option("--compile/--no-compile", "do_compile", default=True, help="Compile with nvcc.")
+@friendly
+def build(arch: str | None, out: Path, do_compile: bool, **kw: Any) -> None:
+    """Write OUT/<name>.cu for a spec and compile it with nvcc.
+
+    The file is rewritten only when its content changes. Without nvcc the source is still
+    written and the command succeeds with a note.
+    """
+    spec = _spec(kw)
+    rendered = render(spec)
+    path = out / rendered.filename
+    data = rendered.source.encode()
+    try:
+        unchanged = path.read_bytes() == data
+    except OSError:
+        unchanged = False
+    if not unchanged:
+        atomic_write(path, data)
+    click.echo(f"{'unchanged' if unchanged else 'wrote'} {path} ({_fmt_bytes(len(data))})")
+    if not do_compile:
+        return
+    start = time.perf_counter()
+    try:
+        ck = compile_kernel(rendered, arch)
+    except NvccNotFound as exc:
+        click.echo(f"note: not compiled: {one_line(str(exc))}", err=True)
+        click.echo(f"note: {NVCC_HINT}, then run the same command again", err=True)
+        return
+    click.echo(_describe_compile(ck, time.perf_counter() - start))
+
+
+@main.command(
+    epilog="""\b
+Examples:
+  flashgen show --d 64 --bc 32
+  flashgen show --family mma --d 128 --causal | less
+"""
+)
+@spec_options
+@friendly
+def show(**kw: Any) -> None:
+    """Print a kernel's generated CUDA source (highlighted on a terminal, plain when piped)."""
+    source = render(_spec(kw)).source
+    if _stdout_is_terminal():
+        from rich.console import Console
+        from rich.syntax import Syntax
+
+        # soft_wrap: long lines go to the terminal as they are, neither cropped nor re-wrapped
+        Console(force_terminal=True).print(
+            Syntax(source, "cuda", theme="monokai", background_color="default"), soft_wrap=True
+        )
+    else:
+        click.echo(source, nl=False)
+
+
+@main.command(
+    "list",
+    epilog="""\b
+Examples:
+  flashgen list
+  flashgen list --family mma --all
+""",
+)
+@click.option("--family", type=click.Choice(list(FAMILIES)), default=None, help="One family only.")
+@click.option("--all", "show_all", is_flag=True, help="Also the pruned points, with reasons.")
+@friendly
+def list_(family: str | None, show_all: bool) -> None:
+    """Print the shipped variants as a table; --all adds every pruned point and its reasons."""
+    specs = shipped(family)
+    headers = ["name", "d", "br", "bc", "dtype", "causal", "warps", "stages", "threads", "smem"]
+    rows = [
+        [
+            s.name,
+            s.d,
+            s.br,
+            s.bc,
+            s.dtype,
+            "yes" if s.causal else "no",
+            s.warps,
+            s.stages,
+            s.threads,
+            s.smem_bytes,
+        ]
+        for s in specs
+    ]
+    for line in format_table(headers, rows):
+        click.echo(line)
+    families = [family] if family else list(FAMILIES)
+    n_pruned = 0
+    if show_all:
+        for fam in families:
+            points = pruned(fam)
+            n_pruned += len(points)
+            click.echo(f"\npruned {fam} ({len(points)}):")
+            for p in points:
+                click.echo(f"  {p.label}: {'; '.join(p.reasons)}")
+    per_family = ", ".join(f"{f} {len(shipped(f))}" for f in families)
+    count = f"\n{len(specs)} shipped variants ({per_family})"
+    if show_all:
+        count += f", {n_pruned} pruned"
+    click.echo(count)
+
+
+@main.command(
+    epilog="""\b
+Examples:
+  flashgen inspect --d 64 --bc 32
+  flashgen inspect --family mma --d 128 --arch sm_80 --json
+"""
+)
+@spec_options
+@click.option(
+    "--arch",
+    type=click.Choice(list(ARCHS)),
+    default=None,
+    help="Target GPU (default: the local GPU's, else sm_90).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@friendly
+def inspect(arch: str | None, as_json: bool, **kw: Any) -> None:
+    """Compile a kernel and report its resources: registers, shared memory, spills, occupancy."""
+    spec = _spec(kw)
+    ck = compile_kernel(spec, arch)
+    report = inspect_report(ck)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    for line in format_inspect(report):
+        click.echo(line)
+
+
+def inspect_report(ck: CompiledKernel) -> dict[str, Any]:
+    """Everything `inspect` prints, as plain data (the --json output)."""
+    r = ck.report
+    info = arch_info(ck.arch)
+    dynamic = ck.spec.smem_bytes
+    total = r.static_smem + dynamic
+    occ = occupancy(info, threads=ck.spec.threads, registers=r.registers, smem_bytes=total)
+    return {
+        "name": ck.spec.name,
+        "spec": asdict(ck.spec),
+        "arch": ck.arch,
+        "cache_hit": ck.cached,
+        "threads": ck.spec.threads,
+        "registers": r.registers,
+        "stack_frame": r.stack_frame,
+        "spill_stores": r.spill_stores,
+        "spill_loads": r.spill_loads,
+        "smem": {
+            "static": r.static_smem,
+            "dynamic": dynamic,
+            "total": total,
+            "limit_per_block": info.smem_per_block,
+            "needs_opt_in": dynamic > STATIC_SMEM_LIMIT,
+        },
+        "occupancy": occ.to_dict(),
+    }
+
+
+def format_inspect(rep: dict[str, Any]) -> list[str]:
+    """The human-readable lines of `inspect`."""
+    smem, occ = rep["smem"], rep["occupancy"]
+    by = occ["blocks_by"]
+    opt_in = (
+        "; over 48 KiB, so the launch opts in to the larger limit" if smem["needs_opt_in"] else ""
+    )
+    spills = rep["spill_stores"] + rep["spill_loads"]
+    n = occ["blocks_per_sm"]
+    blocks = f"{n} block" if n == 1 else f"{n} blocks"
+    return [
+        f"{rep['name']}  ({rep['arch']}, {'cache hit' if rep['cache_hit'] else 'compiled'})",
+        f"  threads        {rep['threads']} ({occ['warps_per_block']} warps) per block",
+        f"  registers      {rep['registers']} per thread",
+        f"  shared memory  {_fmt_bytes(smem['static'])} static + {_fmt_bytes(smem['dynamic'])} "
+        f"dynamic = {_fmt_bytes(smem['total'])} of {_fmt_bytes(smem['limit_per_block'])} "
+        f"per block ({smem['total'] / smem['limit_per_block']:.0%}){opt_in}",
+        f"  stack frame    {_fmt_bytes(rep['stack_frame'])}",
+        f"  spills         {_fmt_bytes(spills)} (stores {_fmt_bytes(rep['spill_stores'])}, "
+        f"loads {_fmt_bytes(rep['spill_loads'])})",
+        f"  occupancy      {blocks} = {occ['warps_per_sm']} of "
+        f"{occ['max_warps_per_sm']} warps per SM ({occ['fraction']:.0%}), "
+        f"limited by {' and '.join(occ['limited_by'])}",
+        f"    blocks/SM by registers {by['registers']}, shared memory {by['smem']}, "
+        f"threads {by['threads']}, block limit {by['block_limit']}",
+    ]
+
+
+@main.group(
+    epilog="""\b
+Examples:
+  flashgen cache info
+  FLASHGEN_CACHE_DIR=/tmp/fg flashgen cache clear
+"""
+)
+def cache() -> None:
+    """The compiled-cubin cache (FLASHGEN_CACHE_DIR, default ~/.cache/flashgen)."""
+
+
+@cache.command(
+    "info",
+    epilog="""\b
+Example:
+  flashgen cache info
+""",
+)
+@friendly
+def cache_info() -> None:
+    """Print the cache directory, its entries and their size."""
+    store = CubinCache()
+    size = sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file())
+    click.echo(f"dir      {store.root}")
+    click.echo(f"entries  {len(store.entries())}")
+    click.echo(f"bytes    {size:,}")
+
+
+@cache.command(
+    "clear",
+    epilog="""\b
+Example:
+  flashgen cache clear
+""",
+)
+@friendly
+def cache_clear() -> None:
+    """Remove every cached cubin."""
+    store = CubinCache()
+    n = store.clear()
+    click.echo(f"removed {n} entries from {store.root}")
+
+
+@main.command(
+    epilog="""\b
+Examples:
+  flashgen check --d 64 --bc 32
+  flashgen check --family mma --d 128 --causal --tq 1000 --tk 77 --seed 3
+"""
+)
+@spec_options
+@click.option("--b", "b", type=click.IntRange(min=1), default=2, show_default=True, help="Batch.")
+@click.option("--h", "h", type=click.IntRange(min=1), default=4, show_default=True, help="Heads.")
+@click.option(
+    "--tq", type=click.IntRange(min=1), default=257, show_default=True, help="Query length."
+)
+@click.option(
+    "--tk", type=click.IntRange(min=1), default=300, show_default=True, help="Key/value length."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random inputs' seed.")
+@click.option("--scale", type=float, default=None, help="Softmax scale (default: 1/sqrt(d)).")
+@friendly
+def check(b: int, h: int, tq: int, tk: int, seed: int, scale: float | None, **kw: Any) -> None:
+    """Run one variant on one random problem on the GPU and compare it with the oracle.
+
+    Prints the error of O and LSE against their bounds (fp16/bf16: max abs error vs twice the
+    rounded reference's; fp32: relative error), then PASS, or FAIL with exit code 1.
+    """
+    spec = _spec(kw)
+    from .generator import checks  # PyCUDA and the oracle load only when a GPU is used
+
+    try:
+        res = checks.check_variant(spec, b=b, h=h, tq=tq, tk=tk, seed=seed, scale=scale)
+    except checks.GpuUnavailable as exc:
+        raise CliError(one_line(str(exc))) from exc
+    click.echo(
+        f"{res.spec.name}  b={res.b} h={res.h} tq={res.tq} tk={res.tk} "
+        f"scale={res.scale:.6g} seed={res.seed}"
+    )
+    for label, err, bound in (("O", res.o_err, res.o_bound), ("LSE", res.lse_err, res.lse_bound)):
+        verdict = "ok" if err <= bound else "TOO LARGE"
+        click.echo(f"  {label:<4} error {err:.3e}   bound {bound:.3e}   {verdict}")
+    click.echo(f"  NaN  {'FOUND' if res.has_nan else 'none'}")
+    click.echo("PASS" if res.passed else "FAIL")
+    if not res.passed:
+        sys.exit(FAIL_EXIT)
+
+
+@main.command(
+    epilog="""\b
+Examples:
+  flashgen fuzz --family simt --examples 20
+  flashgen fuzz --profile thorough
+""",
+)
+@click.option(
+    "--family",
+    type=click.Choice(list(FAMILIES)),
+    default=None,
+    help="One family only (default: all).",
+)
+@click.option(
+    "--examples",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Random problems per variant (default: the profile's count).",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(["dev", "ci", "thorough"]),
+    default="dev",
+    show_default=True,
+    envvar="FLASHGEN_HYPOTHESIS_PROFILE",
+    help="Hypothesis profile (ci is derandomized); env FLASHGEN_HYPOTHESIS_PROFILE.",
+)
+@friendly
+def fuzz(family: str | None, examples: int | None, profile: str) -> None:
+    """Run the property suite on the GPU: every shipped variant against the oracle.
+
+    Ends with one row per variant (examples run, worst error / bound, pass or fail); exit
+    code 1 when any variant fails.
+    """
+    from .generator import checks  # PyCUDA and Hypothesis load only when a GPU is used
+
+    try:
+        with _progress(len(shipped(family))) as progress:
+            results = checks.run_fuzz(family, examples, profile, progress=progress)
+    except checks.GpuUnavailable as exc:
+        raise CliError(one_line(str(exc))) from exc
+    rows = [
+        [r.spec.name, r.examples, f"{r.worst_ratio:.3f}", "pass" if r.passed else "FAIL"]
+        for r in results
+    ]
+    for line in format_table(["variant", "examples", "worst err/bound", "result"], rows):
+        click.echo(line)
+    failed = [r for r in results if not r.passed]
+    for r in failed:
+        click.echo(f"FAIL {r.spec.name}: {one_line(r.failure or 'no detail')}")
+    click.echo(
+        f"\n{len(results)} variants, {len(results) - len(failed)} passed, "
+        f"{len(failed)} failed (profile {profile})"
+    )
+    if failed:
+        sys.exit(FAIL_EXIT)
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[VariantResult], None]]:
+    """A per-variant progress callback: a rich bar on a terminal, else one line per variant
+    on stderr (CI logs keep them; stdout stays the final table)."""
+    done = 0
+    if not _stderr_is_terminal():
+
+        def plain(r: VariantResult) -> None:
+            nonlocal done
+            done += 1
+            verdict = "pass" if r.passed else "FAIL"
+            click.echo(
+                f"[{done}/{total}] {verdict} {r.spec.name} ({r.examples} examples, "
+                f"worst err/bound {r.worst_ratio:.3f})",
+                err=True,
+            )
+
+        yield plain
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as bar:
+        task = bar.add_task("compiling every variant, then checking", total=total)
+        failures = 0
+
+        def update(r: VariantResult) -> None:
+            nonlocal done, failures
+            done += 1
+            failures += not r.passed
+            note = f" [red]{failures} failed[/red]" if failures else ""
+            bar.update(task, completed=done, description=f"{r.spec.name}{note}")
+
+        yield update
+
+# bench and tune live in their own module; importing it registers them on `main`.
+from . import cli_perf  # noqa: E402,F401

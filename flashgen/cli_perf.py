@@ -1,0 +1,171 @@
+"""`flashgen bench` and `flashgen tune`: the GPU-timing commands (registered on the main group)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .cli import CliError, format_table, friendly, main
+from .generator import bench as bench_mod
+from .generator.spec import KernelSpec
+
+DEFAULT_RESULTS = Path("bench/results")
+
+
+def _gpu_or_fail() -> tuple[str, str]:
+    """(GPU name, arch) of device 0, or a one-line CliError when torch/PyCUDA/GPU are missing."""
+    from .generator import runtime
+
+    try:
+        torch = bench_mod._torch()
+        return str(torch.cuda.get_device_name(0)), runtime.device_arch()
+    except (bench_mod.BenchUnavailable, runtime.GpuUnavailable) as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _progress() -> Any:
+    """A rich progress bar on a terminal (silent when stderr is piped)."""
+    from rich.progress import Progress
+
+    return Progress(transient=False, disable=not sys.stderr.isatty())
+
+
+def _fmt(x: float | None, nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+@main.command(
+    "bench",
+    epilog="Example: flashgen bench --d 128 --dtype bf16 --t 4096 --t 16384 --plot",
+)
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
+              help="Storage dtype(s) [default: bf16 and fp16].")  # fmt: skip
+@click.option("--d", "head_dims", multiple=True, type=click.Choice(["64", "128"]),
+              help="Head dim(s) [default: 64 and 128].")  # fmt: skip
+@click.option("--t", "seq_lens", multiple=True, type=click.IntRange(min=16),
+              help="Sequence length(s) [default: 512 ... 16384].")  # fmt: skip
+@click.option("--causal", "masks", flag_value="causal", help="Causal only.")
+@click.option("--no-causal", "masks", flag_value="noncausal", help="Non-causal only.")
+@click.option("--all-variants", is_flag=True,
+              help="Time every shipped mma variant, not just the tuned one.")  # fmt: skip
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Time torch SDPA backends too.")  # fmt: skip
+@click.option("--reps", type=click.IntRange(min=3), default=bench_mod.REPS, show_default=True)
+@click.option("--memory/--no-memory", default=True, show_default=True,
+              help="Extra peak memory at T=8192 vs naive attention.")  # fmt: skip
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
+              show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
+@click.option("--plot", is_flag=True, help="Also write a PNG of TFLOP/s against T.")
+@friendly
+def bench(
+    dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
+    masks: str | None, all_variants: bool, peers: bool, reps: int, memory: bool, out: Path,
+    plot: bool,
+) -> None:  # fmt: skip
+    """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU; write JSON."""
+    from .generator.select import select
+    from .generator.tuning import candidates
+
+    gpu_name, arch = _gpu_or_fail()
+    causal = {None: (False, True), "causal": (True,), "noncausal": (False,)}[masks]
+    todo = bench_mod.cases(
+        dtypes or bench_mod.DTYPES,
+        [int(d) for d in head_dims] or bench_mod.HEAD_DIMS,
+        seq_lens or bench_mod.SEQ_LENS,
+        causal,
+    )
+
+    def specs_for(c: bench_mod.Case) -> list[KernelSpec]:
+        if all_variants:
+            return candidates(c.d, c.dtype, c.causal)
+        return [select(c.d, c.dtype, c.causal, arch, gpu_name=gpu_name)]
+
+    result = bench_mod.BenchResult(env=bench_mod.environment())
+    with _progress() as prog:
+        task = prog.add_task("bench", total=len(todo))
+        for c in todo:
+            prog.update(task, description=f"{c.dtype} d={c.d} causal={c.causal} T={c.t}")
+            result.rows += bench_mod.bench_case(
+                c, specs_for(c), peers=bench_mod.PEERS if peers else (), reps=reps
+            )
+            prog.advance(task)
+    if memory:
+        spec = select(64, "bf16", True, arch, gpu_name=gpu_name)
+        result.memory = bench_mod.memory_comparison(spec)
+
+    lines = bench_mod.summary_table(result.rows)
+    headers = ["dtype", "d", "causal", "T", "flashgen", "FA2", "cuDNN", "effic.", "x FA2",
+               "x cuDNN", "variant"]  # fmt: skip
+    rows = [
+        [x["dtype"], x["d"], "yes" if x["causal"] else "no", x["T"], _fmt(x["flashgen"]),
+         _fmt(x["sdpa-flash"]), _fmt(x["sdpa-cudnn"]), _fmt(x["sdpa-efficient"]),
+         _fmt(x["x_sdpa-flash"], 2), _fmt(x["x_sdpa-cudnn"], 2), x["variant"] or "-"]
+        for x in lines
+    ]  # fmt: skip
+    click.echo(f"{gpu_name} ({arch}), TFLOP/s, median of {reps} CUDA-event timings")
+    for line in format_table(headers, rows):
+        click.echo(line)
+    if result.memory:
+        m = result.memory
+        click.echo(
+            f"extra peak memory at B=1 H={m['H']} T={m['T']} d={m['d']} causal: naive "
+            f"{m['naive_mib']:.1f} MiB, sdpa-flash {m['sdpa_flash_mib']:.1f} MiB, "
+            f"flashgen {m['flashgen_mib']:.1f} MiB"
+        )
+    errors = [r for r in result.rows if r.error]
+    for r in errors:
+        click.echo(f"note: {r.impl} {r.variant or ''} T={r.t}: {r.error}", err=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = bench_mod.result_path(result.env, out)
+    path.write_text(result.to_json() + "\n")
+    click.echo(f"wrote {path}")
+    if plot:
+        png = path.with_suffix(".png")
+        bench_mod.plot(result.rows, png)
+        click.echo(f"wrote {png}")
+
+
+@main.command(
+    "tune",
+    epilog="Example: flashgen tune --d 64 --d 128 --dtype bf16 --dtype fp16",
+)
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES))
+@click.option("--d", "head_dims", multiple=True, type=click.IntRange(min=16))
+@click.option("--t", "seq_lens", multiple=True, type=click.IntRange(min=16),
+              help="Sequence lengths to time [default: 4096 and 16384].")  # fmt: skip
+@click.option("--reps", type=click.IntRange(min=3), default=15, show_default=True)
+@click.option("--table", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Table to update [default: the package's tuning/<gpu>.json].")  # fmt: skip
+@friendly
+def tune(
+    dtypes: tuple[str, ...], head_dims: tuple[int, ...], seq_lens: tuple[int, ...], reps: int,
+    table: Path | None,
+) -> None:  # fmt: skip
+    """Time every shipped mma variant per (d, dtype, causal) and record the fastest."""
+    from .generator import tuning
+
+    gpu_name, arch = _gpu_or_fail()
+    outcomes = []
+    for dt in dtypes or bench_mod.DTYPES:
+        for d in head_dims or bench_mod.HEAD_DIMS:
+            for causal in (False, True):
+                cands = tuning.candidates(d, dt, causal)
+                if not cands:
+                    raise CliError(
+                        f"d={d}, dtype={dt}: no shipped mma variant to tune; see `flashgen list`"
+                    )
+                timings: dict[str, dict[int, float]] = {s.name: {} for s in cands}
+                for t in seq_lens or tuning.TUNE_SEQ_LENS:
+                    case = bench_mod.Case(dt, d, causal, t)
+                    for row in bench_mod.bench_case(case, cands, peers=(), reps=reps):
+                        if row.tflops is not None and row.variant is not None:
+                            timings[row.variant][t] = row.tflops
+                o = tuning.pick_winner(tuning.entry_key(d, dt, causal), timings)
+                outcomes.append(o)
+                click.echo(f"{o.key}: {o.winner} ({o.geomean_tflops:.1f} TFLOP/s geomean)")
+    path = table or tuning.table_dir() / f"{tuning.gpu_slug(gpu_name)}.json"
+    tuning.write_table(gpu_name, arch, outcomes, path)
+    click.echo(f"wrote {path}")

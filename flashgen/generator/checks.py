@@ -1,0 +1,304 @@
+"""Prove variants against the oracle on the GPU: one problem (`check`) or Hypothesis (`fuzz`).
+
+The pieces are shared with the GPU test suite (tests/gpu/): the same problem generator, the
+same strategies (`strategies.py`), the same property runner. Outputs are poisoned with NaN
+before every launch, so an element a kernel never writes fails the check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import runtime
+from .compile import CompiledKernel, compile_kernel
+from .oracle import check_outputs, error_ratio, max_abs_logit
+from .runtime import GpuUnavailable
+from .space import shipped
+from .spec import KernelSpec
+from .validate import check_scale
+
+__all__ = [
+    "Case",
+    "CheckResult",
+    "GpuUnavailable",
+    "VariantResult",
+    "check_variant",
+    "compile_all",
+    "failure_text",
+    "gpu_execute",
+    "make_inputs",
+    "property_check",
+    "run_case",
+    "run_fuzz",
+]
+
+# Input entries are kept below this many standard deviations' worth of scaling, so reaching a
+# target logit on a degenerate problem (Tq = Tk = 1, q.k ~ 0) never overflows fp16.
+MAX_INPUT_GAIN = 64.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One random problem: sizes, softmax scale (None: 1/sqrt(d)), logit magnitude, seed.
+
+    With `logit_max` set, Q and K are scaled so that the largest |scale * q.k| equals it (up to
+    MAX_INPUT_GAIN); with None they stay standard normal.
+    """
+
+    b: int
+    h: int
+    tq: int
+    tk: int
+    scale: float | None = None
+    logit_max: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One variant on one problem, judged by the correctness rule (DESIGN.md)."""
+
+    spec: KernelSpec
+    b: int
+    h: int
+    tq: int
+    tk: int
+    o_err: float
+    o_bound: float
+    lse_err: float
+    lse_bound: float
+    has_nan: bool
+    passed: bool
+    scale: float
+    seed: int
+
+    @property
+    def ratio(self) -> float:
+        """The worse of error/bound for O and LSE: <= 1 passes, inf on NaN."""
+        if self.has_nan:
+            return math.inf
+        return max(error_ratio(self.o_err, self.o_bound), error_ratio(self.lse_err, self.lse_bound))
+
+    def describe(self) -> str:
+        """One line: the problem, both errors against their bounds, the verdict."""
+        verdict = "pass" if self.passed else "FAIL"
+        nan = " NaN in output;" if self.has_nan else ""
+        return (
+            f"{verdict}: {self.spec.name} B={self.b} H={self.h} Tq={self.tq} Tk={self.tk} "
+            f"scale={self.scale:.6g} seed={self.seed}:{nan} O err {self.o_err:.3g} "
+            f"(bound {self.o_bound:.3g}), LSE err {self.lse_err:.3g} (bound {self.lse_bound:.3g})"
+        )
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """The property run of one variant: examples run, worst error/bound, and the failure."""
+
+    spec: KernelSpec
+    examples: int
+    worst_ratio: float
+    passed: bool
+    failure: str | None
+
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+# Runs a variant on host inputs and returns host (O, LSE); the GPU by default, replaceable so
+# the property machinery itself can be tested on a CPU.
+Execute = Callable[[KernelSpec, np.ndarray, np.ndarray, np.ndarray, float], tuple[Any, Any]]
+
+
+def make_inputs(spec: KernelSpec, case: Case) -> Arrays:
+    """Seeded random Q, K, V of the case's sizes, rounded to the spec's storage dtype."""
+    rng = np.random.default_rng(case.seed)
+    q = rng.standard_normal((case.b, case.h, case.tq, spec.d))
+    k = rng.standard_normal((case.b, case.h, case.tk, spec.d))
+    v = rng.standard_normal((case.b, case.h, case.tk, spec.d))
+    if case.logit_max is not None:
+        peak = max_abs_logit(q, k, check_scale(case.scale, spec.d))
+        gain = math.sqrt(case.logit_max / peak) if peak > 0 else MAX_INPUT_GAIN
+        gain = min(gain, MAX_INPUT_GAIN)
+        q, k = q * gain, k * gain
+    store = np.dtype(spec.dtype_info.numpy)
+    return q.astype(store), k.astype(store), v.astype(store)
+
+
+def gpu_execute(
+    spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run `spec` on the GPU with NaN-poisoned outputs; return host (O, LSE)."""
+    dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
+    b, h, tq, d = q.shape
+    o = runtime.empty((b, h, tq, d), spec.dtype)
+    lse = runtime.empty((b, h, tq), np.float32)
+    runtime.launch(spec, dq, dk, dv, o, lse, scale, poison_outputs=True)
+    return runtime.to_host(o), runtime.to_host(lse)
+
+
+def run_case(spec: KernelSpec, case: Case, execute: Execute | None = None) -> CheckResult:
+    """Generate the case's inputs, run the variant, and judge the outputs."""
+    q, k, v = make_inputs(spec, case)
+    scale = check_scale(case.scale, spec.d)
+    o, lse = (execute or gpu_execute)(spec, q, k, v, scale)
+    out = check_outputs(
+        np.asarray(o), np.asarray(lse), q, k, v, causal=spec.causal, scale=scale, dtype=spec.dtype
+    )
+    return CheckResult(
+        spec, case.b, case.h, case.tq, case.tk, out.o_err, out.o_bound, out.lse_err,
+        out.lse_bound, out.has_nan, out.passed, scale, case.seed,
+    )  # fmt: skip
+
+
+def check_variant(
+    spec: KernelSpec,
+    *,
+    b: int,
+    h: int,
+    tq: int,
+    tk: int,
+    seed: int,
+    scale: float | None = None,
+    logit_max: float | None = None,
+    execute: Execute | None = None,
+) -> CheckResult:
+    """Run one variant on one random problem (standard normal inputs unless `logit_max`)."""
+    return run_case(spec, Case(b, h, tq, tk, scale, logit_max, seed), execute)
+
+
+def compile_all(
+    specs: Sequence[KernelSpec],
+    *,
+    arch: str | None = None,
+    workers: int | None = None,
+) -> dict[KernelSpec, CompiledKernel | Exception]:
+    """Compile every spec in parallel (nvcc runs as subprocesses); failures are returned.
+
+    `arch=None` compiles each variant for the local GPU (`runtime.kernel_arch`).
+    """
+    archs = {s: arch or runtime.kernel_arch(s) for s in specs}  # in this thread: may start CUDA
+    out: dict[KernelSpec, CompiledKernel | Exception] = {}
+
+    def one(spec: KernelSpec) -> CompiledKernel | Exception:
+        try:
+            return compile_kernel(spec, archs[spec])
+        except Exception as exc:  # reported per variant; one broken variant stops nothing
+            return exc
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
+        for spec, result in zip(specs, pool.map(one, specs), strict=True):
+            out[spec] = result
+    return out
+
+
+def _stable_seed(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def failure_text(exc: BaseException) -> str:
+    """The exception and Hypothesis' notes (the falsifying example), as text."""
+    subs = getattr(exc, "exceptions", None)
+    if subs:  # several distinct failures: an ExceptionGroup
+        return "\n".join(failure_text(e) for e in subs)
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    # Python >= 3.11 prints the notes itself; 3.10 does not
+    missing = [n for n in getattr(exc, "__notes__", ()) if n not in text]
+    return "\n".join([text, *missing])
+
+
+def property_check(
+    spec: KernelSpec,
+    *,
+    examples: int,
+    profile: str | None = None,
+    compiled: CompiledKernel | None = None,
+    execute: Execute | None = None,
+    shrink: bool = True,
+) -> VariantResult:
+    """Hypothesis over random problems for one variant, plus the pinned examples.
+
+    Records how many problems ran and the worst error/bound; on a failure Hypothesis shrinks
+    to a minimal problem (unless `shrink=False`) and `failure` carries it. Under a
+    derandomized profile each variant gets its own fixed seed, so variants see different
+    problems and every run sees the same ones.
+    """
+    from hypothesis import Phase, example, given, seed, settings
+
+    from .strategies import cases, pinned_cases, settings_for
+
+    if execute is None:
+        try:
+            runtime.get_function(spec, compiled)  # compile and load once, outside Hypothesis
+        except GpuUnavailable:
+            raise
+        except Exception as exc:
+            return VariantResult(spec, 0, math.inf, False, f"load failed: {failure_text(exc)}")
+
+    runs = [0]
+    worst = [0.0]
+
+    def prop(case: Case) -> None:
+        result = run_case(spec, case, execute)
+        runs[0] += 1
+        worst[0] = max(worst[0], result.ratio)
+        if not result.passed:  # not `assert`: python -O must not turn the check off
+            raise AssertionError(result.describe())
+
+    base = settings_for(profile)
+    phases = tuple(p for p in base.phases if shrink or p != Phase.shrink)
+    test: Any = given(case=cases(spec))(prop)
+    for pinned in reversed(pinned_cases(spec)):  # the outermost @example runs first
+        test = example(case=pinned)(test)
+    test = settings(base, max_examples=examples, phases=phases)(test)
+    if base.derandomize:
+        test = seed(_stable_seed(spec.name))(test)
+    try:
+        test()
+    except GpuUnavailable:
+        raise
+    except Exception as exc:  # the property failed (or Hypothesis gave up): report it
+        return VariantResult(spec, runs[0], worst[0], False, failure_text(exc))
+    return VariantResult(spec, runs[0], worst[0], True, None)
+
+
+def run_fuzz(
+    family: str | None,
+    examples: int | None,
+    profile: str | None,
+    progress: Callable[[VariantResult], None] | None = None,
+    *,
+    specs: Iterable[KernelSpec] | None = None,
+    shrink: bool = True,
+) -> list[VariantResult]:
+    """The property suite over every shipped variant (of `family`, or all); one result each.
+
+    Compiles every variant in parallel first, so the run is bound by the GPU. `examples=None`
+    takes the profile's per-variant count (FLASHGEN_GPU_EXAMPLES overrides it); `progress` is
+    called with each variant's result as soon as it is known.
+    """
+    from .strategies import gpu_examples
+
+    todo = list(specs) if specs is not None else shipped(family)
+    count = examples if examples is not None else gpu_examples(profile)
+    runtime.gpu()  # no GPU: one GpuUnavailable now, not one per variant
+    compiled = compile_all(todo)
+    results = []
+    for spec in todo:
+        built = compiled[spec]
+        if isinstance(built, Exception):
+            result = VariantResult(spec, 0, math.inf, False, f"compile failed: {built}")
+        else:
+            result = property_check(
+                spec, examples=count, profile=profile, compiled=built, shrink=shrink
+            )
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results

@@ -1,0 +1,230 @@
+"""The NumPy oracle: float64 attention, the rounded-P reference, and the correctness rule.
+
+Every family computes `softmax(Q·Kᵀ·scale + mask)·V` with causal attention aligned to the
+bottom-right corner (query `i` sees keys `j <= i + Tk - Tq`); a query row that sees no key
+outputs zeros and LSE `-inf`. `reference` computes that in float64 on the already-rounded
+inputs; `rounded_reference` is FlashAttention's "reference in the low dtype" (P rounded to
+the storage dtype before P·V); `check_outputs` applies DESIGN.md's rule to a kernel's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from .dtypes import DTYPES
+
+F64 = npt.NDArray[np.float64]
+
+# Score elements (heads x Tq x Tk) one chunk of heads may hold: 2**22 float64 is 32 MiB, so a
+# T = 2k problem runs one head at a time while many small heads are batched together.
+CHUNK_SCORES = 1 << 22
+
+# The correctness rule (DESIGN.md), in one place.
+LOW_PRECISION_FACTOR = 2.0  # fp16/bf16: kernel error <= 2 x the rounded reference's error ...
+LOW_PRECISION_ATOL = 1e-5  # ... + this absolute slack
+FP32_RTOL = 1e-5  # fp32: ||O - O64|| / ||O64||
+LSE_ATOL = 1e-4  # every dtype: |LSE - LSE64|
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """A kernel output judged against the oracle: errors, their bounds, and the verdict."""
+
+    o_err: float
+    o_bound: float
+    lse_err: float
+    lse_bound: float
+    has_nan: bool
+    passed: bool
+
+    @property
+    def ratio(self) -> float:
+        """The worse of error/bound for O and LSE (<= 1 passes; inf when NaN was found)."""
+        if self.has_nan:
+            return float("inf")
+        return max(error_ratio(self.o_err, self.o_bound), error_ratio(self.lse_err, self.lse_bound))
+
+
+def error_ratio(err: float, bound: float) -> float:
+    """err / bound, with 0/0 = 0 and anything else over a zero bound = inf."""
+    if err == 0.0:
+        return 0.0
+    return err / bound if bound > 0 else float("inf")
+
+
+def default_scale(d: int) -> float:
+    """The softmax scale every family uses when none is given: 1/sqrt(d)."""
+    return 1.0 / float(np.sqrt(d))
+
+
+def causal_mask(tq: int, tk: int) -> npt.NDArray[np.bool_]:
+    """(Tq, Tk) boolean mask of visible keys, bottom-right aligned: j <= i + Tk - Tq."""
+    i = np.arange(tq)[:, None]
+    j = np.arange(tk)[None, :]
+    return j <= i + (tk - tq)
+
+
+def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(
+            f"q/k/v ndim={q.ndim}/{k.ndim}/{v.ndim}: the oracle needs (B, H, T, d) arrays; "
+            "reshape to 4 dimensions"
+        )
+    if q.shape[:2] != k.shape[:2] or k.shape != v.shape or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"q{q.shape} k{k.shape} v{v.shape}: need q (B, H, Tq, d) and k, v (B, H, Tk, d); "
+            "make batch, heads and d agree"
+        )
+
+
+def _head_chunks(bh: int, tq: int, tk: int) -> Iterator[slice]:
+    step = max(1, CHUNK_SCORES // max(1, tq * tk))
+    for start in range(0, bh, step):
+        yield slice(start, min(bh, start + step))
+
+
+def max_abs_logit(q: np.ndarray, k: np.ndarray, scale: float) -> float:
+    """max |scale * q_i . k_j| over every head and (i, j) pair, mask ignored (float32 math)."""
+    _check_shapes(q, k, k)
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    q3 = q.reshape(b * h, tq, d).astype(np.float32)
+    k3 = k.reshape(b * h, tk, d).astype(np.float32)
+    best = 0.0
+    for c in _head_chunks(b * h, tq, tk):
+        s = np.matmul(q3[c], k3[c].transpose(0, 2, 1))
+        best = max(best, float(np.abs(s).max()) * abs(scale))
+    return best
+
+
+def reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool, scale: float
+) -> tuple[F64, F64]:
+    """Float64 attention of (B, H, T, d) inputs: returns (O64 (B,H,Tq,d), LSE64 (B,H,Tq)).
+
+    LSE is the natural-log log-sum-exp of the scaled, masked scores; rows that see no key get
+    O = 0 and LSE = -inf.
+    """
+    _check_shapes(q, k, v)
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    q3 = q.reshape(b * h, tq, d).astype(np.float64)
+    k3 = k.reshape(b * h, tk, d).astype(np.float64)
+    v3 = v.reshape(b * h, tk, d).astype(np.float64)
+    mask = causal_mask(tq, tk) if causal else None
+    o = np.zeros((b * h, tq, d), np.float64)
+    lse = np.full((b * h, tq), -np.inf, np.float64)
+    for c in _head_chunks(b * h, tq, tk):
+        s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * scale
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        seen = np.isfinite(m)  # rows that see at least one key
+        p = np.exp(s - np.where(seen, m, 0.0))
+        denom = p.sum(axis=-1, keepdims=True)
+        safe = np.where(seen, denom, 1.0)
+        o[c] = np.where(seen, np.matmul(p, v3[c]) / safe, 0.0)
+        lse[c] = np.where(seen, m + np.log(safe), -np.inf)[..., 0]
+    return o.reshape(b, h, tq, d), lse.reshape(b, h, tq)
+
+
+def rounded_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool, scale: float, dtype: str
+) -> F64:
+    """FlashAttention's "reference in the low dtype": its error is the yardstick for a kernel.
+
+    Scores and softmax in float32 (from the rounded inputs), the normalised P rounded to the
+    storage dtype before P·V (float32 accumulation), the output rounded to the storage dtype.
+    Returned as float64 holding exactly the storage-dtype values.
+    """
+    _check_shapes(q, k, v)
+    store = np.dtype(DTYPES[dtype].numpy)
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    q3 = q.reshape(b * h, tq, d).astype(np.float32)
+    k3 = k.reshape(b * h, tk, d).astype(np.float32)
+    v3 = v.reshape(b * h, tk, d).astype(np.float32)
+    mask = causal_mask(tq, tk) if causal else None
+    o = np.zeros((b * h, tq, d), np.float64)
+    for c in _head_chunks(b * h, tq, tk):
+        s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * np.float32(scale)
+        if mask is not None:
+            s = np.where(mask, s, np.float32(-np.inf))
+        m = s.max(axis=-1, keepdims=True)
+        seen = np.isfinite(m)
+        p = np.exp(s - np.where(seen, m, np.float32(0.0)))
+        p = p / np.where(seen, p.sum(axis=-1, keepdims=True), np.float32(1.0))
+        p = p.astype(store).astype(np.float32)  # the rounding that the rule measures
+        out = np.where(seen, np.matmul(p, v3[c]), np.float32(0.0))
+        o[c] = out.astype(store).astype(np.float64)
+    return o.reshape(b, h, tq, d)
+
+
+def check_outputs(
+    o: np.ndarray,
+    lse: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool,
+    scale: float,
+    dtype: str,
+) -> CheckOutcome:
+    """Judge a kernel's (O, LSE) with DESIGN.md's correctness rule.
+
+    fp16/bf16: max|O - O64| <= 2 * max|O_ref - O64| + 1e-5 (O_ref: `rounded_reference`);
+    fp32: ||O - O64|| / ||O64|| <= 1e-5 (when ||O64|| = 0, ||O|| itself must be <= 1e-5);
+    LSE: |LSE - LSE64| <= 1e-4 where LSE64 is finite, and exactly -inf where it is -inf.
+    Any NaN in O or LSE fails.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
+    o64, lse64 = reference(q, k, v, causal=causal, scale=scale)
+    if o.shape != o64.shape or lse.shape != lse64.shape:
+        raise ValueError(
+            f"o{o.shape} lse{lse.shape}: expected o{o64.shape} and lse{lse64.shape}; "
+            "pass the kernel's full outputs"
+        )
+    of = np.asarray(o, dtype=np.float64)
+    lf = np.asarray(lse, dtype=np.float64)
+    has_nan = bool(np.isnan(of).any() or np.isnan(lf).any())
+
+    diff = np.abs(of - o64)
+    if DTYPES[dtype].tensor_core:  # the two low-precision storage types
+        o_ref = rounded_reference(q, k, v, causal=causal, scale=scale, dtype=dtype)
+        o_err = _max(diff)
+        o_bound = LOW_PRECISION_FACTOR * _max(np.abs(o_ref - o64)) + LOW_PRECISION_ATOL
+    else:
+        norm64 = float(np.linalg.norm(o64))
+        err_norm = float(np.sqrt(np.nansum(np.square(diff))))
+        # An all-zero oracle (e.g. V = 0) has no scale to be relative to: compare absolutely.
+        o_err = err_norm / norm64 if norm64 > 0 else err_norm
+        o_bound = FP32_RTOL
+
+    lse_err = _lse_error(lf, lse64)
+    passed = (not has_nan) and o_err <= o_bound and lse_err <= LSE_ATOL
+    return CheckOutcome(o_err, o_bound, lse_err, LSE_ATOL, has_nan, passed)
+
+
+def _max(a: np.ndarray) -> float:
+    # NaN is reported by has_nan; it must not hide the size of the other errors
+    return float(np.nanmax(a)) if a.size and not np.isnan(a).all() else 0.0
+
+
+def _lse_error(lse: F64, lse64: F64) -> float:
+    """Max |LSE - LSE64| over rows that see a key; inf if a row's -inf status disagrees."""
+    empty = np.isneginf(lse64)
+    if (empty & ~np.isneginf(lse)).any():
+        return float("inf")
+    finite = ~empty
+    if not finite.any():
+        return 0.0
+    got = lse[finite]
+    if np.isinf(got).any():  # a kernel row that saw keys reported +-inf
+        return float("inf")
+    return _max(np.abs(got - lse64[finite]))

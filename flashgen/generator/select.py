@@ -1,0 +1,103 @@
+"""Pick a shipped variant for a call: (d, dtype, causal, arch) -> KernelSpec.
+
+A tuning table for the GPU (`tuning.lookup`, by GPU name) wins when it has an entry. Otherwise
+the default preference:
+- the `mma` family when the dtype is fp16/bf16, the GPU is sm_80 or newer and `mma` ships
+  that d: br=128, bc=64, stages=2, else the shipped `mma` variant nearest to that;
+- otherwise the `simt` family: br=32, bc=32, else the nearest shipped tile.
+"Nearest" is the distance in log2 of the tiles (a tile twice or half as large is one step), with
+a stages mismatch counting half a step; ties go to the earlier variant in `shipped()` order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .dtypes import DTYPES
+from .space import shipped
+from .spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class Preference:
+    """The tile shape a family is best at when nothing better is known."""
+
+    family: str
+    br: int
+    bc: int
+    stages: int
+    min_major: int  # oldest GPU generation the family runs on (compute capability major)
+    tensor_core_only: bool
+
+
+# In order: the first family that applies and ships the head dim wins.
+PREFERENCES: tuple[Preference, ...] = (
+    Preference("mma", br=128, bc=64, stages=2, min_major=8, tensor_core_only=True),
+    Preference("simt", br=32, bc=32, stages=1, min_major=0, tensor_core_only=False),
+)
+
+_ARCH_RE = re.compile(r"sm_(\d+)[a-z]?")
+
+
+def arch_major(arch: str) -> int:
+    """Compute-capability major of an `sm_XY[a]` name: sm_80 -> 8, sm_90a -> 9, sm_100 -> 10."""
+    m = _ARCH_RE.fullmatch(arch)
+    if m is None:
+        raise ValueError(f"arch={arch!r}: not an sm_XY name; e.g. sm_90")
+    return int(m.group(1)) // 10
+
+
+def _distance(spec: KernelSpec, pref: Preference) -> float:
+    return (
+        abs(math.log2(spec.br / pref.br))
+        + abs(math.log2(spec.bc / pref.bc))
+        + 0.5 * abs(spec.stages - pref.stages)
+    )
+
+
+def select(
+    d: int,
+    dtype: str,
+    causal: bool,
+    arch: str,
+    *,
+    alignment: int | None = None,
+    candidates: Sequence[KernelSpec] | None = None,
+    gpu_name: str | None = None,
+) -> KernelSpec:
+    """The variant to run for this call; ValueError naming what is shipped when none fits.
+
+    `alignment` is the element alignment the problem's strides and pointers allow (None: any);
+    a variant that needs more is skipped. `candidates` replaces `shipped()` (and then no tuning
+    table is read); `gpu_name` (e.g. 'NVIDIA H200') names the tuning table to consult.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
+    major = arch_major(arch)
+    if gpu_name is not None and candidates is None:
+        from .tuning import lookup
+
+        tuned = lookup(gpu_name, d, dtype, causal)
+        if tuned is not None and (alignment is None or alignment % tuned.align_elems == 0):
+            return tuned
+    pool = list(shipped()) if candidates is None else list(candidates)
+    for pref in PREFERENCES:
+        if major < pref.min_major or (pref.tensor_core_only and not DTYPES[dtype].tensor_core):
+            continue
+        fits = [
+            s
+            for s in pool
+            if s.family == pref.family and s.d == d and s.dtype == dtype and s.causal == causal
+            and (alignment is None or alignment % s.align_elems == 0)
+        ]  # fmt: skip
+        if fits:
+            return min(fits, key=lambda s: _distance(s, pref))  # min keeps the first of ties
+    dims = sorted({s.d for s in pool if s.dtype == dtype})
+    raise ValueError(
+        f"d={d}, dtype={dtype}, causal={causal}, arch={arch}: no shipped variant fits; "
+        f"shipped head dims for {dtype} are {dims}: pad d up to one of them, or generate one "
+        "with `flashgen build` and pass it as spec="
+    )

@@ -1,0 +1,142 @@
+"""Hypothesis strategies and profiles shared by `flashgen fuzz` and the GPU test suite.
+
+Problems are drawn per variant: lengths from {1, primes, tile multiples and their
+neighbours, anything up to MAX_LEN}, Tq and Tk independently (so Tq != Tk both ways), a
+random or default scale, and Q/K magnitudes whose largest logit reaches up to +-60. Batch and
+heads stay small and the score count (B*H*Tq*Tk) stays under SCORE_BUDGET, so the float64
+oracle, not the GPU, is what bounds an example's cost and that cost stays small.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from .checks import Case
+from .spec import KernelSpec
+
+PROFILE_ENV = "FLASHGEN_HYPOTHESIS_PROFILE"
+EXAMPLES_ENV = "FLASHGEN_GPU_EXAMPLES"
+DEFAULT_PROFILE = "dev"
+
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+PROFILES: dict[str, dict[str, object]] = {
+    "dev": {**_COMMON, "max_examples": 20},
+    "ci": {**_COMMON, "max_examples": 60, "derandomize": True, "print_blob": True},
+    "thorough": {**_COMMON, "max_examples": 500},
+}
+# Random problems per variant on the GPU (each variant also runs its pinned examples): the
+# shipped space has ~550 variants, so the suite's time is this times ~550 small problems.
+GPU_EXAMPLES = {"dev": 4, "ci": 8, "thorough": 100}
+
+MAX_LEN = 600
+MAX_BATCH = 3
+MAX_HEADS = 4
+SCORE_BUDGET = 1 << 18  # B*H*Tq*Tk: ~0.1 s of float64 oracle at d = 256
+SPECIAL_LENGTHS = (1, 2, 3, 5, 7, 13, 31, 61, 67, 127, 131, 257, 263, 509, 521, 599)
+LOGIT_MAX = 60.0
+
+
+def register_profiles() -> None:
+    """Register the dev/ci/thorough profiles, leaving any already registered (conftest) alone."""
+    for name, kwargs in PROFILES.items():
+        try:
+            settings.get_profile(name)
+        except InvalidArgument:
+            settings.register_profile(name, **kwargs)  # type: ignore[arg-type]
+
+
+def profile_name(profile: str | None = None) -> str:
+    """The profile in force: the argument, else FLASHGEN_HYPOTHESIS_PROFILE, else dev."""
+    name = profile or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    if name not in PROFILES:
+        raise ValueError(
+            f"profile={name!r}: unknown Hypothesis profile; choose one of {', '.join(PROFILES)}"
+        )
+    return name
+
+
+def settings_for(profile: str | None = None) -> settings:
+    """The Hypothesis settings of a profile (registered on first use)."""
+    register_profiles()
+    return settings.get_profile(profile_name(profile))
+
+
+def gpu_examples(profile: str | None = None) -> int:
+    """Random problems per variant: FLASHGEN_GPU_EXAMPLES, else the profile's count."""
+    env = os.environ.get(EXAMPLES_ENV)
+    if env:
+        try:
+            count = int(env)
+        except ValueError:
+            raise ValueError(f"{EXAMPLES_ENV}={env!r}: must be a whole number, e.g. 8") from None
+        if count < 1:
+            raise ValueError(f"{EXAMPLES_ENV}={count}: must be >= 1")
+        return count
+    return GPU_EXAMPLES[profile_name(profile)]
+
+
+def tile_lengths(spec: KernelSpec, max_len: int = MAX_LEN) -> list[int]:
+    """Multiples of br and bc and their neighbours: ragged last tiles and exact fits."""
+    out = {m * t + off for t in (spec.br, spec.bc) for m in (1, 2, 3, 4) for off in (-1, 0, 1)}
+    return sorted(n for n in out if 1 <= n <= max_len)
+
+
+def lengths(spec: KernelSpec, max_len: int = MAX_LEN) -> st.SearchStrategy[int]:
+    """A sequence length: 1, a prime, a tile multiple or neighbour, or any length up to max_len."""
+    return st.one_of(
+        st.sampled_from([n for n in SPECIAL_LENGTHS if n <= max_len]),
+        st.sampled_from(tile_lengths(spec, max_len)),
+        st.integers(min_value=1, max_value=max_len),
+    )
+
+
+def scales() -> st.SearchStrategy[float | None]:
+    """The softmax scale: the default 1/sqrt(d) (None) or a random positive value."""
+    return st.one_of(st.none(), st.floats(min_value=0.01, max_value=2.0))
+
+
+def logit_maxes() -> st.SearchStrategy[float]:
+    """The largest |logit| a problem reaches: often the extreme 60, else anything from 0.5."""
+    return st.one_of(st.just(LOGIT_MAX), st.floats(min_value=0.5, max_value=LOGIT_MAX))
+
+
+def cases(
+    spec: KernelSpec, *, max_len: int = MAX_LEN, budget: int = SCORE_BUDGET
+) -> st.SearchStrategy[Case]:
+    """Random problems for `spec`: lengths first, then batch and heads that fit the budget."""
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        tq = draw(lengths(spec, max_len), label="tq")
+        tk = draw(lengths(spec, max_len), label="tk")
+        room = max(1, budget // (tq * tk))
+        b = draw(st.integers(min_value=1, max_value=max(1, min(MAX_BATCH, room))), label="b")
+        h_max = max(1, min(MAX_HEADS, room // b))
+        h = draw(st.integers(min_value=1, max_value=h_max), label="h")
+        scale = draw(scales(), label="scale")
+        logit_max = draw(logit_maxes(), label="logit_max")
+        seed = draw(st.integers(min_value=0, max_value=2**32 - 1), label="seed")
+        return Case(b, h, tq, tk, scale, logit_max, seed)
+
+    return draw_case()
+
+
+def pinned_cases(spec: KernelSpec) -> list[Case]:
+    """The problems every variant always runs, whatever Hypothesis draws.
+
+    One token each; one query against a prime number of keys; Tq > Tk (under causal the first
+    Tq - Tk rows see no key); Tq < Tk (bottom-right alignment); three full query tiles plus a
+    ragged one; every one at the extreme logit magnitude.
+    """
+    br, bc = spec.br, spec.bc
+    return [
+        Case(1, 1, 1, 1, None, LOGIT_MAX, 1),
+        Case(1, 2, 1, 127, 0.3, LOGIT_MAX, 2),
+        Case(2, 1, br + 37, bc // 2 + 1, None, LOGIT_MAX, 3),
+        Case(1, 2, 37, 3 * bc + 5, None, LOGIT_MAX, 4),
+        Case(1, 1, 3 * br + 1, 3 * br + 1, None, LOGIT_MAX, 5),
+    ]

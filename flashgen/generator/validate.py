@@ -1,0 +1,355 @@
+"""Input checks that run before any launch: shapes, dtypes, layout, alignment, grid limits.
+
+Everything here works from shapes, byte strides, dtypes and pointer integers, so it applies
+alike to NumPy arrays, PyCUDA `GPUArray`s and anything exposing `__cuda_array_interface__`;
+it imports no PyCUDA. Each failure is a `ValueError` naming the value, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DTYPES, dtype_of_array
+from .spec import KernelSpec
+
+# CUDA launch limits: grid.x may reach 2**31 - 1 blocks, grid.y and grid.z 65535. The grid
+# is (query tiles, heads, batch), and the kernel takes Tq and Tk as 32-bit ints.
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+MAX_INT32 = 2**31 - 1
+# The widest alignment `Problem.alignment` reports, in bytes (one 16-byte vector load).
+MAX_ALIGN_BYTES = 16
+
+AXES = ("batch", "head", "token", "d")
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """What the checks need to know about one array: shape, byte strides, dtype, pointer."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes, like NumPy and GPUArray
+    dtype: np.dtype[Any]
+    ptr: int | None  # device (or host) address of element [0, 0, 0, 0]; None when unknown
+
+    def elem_strides(self) -> tuple[int, ...]:
+        """Strides in elements; an axis of extent 1 gets 0 since it is never stepped along."""
+        size = self.dtype.itemsize
+        out = []
+        for axis, (extent, stride) in enumerate(zip(self.shape, self.strides, strict=True)):
+            if extent == 1:
+                out.append(0)
+                continue
+            if stride % size:
+                raise ValueError(
+                    f"{self.name}.strides[{axis}]={stride} bytes: not a multiple of the "
+                    f"itemsize {size}; pass an array whose strides step whole elements"
+                )
+            out.append(stride // size)
+        return tuple(out)
+
+
+def describe(name: str, x: Any) -> ArrayInfo:
+    """Read shape, byte strides, dtype and pointer from a NumPy array, GPUArray or CUDA array."""
+    if isinstance(x, np.ndarray):
+        return ArrayInfo(
+            name, tuple(x.shape), tuple(x.strides), x.dtype, int(x.__array_interface__["data"][0])
+        )
+    if callable(getattr(x, "data_ptr", None)) and callable(getattr(x, "stride", None)):
+        return _describe_torch(name, x)
+    if all(hasattr(x, a) for a in ("shape", "strides", "dtype")):
+        try:
+            dt = np.dtype(x.dtype)
+        except TypeError:
+            raise ValueError(
+                f"{name}.dtype={x.dtype!r}: not a NumPy dtype; pass a NumPy array or a PyCUDA "
+                "GPUArray (wrap other device memory in GPUArray(shape, dtype, gpudata=ptr))"
+            ) from None
+        return ArrayInfo(name, tuple(x.shape), tuple(x.strides), dt, _pointer(x))
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        dt = np.dtype(cai["typestr"])
+        shape = tuple(int(s) for s in cai["shape"])
+        strides = cai.get("strides") or _c_strides(shape, dt.itemsize)
+        return ArrayInfo(name, shape, tuple(int(s) for s in strides), dt, int(cai["data"][0]))
+    raise ValueError(
+        f"{name}={type(x).__name__}: not an array; pass a NumPy array or a PyCUDA GPUArray"
+    )
+
+
+def _describe_torch(name: str, x: Any) -> ArrayInfo:
+    """A torch tensor, read duck-typed (torch is never imported here).
+
+    torch's __cuda_array_interface__ refuses bfloat16, so the tensor's own accessors are used;
+    torch.float16 -> 'float16' matches the NumPy dtype names of the DTYPES table.
+    """
+    if getattr(x, "is_cuda", True) is False:
+        raise ValueError(f"{name}: a CPU tensor; move it to the GPU (.cuda()) or pass NumPy")
+    dt_name = str(x.dtype).removeprefix("torch.")
+    infos = {np.dtype(i.numpy).name: np.dtype(i.numpy) for i in DTYPES.values()}
+    if dt_name not in infos:
+        raise ValueError(
+            f"{name}.dtype={x.dtype}: unsupported; use torch.float32, float16 or bfloat16"
+        )
+    size = int(x.element_size())
+    strides = tuple(int(s) * size for s in x.stride())
+    shape = tuple(int(n) for n in x.shape)
+    return ArrayInfo(name, shape, strides, infos[dt_name], int(x.data_ptr()))
+
+
+def _pointer(x: Any) -> int | None:
+    ptr = getattr(x, "ptr", None)
+    if ptr is not None and not callable(ptr):
+        return int(ptr)
+    gpudata = getattr(x, "gpudata", None)
+    return None if gpudata is None else int(gpudata)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for extent in reversed(shape):
+        out.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(out))
+
+
+Strides3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention problem: sizes, element strides (batch, head, token), pointers."""
+
+    b: int
+    h: int
+    tq: int
+    tk: int
+    d: int
+    dtype: str
+    q_strides: Strides3
+    k_strides: Strides3
+    v_strides: Strides3
+    o_strides: Strides3 | None = None
+    q_ptr: int | None = None
+    k_ptr: int | None = None
+    v_ptr: int | None = None
+    o_ptr: int | None = None
+    lse_ptr: int | None = None
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of Q, K, V and O."""
+        return DTYPES[self.dtype].itemsize
+
+    def alignment(self, *, pointers: bool = True) -> int:
+        """The largest power-of-two element count (<= 16 bytes) every stride (and pointer) obeys."""
+        strides = [*self.q_strides, *self.k_strides, *self.v_strides, *(self.o_strides or ())]
+        ptrs = [p for p in (self.q_ptr, self.k_ptr, self.v_ptr, self.o_ptr) if p is not None]
+        align = MAX_ALIGN_BYTES // self.itemsize
+        while align > 1:
+            ok = all(s % align == 0 for s in strides)
+            if ok and pointers:
+                ok = all(p % (align * self.itemsize) == 0 for p in ptrs)
+            if ok:
+                break
+            align //= 2
+        return max(align, 1)
+
+    def kernel_strides(self) -> tuple[int, ...]:
+        """The twelve stride arguments of the kernel ABI (q, k, v, o; batch, head, token)."""
+        if self.o_strides is None:
+            raise ValueError("o: no output given; validate with o= before launching")
+        return (*self.q_strides, *self.k_strides, *self.v_strides, *self.o_strides)
+
+
+def check_scale(scale: float | None, d: int) -> float:
+    """The softmax scale to use: 1/sqrt(d) when None, else `scale`, which must be finite."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale={scale!r}: must be a real number; e.g. scale=0.125") from None
+    if not math.isfinite(value):
+        raise ValueError(f"scale={scale!r}: must be finite; pass None for 1/sqrt(d)")
+    return value
+
+
+def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> Problem:
+    """Every check that needs no kernel spec; return the Problem (raise ValueError otherwise)."""
+    qi, ki, vi = describe("q", q), describe("k", k), describe("v", v)
+    for a in (qi, ki, vi):
+        if len(a.shape) != 4:
+            raise ValueError(
+                f"{a.name}.shape={a.shape}: must have 4 dimensions (B, H, T, d); "
+                f"reshape, e.g. {a.name}[None] for a single batch"
+            )
+    b, h, tq, d = qi.shape
+    tk = ki.shape[2]
+    for a in (ki, vi):
+        if a.shape[:2] != (b, h):
+            raise ValueError(
+                f"{a.name}.shape={a.shape}: batch and heads must equal q's {(b, h)}; "
+                f"pass {a.name} with shape ({b}, {h}, Tk, {d})"
+            )
+        if a.shape[3] != d:
+            raise ValueError(
+                f"{a.name}.shape[3]={a.shape[3]}: head dim must equal q's d={d}; "
+                "q, k and v share one head dimension"
+            )
+    if vi.shape[2] != tk:
+        raise ValueError(
+            f"v.shape[2]={vi.shape[2]}: v must have as many tokens as k (Tk={tk}); "
+            "pass k and v of the same length"
+        )
+    dtype = _check_dtypes(qi, ki, vi)
+    _check_sizes(b, h, tq, tk, d)
+    strides = [_check_operand(a) for a in (qi, ki, vi)]
+    o_strides, o_ptr = None, None
+    if o is not None:
+        oi = describe("o", o)
+        if oi.shape != qi.shape or oi.dtype != qi.dtype:
+            raise ValueError(
+                f"o: shape {oi.shape} dtype {oi.dtype}: must match q ({qi.shape}, {qi.dtype}); "
+                "allocate o like q"
+            )
+        o_strides = _check_operand(oi)
+        _check_no_overlap(oi)
+        o_ptr = oi.ptr
+    lse_ptr = None if lse is None else _check_lse(describe("lse", lse), (b, h, tq))
+    return Problem(
+        b, h, tq, tk, d, dtype, strides[0], strides[1], strides[2],
+        o_strides=o_strides, q_ptr=qi.ptr, k_ptr=ki.ptr, v_ptr=vi.ptr, o_ptr=o_ptr,
+        lse_ptr=lse_ptr,
+    )  # fmt: skip
+
+
+def _check_dtypes(qi: ArrayInfo, ki: ArrayInfo, vi: ArrayInfo) -> str:
+    if not qi.dtype == ki.dtype == vi.dtype:
+        raise ValueError(
+            f"q/k/v dtypes {qi.dtype}/{ki.dtype}/{vi.dtype}: must be equal; cast all three to "
+            "one of " + ", ".join(f"{n} ({np.dtype(i.numpy)})" for n, i in DTYPES.items())
+        )
+    name = dtype_of_array(qi.dtype)
+    if name is None:
+        raise ValueError(
+            f"dtype={qi.dtype}: unsupported; use float32, float16 or ml_dtypes.bfloat16"
+        )
+    return name
+
+
+def _check_sizes(b: int, h: int, tq: int, tk: int, d: int) -> None:
+    for label, value in (("B", b), ("H", h), ("Tq", tq), ("Tk", tk), ("d", d)):
+        if value < 1:
+            raise ValueError(
+                f"{label}={value}: must be >= 1; attention over an empty axis is undefined"
+            )
+    if b > MAX_GRID_YZ:
+        raise ValueError(
+            f"B={b}: exceeds the CUDA grid.z limit {MAX_GRID_YZ}; split the batch into chunks"
+        )
+    if h > MAX_GRID_YZ:
+        raise ValueError(
+            f"H={h}: exceeds the CUDA grid.y limit {MAX_GRID_YZ}; split the heads into chunks"
+        )
+    for label, value in (("Tq", tq), ("Tk", tk)):
+        if value > MAX_INT32:
+            raise ValueError(
+                f"{label}={value}: exceeds the 32-bit length the kernel takes ({MAX_INT32}); "
+                "split the sequence"
+            )
+
+
+def _check_operand(a: ArrayInfo) -> Strides3:
+    if a.shape[3] > 1 and a.strides[3] != a.dtype.itemsize:
+        raise ValueError(
+            f"{a.name}.strides[3]={a.strides[3]} bytes: the d axis must be contiguous "
+            f"(stride = itemsize {a.dtype.itemsize}); pass a view whose last axis is "
+            "contiguous, or a copy"
+        )
+    sb, sh, st, _ = a.elem_strides()
+    return (sb, sh, st)
+
+
+def _check_no_overlap(a: ArrayInfo) -> None:
+    # a zero stride on a real axis would make several blocks write the same output row
+    for axis, (extent, stride) in enumerate(zip(a.shape, a.strides, strict=True)):
+        if extent > 1 and stride == 0:
+            raise ValueError(
+                f"{a.name}.strides[{axis}]=0 on the {AXES[axis]} axis of extent {extent}: "
+                "output rows would overlap; allocate a fresh output array"
+            )
+
+
+def _check_lse(a: ArrayInfo, shape: tuple[int, int, int]) -> int | None:
+    if a.shape != shape or a.dtype != np.float32:
+        raise ValueError(
+            f"lse: shape {a.shape} dtype {a.dtype}: must be float32 of shape {shape} (B, H, Tq); "
+            "allocate it with that shape and dtype"
+        )
+    if a.strides != _c_strides(a.shape, 4):
+        raise ValueError(
+            f"lse.strides={a.strides}: must be C-contiguous {_c_strides(a.shape, 4)}; "
+            "allocate a fresh contiguous lse"
+        )
+    if a.ptr is not None and a.ptr % 4:
+        raise ValueError(f"lse pointer {a.ptr:#x}: must be 4-byte aligned; allocate a fresh lse")
+    return a.ptr
+
+
+def check_spec(spec: KernelSpec, problem: Problem, *, check_pointers: bool = True) -> None:
+    """The checks that depend on the variant: d, dtype and the alignment it needs."""
+    if problem.d != spec.d:
+        raise ValueError(
+            f"d={problem.d}: variant {spec.name} is compiled for d={spec.d}; "
+            f"pass inputs with head dim {spec.d}, or a spec with d={problem.d}"
+        )
+    if problem.dtype != spec.dtype:
+        raise ValueError(
+            f"dtype={problem.dtype}: variant {spec.name} is compiled for {spec.dtype}; "
+            f"cast the inputs to {spec.dtype}, or pass a spec with dtype={problem.dtype!r}"
+        )
+    align = spec.align_elems
+    size = problem.itemsize
+    ops = [("q", problem.q_strides, problem.q_ptr), ("k", problem.k_strides, problem.k_ptr)]
+    ops += [("v", problem.v_strides, problem.v_ptr)]
+    if problem.o_strides is not None:
+        ops.append(("o", problem.o_strides, problem.o_ptr))
+    for name, strides, ptr in ops:
+        for axis, stride in zip(AXES, strides, strict=False):
+            if stride % align:
+                raise ValueError(
+                    f"{name} {axis} stride={stride} elements: family {spec.family} needs "
+                    f"multiples of {align} ({align * size} bytes); pass a contiguous copy "
+                    "or pad the layout"
+                )
+        if check_pointers and ptr is not None and ptr % (align * size):
+            raise ValueError(
+                f"{name} pointer {ptr:#x}: family {spec.family} needs {align * size}-byte "
+                "alignment; slice at a multiple of that offset or pass a copy"
+            )
+
+
+def validate_inputs(
+    spec: KernelSpec,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    o: Any = None,
+    lse: Any = None,
+    check_pointers: bool = True,
+) -> Problem:
+    """All checks for launching `spec` on (q, k, v[, o, lse]); return the Problem.
+
+    `check_pointers=False` skips pointer alignment: for host arrays that are copied into fresh
+    (256-byte aligned) device buffers, their host addresses do not matter.
+    """
+    problem = check_layout(q, k, v, o=o, lse=lse)
+    check_spec(spec, problem, check_pointers=check_pointers)
+    return problem

@@ -1,0 +1,151 @@
+"""`flashgen.attention` on the GPU: NumPy and GPUArray inputs, strided views, LSE, selection."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import flashgen
+from flashgen.generator import runtime
+from flashgen.generator.checks import check_variant
+from flashgen.generator.oracle import check_outputs
+from flashgen.generator.select import select
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+
+pytestmark = pytest.mark.gpu
+
+NP_TYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def rand(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(NP_TYPES[dtype])
+
+
+def qkv(dtype: str, b: int = 2, h: int = 3, tq: int = 77, tk: int = 130, d: int = 64):
+    return (
+        rand((b, h, tq, d), dtype, 1),
+        rand((b, h, tk, d), dtype, 2),
+        rand((b, h, tk, d), dtype, 3),
+    )
+
+
+def assert_correct(o: Any, lse: Any, q, k, v, *, causal: bool, scale: float, dtype: str) -> None:
+    out = check_outputs(
+        np.asarray(o), np.asarray(lse), q, k, v, causal=causal, scale=scale, dtype=dtype
+    )
+    assert out.passed, out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tq,tk", [(77, 130), (130, 77), (1, 1)])
+def test_numpy_in_numpy_out(dtype: str, causal: bool, tq: int, tk: int) -> None:
+    q, k, v = qkv(dtype, tq=tq, tk=tk)
+    o, lse = flashgen.attention(q, k, v, causal=causal, return_lse=True)
+    assert isinstance(o, np.ndarray) and o.dtype == q.dtype and o.shape == q.shape
+    assert isinstance(lse, np.ndarray) and lse.dtype == np.float32 and lse.shape == q.shape[:3]
+    assert_correct(o, lse, q, k, v, causal=causal, scale=64**-0.5, dtype=dtype)
+
+
+def test_gpuarray_in_gpuarray_out() -> None:
+    q, k, v = qkv("bf16")
+    dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
+    o, lse = flashgen.attention(dq, dk, dv, return_lse=True)
+    assert not isinstance(o, np.ndarray) and hasattr(o, "gpudata")
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert_correct(runtime.to_host(o), runtime.to_host(lse), q, k, v, causal=False,
+                   scale=0.125, dtype="bf16")  # fmt: skip
+    np.testing.assert_array_equal(runtime.to_host(dq).view(np.uint16), q.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("pad", [8, 1])  # 8: mma-aligned strides, 1: only simt can take them
+def test_strided_gpuarray_views(dtype: str, pad: int) -> None:
+    # A (B, T, H, d + pad) buffer viewed as (B, H, T, d) from token 5 on: every stride is odd.
+    b, h, t, d = 2, 3, 90, 64
+    host = rand((b, t + 5, h, d + pad), dtype, 7)
+    dev = runtime.to_device(host)
+    view = dev[:, 5:, :, :d].transpose((0, 2, 1, 3))
+    want = host[:, 5:, :, :d].transpose(0, 2, 1, 3)
+    assert view.shape == want.shape == (b, h, t, d)
+    o, lse = flashgen.attention(view, view, view, causal=True, scale=0.2, return_lse=True)
+    assert_correct(runtime.to_host(o), runtime.to_host(lse), want, want, want, causal=True,
+                   scale=0.2, dtype=dtype)  # fmt: skip
+
+
+def test_numpy_strided_views_are_copied() -> None:
+    q, k, v = qkv("fp16", tq=150, tk=160)
+    q, k, v = q[:, ::2, ::2], k[:, ::2, 1::2], v[:, ::2, 1::2]  # every head and token stride odd
+    o, lse = flashgen.attention(q, k, v, causal=True, return_lse=True)
+    assert_correct(o, lse, q, k, v, causal=True, scale=0.125, dtype="fp16")
+
+
+def test_rows_that_see_no_key_give_zeros_and_minus_inf() -> None:
+    q, k, v = qkv("bf16", tq=100, tk=30)
+    o, lse = flashgen.attention(q, k, v, causal=True, return_lse=True)
+    assert np.all(o[:, :, :70].astype(np.float32) == 0)
+    assert np.all(np.isneginf(lse[:, :, :70])) and np.all(np.isfinite(lse[:, :, 70:]))
+
+
+def test_scale_is_honoured() -> None:
+    q, k, v = qkv("fp32")
+    o, lse = flashgen.attention(q, k, v, scale=0.37, return_lse=True)
+    assert_correct(o, lse, q, k, v, causal=False, scale=0.37, dtype="fp32")
+
+
+@pytest.mark.parametrize("dtype,family", [("bf16", "mma"), ("fp16", "mma"), ("fp32", "simt")])
+def test_spec_none_runs_the_selected_variant(dtype: str, family: str) -> None:
+    q, k, v = qkv(dtype)
+    spec = select(64, dtype, True, runtime.device_arch(), gpu_name=runtime.device_name())
+    assert spec.family == family
+    auto = flashgen.attention(q, k, v, causal=True)
+    explicit = flashgen.attention(q, k, v, causal=True, spec=spec)
+    np.testing.assert_array_equal(auto.view(np.uint8), explicit.view(np.uint8))
+
+
+def test_a_given_spec_is_used_and_checked() -> None:
+    q, k, v = qkv("bf16")
+    spec = KernelSpec(family="simt", d=64, br=16, bc=64, dtype="bf16", causal=False)
+    o, lse = flashgen.attention(q, k, v, spec=spec, return_lse=True)
+    assert_correct(o, lse, q, k, v, causal=False, scale=0.125, dtype="bf16")
+    with pytest.raises(ValueError, match="compiled for d=64"):
+        flashgen.attention(*qkv("bf16", d=128), spec=spec)
+    with pytest.raises(ValueError, match="compiled with causal=False"):
+        flashgen.attention(q, k, v, spec=spec, causal=True)
+
+
+def test_misaligned_views_are_refused_by_mma_before_launch() -> None:
+    host = rand((1, 40, 2, 65), "fp16", 3)
+    view = runtime.to_device(host)[:, :, :, :64].transpose((0, 2, 1, 3))  # token stride 130
+    mma = next(s for s in shipped("mma") if s.d == 64 and s.dtype == "fp16" and not s.causal)
+    with pytest.raises(ValueError, match="family mma needs multiples of 8"):
+        flashgen.attention(view, view, view, spec=mma)
+
+
+def test_variants_above_48_kib_of_shared_memory_launch() -> None:
+    big = max(shipped(), key=lambda s: s.smem_bytes)
+    assert big.smem_bytes > 48 * 1024
+    result = check_variant(big, b=1, h=2, tq=big.br * 2 + 3, tk=300, seed=1)
+    assert result.passed, result.describe()
+
+
+def test_bf16_round_trips_bit_exactly() -> None:
+    x = rand((2, 3, 5, 16), "bf16", 4)
+    np.testing.assert_array_equal(
+        runtime.to_host(runtime.to_device(x)).view(np.uint16), x.view(np.uint16)
+    )
+
+
+def test_calls_from_another_thread_use_the_same_context() -> None:
+    q, k, v = qkv("fp16")
+    main = flashgen.attention(q, k, v)
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(flashgen.attention(q, k, v)))
+    worker.start()
+    worker.join()
+    np.testing.assert_array_equal(out[0].view(np.uint16), main.view(np.uint16))

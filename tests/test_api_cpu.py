@@ -1,0 +1,107 @@
+"""`flashgen.attention` on a machine without PyCUDA: inputs are validated first, then one
+clear GpuUnavailable (never an ImportError)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import flashgen
+from flashgen.generator import runtime
+from flashgen.generator.runtime import GpuUnavailable
+from flashgen.generator.spec import KernelSpec
+
+
+@pytest.fixture(autouse=True)
+def no_pycuda(monkeypatch):
+    """Make PyCUDA unimportable (also on a GPU host) and forget any GPU state."""
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    monkeypatch.setattr(runtime, "_gpu", None)
+    monkeypatch.setattr(runtime, "_pushed", threading.local())
+
+
+def qkv(d=64, dtype=np.float16, tq=10, tk=12):
+    rng = np.random.default_rng(0)
+    return tuple(rng.standard_normal((2, 3, t, d)).astype(dtype) for t in (tq, tk, tk))
+
+
+def test_the_api_imports_and_is_exported_lazily():
+    import flashgen.api
+
+    assert flashgen.attention is flashgen.api.attention
+    assert flashgen.api.GpuUnavailable is GpuUnavailable
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_valid_inputs_reach_gpu_unavailable(dtype):
+    with pytest.raises(GpuUnavailable, match="PyCUDA cannot be imported"):
+        flashgen.attention(*qkv(dtype=dtype), causal=True)
+
+
+def test_a_matching_spec_reaches_gpu_unavailable():
+    spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16", causal=True)
+    with pytest.raises(GpuUnavailable):
+        flashgen.attention(*qkv(), causal=True, spec=spec, return_lse=True)
+
+
+def test_strided_numpy_views_are_accepted_since_they_are_copied():
+    q, k, v = (x[:, :, ::2] for x in qkv(tq=20, tk=24))  # token stride 2*d
+    with pytest.raises(GpuUnavailable):
+        flashgen.attention(q, k, v)
+    q, k, v = qkv(d=128)
+    with pytest.raises(GpuUnavailable):  # even a non-contiguous d axis
+        flashgen.attention(q[..., ::2], k[..., ::2], v[..., ::2])
+
+
+def test_invalid_inputs_fail_validation_before_the_gpu_is_needed():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"q.shape=\(3, 10, 64\): must have 4 dimensions"):
+        flashgen.attention(q[0], k, v)
+    with pytest.raises(ValueError, match=r"dtype=float64: unsupported"):
+        flashgen.attention(*qkv(dtype=np.float64))
+    with pytest.raises(ValueError, match=r"scale=inf: must be finite"):
+        flashgen.attention(q, k, v, scale=float("inf"))
+    with pytest.raises(ValueError, match=r"causal=1: must be True or False"):
+        flashgen.attention(q, k, v, causal=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        (
+            KernelSpec(family="simt", d=128, dtype="fp16"),
+            r"d=64: variant .*d128.* compiled for d=128",
+        ),
+        (
+            KernelSpec(family="simt", d=64, dtype="bf16"),
+            r"dtype=fp16: variant .* compiled for bf16",
+        ),
+        (
+            KernelSpec(family="simt", d=64, dtype="fp16", causal=True),
+            r"causal=False: spec .* compiled with causal=True",
+        ),
+    ],
+)
+def test_a_spec_that_does_not_fit_the_call_is_rejected(spec, message):
+    with pytest.raises(ValueError, match=message):
+        flashgen.attention(*qkv(), spec=spec)
+
+
+def test_a_spec_must_be_a_kernel_spec():
+    with pytest.raises(ValueError, match=r"spec='flash_fwd_simt.*': must be a KernelSpec"):
+        flashgen.attention(*qkv(), spec="flash_fwd_simt_d64")  # type: ignore[arg-type]
+
+
+def test_mixed_host_and_device_arrays_are_rejected():
+    q, k, v = qkv()
+
+    class Dev:
+        shape, strides, dtype, ptr = v.shape, v.strides, v.dtype, 4096
+
+    with pytest.raises(ValueError, match=r"q=ndarray, k=ndarray, v=Dev: mixed host and device"):
+        flashgen.attention(q, k, Dev())

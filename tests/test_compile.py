@@ -1,0 +1,240 @@
+"""nvcc compile: every shipped variant spill-free, ptxas report parsing, errors, cold/warm."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from flashgen.generator import nvcc as nvcc_mod
+from flashgen.generator.cache import CubinCache
+from flashgen.generator.compile import CompiledKernel, CompileError, compile_kernel
+from flashgen.generator.families import FAMILIES
+from flashgen.generator.nvcc import NvccNotFound, find_nvcc, have_nvcc
+from flashgen.generator.render import RenderedKernel, environment, render
+from flashgen.generator.report import ResourceReport, parse_ptxas
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def _has_template(family: str) -> bool:
+    return FAMILIES[family].template in environment().list_templates()
+
+
+# ---- every shipped variant -----------------------------------------------------------------
+def _check_one(spec: KernelSpec, arch: str) -> tuple[CompiledKernel | None, str | None]:
+    """Compile one (variant, arch); return the result or a one-paragraph failure."""
+    try:
+        ck = compile_kernel(spec, arch)
+    except Exception as exc:  # collected and reported together with every other failure
+        return None, f"{spec.name} [{arch}]: {type(exc).__name__}: {exc}"
+    r = ck.report
+    if r.spill_bytes:
+        return ck, (
+            f"{spec.name} [{arch}]: spills {r.spill_stores} B stores / {r.spill_loads} B loads "
+            f"({r.registers} registers, {r.stack_frame} B stack frame)"
+        )
+    if r.arch != arch or r.registers <= 0 or not ck.cubin.startswith(ELF_MAGIC):
+        return ck, f"{spec.name} [{arch}]: implausible result {r} ({len(ck.cubin)} B cubin)"
+    if spec.name.encode() not in ck.cubin:
+        return ck, f"{spec.name} [{arch}]: the cubin has no symbol {spec.name}"
+    return ck, None
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_shipped_variant_compiles_for_its_archs_without_spills(
+    family: str, nvcc_required: Path
+) -> None:
+    """The headline guarantee: nvcc accepts every shipped variant and ptxas spills nothing.
+
+    Runs through the user's cubin cache, so a warm rerun takes seconds; nvcc runs as a
+    subprocess, so threads keep every core busy.
+    """
+    if not _has_template(family):
+        pytest.skip(f"templates/{FAMILIES[family].template} has not landed yet")
+    jobs = [(s, a) for s in shipped(family) for a in s.archs]
+    workers = os.cpu_count() or 2
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(lambda job: _check_one(*job), jobs))
+    wall = time.perf_counter() - start
+    failures = [msg for _, msg in results if msg]
+    done = [ck for ck, _ in results if ck is not None]
+    cold = sum(not ck.cached for ck in done)
+    max_regs = max((ck.report.registers for ck in done), default=0)
+    print(
+        f"\n[compile-all] family={family}: {len(shipped(family))} variants, {len(jobs)} "
+        f"compiles ({cold} by nvcc, {len(done) - cold} cached) in {wall:.1f} s on {workers} "
+        f"workers; max registers {max_regs}"
+    )
+    assert not failures, f"{len(failures)} of {len(jobs)} compiles failed:\n" + "\n".join(failures)
+
+
+# ---- ptxas report parsing ------------------------------------------------------------------
+PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'flash_x' for 'sm_80'
+ptxas info    : Function properties for flash_x
+    152 bytes stack frame, 148 bytes spill stores, 156 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 360 bytes cmem[0]
+ptxas info    : Compile time = 5.425 ms
+ptxas info    : Compiling entry function 'flash' for 'sm_80'
+ptxas info    : Function properties for flash
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 256 bytes smem, 360 bytes cmem[0]
+ptxas info    : Compile time = 0.829 ms
+"""
+
+
+def test_parse_ptxas_reads_the_named_kernel() -> None:
+    assert parse_ptxas(PTXAS_LOG, "flash", "sm_80") == ResourceReport(
+        arch="sm_80", registers=96, static_smem=256, stack_frame=0, spill_stores=0, spill_loads=0
+    )
+
+
+def test_parse_ptxas_reads_spills_and_does_not_confuse_prefixes() -> None:
+    r = parse_ptxas(PTXAS_LOG, "flash_x", "sm_90")
+    assert (r.arch, r.registers, r.static_smem) == ("sm_90", 255, 0)
+    assert (r.stack_frame, r.spill_stores, r.spill_loads) == (152, 148, 156)
+    assert r.spill_bytes == 304
+    assert r.to_dict()["registers"] == 255
+
+
+@pytest.mark.parametrize("kernel", ["flash_y", "flas", "missing"])
+def test_parse_ptxas_without_the_kernel_raises(kernel: str) -> None:
+    with pytest.raises(ValueError, match=f"no report for kernel '{kernel}'"):
+        parse_ptxas(PTXAS_LOG, kernel, "sm_80")
+
+
+def test_parse_ptxas_on_empty_output_raises() -> None:
+    with pytest.raises(ValueError, match="'flash'"):
+        parse_ptxas("", "flash", "sm_80")
+
+
+# ---- errors --------------------------------------------------------------------------------
+def test_broken_source_raises_compile_error_with_command_and_first_errors(
+    nvcc_required: Path, tmp_path: Path
+) -> None:
+    broken = "".join(f"not_a_type_{i} x{i};\n" for i in range(40))
+    rk = RenderedKernel(spec=KernelSpec(), source=broken)
+    cache = CubinCache(tmp_path / "cache")
+    with pytest.raises(CompileError) as info:
+        compile_kernel(rk, "sm_80", cache=cache)
+    msg = str(info.value)
+    head, *errors = msg.splitlines()
+    assert head.startswith("nvcc failed (exit ")
+    assert str(nvcc_required) in head, "the message carries the nvcc that ran"
+    assert "-cubin" in head and "arch=compute_80" in head, "the message carries the command"
+    assert errors and "error" in errors[0] and "not_a_type_0" in errors[0], errors[:2]
+    assert len(errors) <= 12, "only the first error lines, not the whole log"
+    assert cache.entries() == [], "a failed compile must not leave a cache entry"
+
+
+def test_bad_nvcc_flag_raises_compile_error_naming_it(nvcc_required: Path, tmp_path: Path) -> None:
+    with pytest.raises(CompileError) as info:
+        compile_kernel(
+            KernelSpec(), "sm_80", extra_flags=("--no-such-flag",), cache=CubinCache(tmp_path)
+        )
+    head, *rest = str(info.value).splitlines()
+    assert "--no-such-flag" in head
+    assert rest and "no-such-flag" in "\n".join(rest), "nvcc's own complaint is quoted"
+
+
+def test_unknown_arch_is_rejected_before_nvcc_runs() -> None:
+    with pytest.raises(ValueError, match=r"arch='sm_61': not supported; choose one of sm_80"):
+        compile_kernel(KernelSpec(), "sm_61")
+
+
+def _hide_nvcc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Make every place find_nvcc looks empty: env vars, PATH, /usr/local/cuda, the wheel."""
+    for var in ("FLASHGEN_NVCC", "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(nvcc_mod, "_wheel_candidates", lambda: [])
+    real_access = os.access
+    system = {Path("/usr/local/cuda/bin/nvcc")}
+
+    def access(path: object, mode: int, **kw: object) -> bool:
+        if isinstance(path, (str, os.PathLike)) and Path(path) in system:
+            return False
+        return real_access(path, mode, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", access)  # find_nvcc checks os.access
+
+
+def test_missing_nvcc_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _hide_nvcc(monkeypatch, tmp_path)
+    assert not have_nvcc()
+    with pytest.raises(NvccNotFound) as info:
+        find_nvcc()
+    msg = str(info.value)
+    assert "nvcc not found" in msg
+    for place in ("PATH", "CUDA_HOME", "/usr/local/cuda", "nvidia-cuda-nvcc"):
+        assert place in msg, f"the message should say it looked at {place}"
+    assert "pip install 'flashgen[nvcc]'" in msg and "CUDA toolkit" in msg
+    # compile_kernel surfaces the same error, not a FileNotFoundError from subprocess
+    with pytest.raises(NvccNotFound, match="pip install"):
+        compile_kernel(KernelSpec(), "sm_80", cache=CubinCache(tmp_path / "cache"))
+
+
+def test_flashgen_nvcc_pointing_nowhere_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLASHGEN_NVCC", str(tmp_path / "no-nvcc"))
+    with pytest.raises(NvccNotFound, match="FLASHGEN_NVCC=.*no such file"):
+        find_nvcc()
+
+
+def test_flashgen_nvcc_wins_over_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nvcc_required: Path
+) -> None:
+    _hide_nvcc(monkeypatch, tmp_path)
+    monkeypatch.setenv("FLASHGEN_NVCC", str(nvcc_required))
+    assert find_nvcc() == nvcc_required
+
+
+def test_nvcc_on_cuda_home_is_found(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, nvcc_required: Path
+) -> None:
+    _hide_nvcc(monkeypatch, tmp_path)
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").symlink_to(nvcc_required)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    assert find_nvcc() == home / "bin" / "nvcc"
+
+
+# ---- cold and warm -------------------------------------------------------------------------
+def test_second_compile_comes_from_the_cache(
+    nvcc_required: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = CubinCache(tmp_path / "cache")
+    spec = KernelSpec(family="simt", d=32, br=16, bc=16, dtype="fp16", causal=True)
+    t0 = time.perf_counter()
+    cold = compile_kernel(spec, "sm_80", cache=cache)
+    t1 = time.perf_counter()
+    warm = compile_kernel(render(spec), "sm_80", cache=cache)
+    t2 = time.perf_counter()
+    assert (cold.cached, warm.cached) == (False, True)
+    assert warm.cubin == cold.cubin and warm.report == cold.report
+    assert warm.spec == spec and warm.arch == "sm_80" and warm.name == spec.name
+    assert len(cache.entries()) == 1
+    print(f"\n[cold/warm] {spec.name}: cold {t1 - t0:.2f} s, warm {t2 - t1:.3f} s")
+    # another arch is another entry
+    assert compile_kernel(spec, "sm_90", cache=cache).cached is False
+    assert len(cache.entries()) == 2
+    # the default arch comes from FLASHGEN_ARCH (else the local GPU, else sm_90)
+    monkeypatch.setenv("FLASHGEN_ARCH", "sm_90")
+    dflt = compile_kernel(spec, cache=cache)
+    assert (dflt.arch, dflt.cached) == ("sm_90", True)
+    # extra flags change the key: the cubin is rebuilt, not served from the sm_90 entry
+    assert (
+        compile_kernel(spec, "sm_90", extra_flags=("-DFLASHGEN_X=1",), cache=cache).cached is False
+    )

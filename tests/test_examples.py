@@ -1,0 +1,95 @@
+"""generated/examples/: the committed reference variants match what the templates generate."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from flashgen.generator.families import FAMILIES
+from flashgen.generator.render import render
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "update_examples.py"
+FIX = "run `python scripts/update_examples.py`, review the diff and commit it"
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("update_examples", SCRIPT)
+    assert spec is not None and spec.loader is not None, f"{SCRIPT} is missing"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+update_examples = _load_script()
+EXAMPLES: list[KernelSpec] = update_examples.example_specs()
+
+
+def test_one_example_per_family() -> None:
+    assert sorted(s.family for s in EXAMPLES) == sorted(FAMILIES)
+
+
+def test_examples_are_the_documented_reference_variants() -> None:
+    names = {s.name for s in EXAMPLES}
+    assert "flash_fwd_simt_d64_br32_bc32_fp32_noncausal" in names
+    mma = KernelSpec(family="mma", d=128, br=128, bc=64, dtype="bf16", causal=True)
+    assert mma.name in names
+
+
+def test_examples_are_shipped_variants() -> None:
+    """So the compile-all test proves the committed code compiles spill-free."""
+    space = set(shipped())
+    for s in EXAMPLES:
+        assert s in space, f"{s.name} is an example but not a shipped variant"
+
+
+@pytest.mark.parametrize("spec", EXAMPLES, ids=lambda s: s.family)
+def test_committed_example_matches_its_template(spec: KernelSpec) -> None:
+    if not update_examples.has_template(spec):
+        assert spec.family != "simt", "templates/simt.cu.j2 must exist"
+        pytest.skip(f"templates/{FAMILIES[spec.family].template} has not landed yet")
+    path = update_examples.EXAMPLES_DIR / f"{spec.name}.cu"
+    rel = path.relative_to(ROOT)
+    assert path.exists(), f"{rel} is missing; {FIX}"
+    assert path.read_text() == render(spec).source, (
+        f"{rel} has drifted from templates/{spec.fam.template}; {FIX}"
+    )
+
+
+def test_no_stray_files_in_examples() -> None:
+    known = {f"{s.name}.cu" for s in EXAMPLES}
+    stray = sorted(p.name for p in update_examples.EXAMPLES_DIR.glob("*") if p.name not in known)
+    assert not stray, f"generated/examples/ holds files that are no example: {stray}; {FIX}"
+
+
+def test_check_mode_passes_on_the_committed_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    status = update_examples.main(["--check"])
+    assert status == 0, capsys.readouterr().out
+
+
+def test_script_detects_and_repairs_drift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(update_examples, "EXAMPLES_DIR", tmp_path / "examples")
+    monkeypatch.setattr(update_examples, "ROOT", tmp_path)
+    assert update_examples.stale(), "an empty examples dir must be reported"
+    assert update_examples.main(["--check"]) == 1
+    assert "run: python scripts/update_examples.py" in capsys.readouterr().out
+    update_examples.update()
+    assert update_examples.stale() == []
+    simt = tmp_path / "examples" / "flash_fwd_simt_d64_br32_bc32_fp32_noncausal.cu"
+    simt.write_text(simt.read_text().replace("constexpr int BC = 32;", "constexpr int BC = 16;"))
+    (tmp_path / "examples" / "flash_fwd_old.cu").write_text("// stale\n")
+    problems = update_examples.stale()
+    assert any("differs" in p and simt.name in p for p in problems), problems
+    assert any("not an example" in p and "flash_fwd_old.cu" in p for p in problems), problems
+    changed = update_examples.update()
+    assert f"wrote examples/{simt.name}" in changed
+    assert "removed examples/flash_fwd_old.cu" in changed
+    assert update_examples.stale() == []
+    assert simt.read_text() == render(EXAMPLES[0]).source

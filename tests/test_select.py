@@ -1,0 +1,116 @@
+"""Variant selection: the default preference, its fallbacks, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from flashgen.generator.select import arch_major, select
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_core_dtypes_on_sm80_and_newer_get_mma_128x64_two_stages(dtype, causal):
+    for arch in ("sm_80", "sm_90", "sm_90a"):
+        spec = select(64, dtype, causal, arch)
+        assert (spec.family, spec.d, spec.dtype, spec.causal) == ("mma", 64, dtype, causal)
+        assert (spec.br, spec.bc, spec.stages) == (128, 64, 2)
+        assert spec in shipped("mma")
+
+
+def test_fp32_gets_simt_32x32():
+    spec = select(64, "fp32", True, "sm_90")
+    assert (spec.family, spec.br, spec.bc, spec.dtype, spec.causal) == (
+        "simt",
+        32,
+        32,
+        "fp32",
+        True,
+    )
+
+
+def test_tensor_core_dtypes_before_sm80_get_simt():
+    spec = select(64, "fp16", False, "sm_75")
+    assert (spec.family, spec.br, spec.bc) == ("simt", 32, 32)
+
+
+def test_head_dims_only_simt_ships_fall_back_to_simt():
+    mma_dims = {s.d for s in shipped("mma")}
+    simt_only = sorted({s.d for s in shipped("simt")} - mma_dims)
+    assert simt_only, "the shipped space changed: pick another head dim for this test"
+    assert select(simt_only[0], "bf16", False, "sm_90").family == "simt"
+
+
+def test_inputs_too_misaligned_for_mma_get_simt():
+    spec = select(64, "bf16", False, "sm_90", alignment=1)
+    assert spec.family == "simt" and spec.align_elems == 1
+    assert select(64, "bf16", False, "sm_90", alignment=8).family == "mma"
+
+
+def test_the_nearest_tile_wins_when_the_preferred_one_is_not_shipped():
+    pool = [
+        KernelSpec(family="mma", d=64, br=64, bc=32, dtype="bf16", warps=4, stages=1),
+        KernelSpec(family="mma", d=64, br=128, bc=128, dtype="bf16", warps=8, stages=2),
+        KernelSpec(family="mma", d=64, br=128, bc=64, dtype="bf16", warps=8, stages=1),
+    ]
+    # distances from (128, 64, stages 2): 2.5, 1.0 and 0.5
+    assert select(64, "bf16", False, "sm_90", candidates=pool) == pool[2]
+
+
+def test_ties_go_to_the_earlier_variant():
+    pool = [
+        KernelSpec(family="simt", d=64, br=64, bc=32, dtype="fp32"),
+        KernelSpec(family="simt", d=64, br=32, bc=64, dtype="fp32"),
+    ]
+    assert select(64, "fp32", False, "sm_90", candidates=pool) == pool[0]
+    assert select(64, "fp32", False, "sm_90", candidates=pool[::-1]) == pool[1]
+
+
+def test_an_unshipped_head_dim_is_a_clear_error():
+    with pytest.raises(
+        ValueError,
+        match=r"d=24, dtype=bf16, causal=False, arch=sm_90: no shipped variant fits; "
+        r"shipped head dims for bf16 are \[16, 32",
+    ):
+        select(24, "bf16", False, "sm_90")
+
+
+def test_an_unknown_dtype_is_a_clear_error():
+    with pytest.raises(
+        ValueError, match=r"dtype='fp8': unknown dtype; choose one of fp32, fp16, bf16"
+    ):
+        select(64, "fp8", False, "sm_90")
+
+
+def test_arch_names_parse_to_their_major():
+    assert [arch_major(a) for a in ("sm_75", "sm_80", "sm_90a", "sm_100", "sm_120")] == [
+        7,
+        8,
+        9,
+        10,
+        12,
+    ]
+    with pytest.raises(ValueError, match=r"arch='90': not an sm_XY name"):
+        arch_major("90")
+
+
+def test_a_tuning_table_entry_wins_when_the_gpu_is_named(monkeypatch):
+    tuned = KernelSpec(family="mma", d=64, br=64, bc=64, dtype="bf16", warps=4, stages=1)
+    seen = []
+
+    def lookup(gpu: str, d: int, dtype: str, causal: bool) -> KernelSpec | None:
+        seen.append((gpu, d, dtype, causal))
+        return tuned
+
+    monkeypatch.setattr("flashgen.generator.tuning.lookup", lookup)
+    assert select(64, "bf16", True, "sm_90", gpu_name="NVIDIA H200") == tuned
+    assert seen == [("NVIDIA H200", 64, "bf16", True)]
+    assert select(64, "bf16", True, "sm_90") != tuned  # no GPU name: no table
+    assert select(64, "bf16", True, "sm_90", gpu_name="NVIDIA H200", alignment=1).family == "simt"
+
+
+def test_no_tuning_table_falls_back_to_the_default(monkeypatch):
+    monkeypatch.setattr("flashgen.generator.tuning.lookup", lambda *a: None)
+    spec = select(64, "bf16", False, "sm_90", gpu_name="Some GPU")
+    assert (spec.br, spec.bc, spec.stages) == (128, 64, 2)

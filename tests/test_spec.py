@@ -1,0 +1,376 @@
+"""KernelSpec: every validation rule and its message, defaults, names and JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flashgen.generator.arch import ARCHS
+from flashgen.generator.families import FAMILIES
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec, SpecError
+
+SHIPPED = shipped()
+NAME_RE = re.compile(r"[a-z0-9_]+")
+SM80_SMEM = ARCHS["sm_80"].smem_per_block  # both families ship for sm_80, the tighter limit
+
+# (fields, value, rule, fix): constructing KernelSpec(**fields) must raise a SpecError with
+# exactly one problem, and that problem must name the value, state the rule and give the fix.
+# One row per rule of families.py (and the generic field checks in spec.py).
+RULES: list[tuple[dict[str, Any], str, str, str]] = [
+    # ---- generic field checks -------------------------------------------------------------
+    ({"d": "64"}, "d='64'", "must be an integer", "e.g. d=64"),
+    ({"br": 32.0}, "br=32.0", "must be an integer", "e.g. br=64"),
+    ({"bc": True}, "bc=True", "must be an integer", "e.g. bc=64"),
+    ({"warps": None}, "warps=None", "must be an integer", "e.g. warps=64"),
+    ({"stages": "2"}, "stages='2'", "must be an integer", "e.g. stages=64"),
+    ({"causal": 1}, "causal=1", "must be True or False", "True or False"),
+    ({"causal": "yes"}, "causal='yes'", "must be True or False", "True or False"),
+    ({"dtype": "fp8"}, "dtype='fp8'", "unknown dtype", "choose one of fp32, fp16, bf16"),
+    ({"family": "wgmmx"}, "family='wgmmx'", "unknown family", "choose one of simt, mma"),
+    # ---- simt -----------------------------------------------------------------------------
+    ({"d": 12}, "d=12", "must be a multiple of 8 in [8, 256] for family simt", "try 64"),
+    ({"d": 0}, "d=0", "must be a multiple of 8 in [8, 256] for family simt", "try 64"),
+    ({"d": -64}, "d=-64", "must be a multiple of 8 in [8, 256] for family simt", "try 64"),
+    ({"d": 264}, "d=264", "must be a multiple of 8 in [8, 256] for family simt", "try 64"),
+    ({"br": 12}, "br=12", "must be a multiple of 8 in [8, 128] for family simt", "try 16"),
+    ({"br": 136}, "br=136", "must be a multiple of 8 in [8, 128] for family simt", "try 16"),
+    ({"bc": 8}, "bc=8", "must be a multiple of 16 in [16, 128] for family simt", "try 32"),
+    ({"bc": 24}, "bc=24", "must be a multiple of 16 in [16, 128] for family simt", "try 32"),
+    ({"bc": 144}, "bc=144", "must be a multiple of 16 in [16, 128] for family simt", "try 32"),
+    ({"br": 32, "warps": 8}, "warps=8", "derives warps from br (br*4/32 = 4)", "leave warps unset"),
+    ({"stages": 2}, "stages=2", "family simt has no pipeline", "leave stages unset"),
+    (
+        {"d": 256, "bc": 32},
+        "d=256, bc=32",
+        "72 accumulators per thread (d/4 + bc/4) exceed 64 and would spill",
+        "lower bc or d",
+    ),
+    (
+        {"d": 128, "br": 128, "bc": 128},
+        "smem=264192 B",
+        f"exceeds the {SM80_SMEM} B per block of sm_80",
+        "lower bc or br",
+    ),
+    # ---- mma ------------------------------------------------------------------------------
+    (
+        {"family": "mma", "dtype": "fp32", "br": 64},
+        "dtype=fp32",
+        "family mma needs a tensor-core dtype",
+        "use fp16 or bf16, or family simt for fp32",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 64, "d": 24},
+        "d=24",
+        "must be a multiple of 16 in [16, 256] for family mma",
+        "try 64",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 64, "d": 272},
+        "d=272",
+        "must be a multiple of 16 in [16, 256] for family mma",
+        "try 64",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 72, "warps": 4},
+        "br=72",
+        "must be a multiple of 16 in [16, 256] for family mma",
+        "try 128",
+    ),
+    (
+        {"family": "mma", "dtype": "bf16", "br": 64, "bc": 40},
+        "bc=40",
+        "must be a multiple of 16 in [16, 256] for family mma",
+        "try 64",
+    ),
+    (
+        {"family": "mma", "dtype": "bf16", "br": 64, "bc": 512},
+        "bc=512",
+        "must be a multiple of 16 in [16, 256] for family mma",
+        "try 64",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 64, "warps": 3},
+        "warps=3",
+        "must be 1, 2, 4, 8 or 16",
+        "try 4",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 64, "warps": 8},
+        "warps=8",
+        "br=64 must split into 16-row tiles per warp (br % (16*warps) == 0)",
+        "try warps=4",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 128, "warps": 2},
+        "warps=2",
+        "each warp would own 64 rows of br=128; at most 32",
+        "try warps=8",
+    ),
+    (
+        {"family": "mma", "dtype": "fp16", "br": 64, "stages": 3},
+        "stages=3",
+        "K/V pipeline depth must be 1 or 2",
+        "try 2",
+    ),
+    (
+        # one warp owning 32 rows of d=256: far more live registers than a thread has
+        {"family": "mma", "dtype": "fp16", "br": 32, "warps": 1, "d": 256, "bc": 64, "stages": 1},
+        "d=256, bc=64, rows/warp=32",
+        "would spill",
+        "lower bc",
+    ),
+    (
+        {"family": "mma", "dtype": "bf16", "br": 256, "warps": 16, "d": 128, "bc": 128},
+        "smem=208896 B",
+        f"exceeds the {SM80_SMEM} B per block of sm_80",
+        "lower bc or stages",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "value", "rule", "fix"), RULES)
+def test_each_rule_raises_one_problem_naming_value_rule_and_fix(
+    fields: dict[str, Any], value: str, rule: str, fix: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(**fields)
+    err = info.value
+    assert isinstance(err, ValueError), "SpecError must stay a ValueError for callers"
+    assert len(err.problems) == 1, err.problems
+    problem = err.problems[0]
+    assert problem.startswith(value) and ": " in problem, problem
+    assert rule in problem, problem
+    assert fix in problem, problem
+    assert problem in str(err)
+
+
+def test_rule_table_covers_every_family() -> None:
+    families = {fields.get("family", "simt") for fields, *_ in RULES}
+    assert families >= set(FAMILIES), f"no rule rows for {set(FAMILIES) - families}"
+
+
+def test_every_broken_rule_is_reported_in_one_error() -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family="simt", d=12, br=12, bc=24, stages=3)
+    probs = info.value.problems
+    assert [p.split(":")[0] for p in probs] == ["d=12", "br=12", "bc=24", "stages=3"]
+    for p in probs:
+        assert p in str(info.value)
+
+
+def test_mma_reports_every_broken_rule_in_one_error() -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family="mma", d=24, br=72, bc=40, dtype="fp32", warps=3, stages=5)
+    heads = [p.split(":")[0] for p in info.value.problems]
+    assert heads == ["dtype=fp32", "d=24", "br=72", "bc=40", "warps=3", "stages=5"]
+
+
+def test_type_errors_and_unknown_family_are_reported_together() -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family="nope", d="x", causal=1, dtype="fp8")  # type: ignore[arg-type]
+    heads = [p.split(":")[0] for p in info.value.problems]
+    assert heads == ["d='x'", "causal=1", "dtype='fp8'", "family='nope'"]
+
+
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "family": st.one_of(
+                st.sampled_from([*FAMILIES, "x"]), st.integers(), st.none(), st.lists(st.text())
+            ),
+            "d": st.one_of(st.integers(-300, 300), st.floats(), st.text(max_size=3)),
+            "br": st.one_of(st.integers(-300, 300), st.booleans()),
+            "bc": st.integers(-300, 300),
+            "dtype": st.one_of(
+                st.sampled_from(["fp32", "fp16", "bf16", "int8"]), st.none(), st.lists(st.text())
+            ),
+            "causal": st.one_of(st.booleans(), st.integers(0, 1)),
+            "warps": st.integers(-2, 20),
+            "stages": st.integers(-2, 4),
+        },
+    )
+)
+def test_any_field_values_give_a_valid_spec_or_a_spec_error(fields: dict[str, Any]) -> None:
+    """Junk in, SpecError out: never a TypeError/KeyError from deep inside validation."""
+    try:
+        spec = KernelSpec(**fields)
+    except SpecError as exc:
+        assert exc.problems
+        # every problem starts with the value(s) it is about
+        assert all(re.match(r"[a-z_]+=.*: ", p) for p in exc.problems), exc.problems
+        return
+    assert KernelSpec.from_name(spec.name) == spec
+    assert spec.warps > 0 and spec.stages > 0
+
+
+# ---- defaults -----------------------------------------------------------------------------
+@pytest.mark.parametrize(("br", "warps"), [(16, 2), (32, 4), (64, 8)])
+def test_simt_fills_warps_from_br_and_one_stage(br: int, warps: int) -> None:
+    spec = KernelSpec(family="simt", br=br)
+    assert (spec.warps, spec.stages) == (warps, 1)
+    assert spec.threads == 32 * warps
+    assert KernelSpec(family="simt", br=br, warps=warps, stages=1) == spec
+
+
+@pytest.mark.parametrize(("br", "warps"), [(64, 4), (128, 8)])
+def test_mma_fills_default_warps_and_two_stages(br: int, warps: int) -> None:
+    spec = KernelSpec(family="mma", d=128, br=br, bc=64, dtype="bf16")
+    assert (spec.warps, spec.stages) == (warps, 2)
+    assert (
+        KernelSpec(family="mma", d=128, br=br, bc=64, dtype="bf16", warps=warps, stages=2) == spec
+    )
+
+
+def test_explicit_knobs_are_kept() -> None:
+    spec = KernelSpec(family="mma", d=64, br=128, bc=64, dtype="fp16", warps=4, stages=1)
+    assert (spec.warps, spec.stages) == (4, 1)
+
+
+# ---- derived values ------------------------------------------------------------------------
+def test_grid_is_ceil_query_tiles_heads_batch() -> None:
+    spec = KernelSpec(br=32)
+    assert spec.grid(3, 5, 1) == (1, 5, 3)
+    assert spec.grid(3, 5, 32) == (1, 5, 3)
+    assert spec.grid(3, 5, 33) == (2, 5, 3)
+    assert spec.grid(1, 1, 1000) == (32, 1, 1)
+
+
+def test_alignment_is_one_element_for_simt_and_sixteen_bytes_for_mma() -> None:
+    assert KernelSpec(family="simt", dtype="bf16").align_elems == 1
+    assert KernelSpec(family="mma", br=64, dtype="fp16").align_elems == 8
+    assert KernelSpec(family="mma", br=64, dtype="bf16").align_elems == 8
+
+
+def test_replace_validates_again() -> None:
+    spec = KernelSpec(d=64)
+    assert spec.replace(d=32) == KernelSpec(d=32)
+    with pytest.raises(SpecError, match="d=33"):
+        spec.replace(d=33)
+
+
+# ---- names ---------------------------------------------------------------------------------
+def test_name_has_every_field_in_fixed_order() -> None:
+    assert (
+        KernelSpec(family="simt", d=64, br=32, bc=32, dtype="bf16", causal=True).name
+        == "flash_fwd_simt_d64_br32_bc32_bf16_causal"
+    )
+    assert (
+        KernelSpec(family="mma", d=128, br=128, bc=64, dtype="fp16", causal=False).name
+        == "flash_fwd_mma_d128_br128_bc64_fp16_noncausal_w8_s2"
+    )
+
+
+@given(st.sampled_from(SHIPPED))
+def test_from_name_inverts_name(spec: KernelSpec) -> None:
+    assert KernelSpec.from_name(spec.name) == spec
+    assert NAME_RE.fullmatch(spec.name), spec.name
+
+
+def test_names_round_trip_and_are_unique_over_the_whole_space() -> None:
+    names = [s.name for s in SHIPPED]
+    assert len(set(names)) == len(names), "two shipped variants share a name"
+    for spec in SHIPPED:
+        assert NAME_RE.fullmatch(spec.name), spec.name
+        assert KernelSpec.from_name(spec.name) == spec, spec.name
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "flash_fwd_simt",
+        "flash_fwd_simt_d64_br32_bc32_fp32",  # no mask
+        "FLASH_FWD_SIMT_D64_BR32_BC32_FP32_NONCAUSAL",  # names are lower case
+        "flash_fwd_simt_d64_br32_bc32_fp32_noncausal.cu",  # a file name, not a kernel name
+        " flash_fwd_simt_d64_br32_bc32_fp32_noncausal",
+        "flash_fwd_simt_d64_br32_bc32_fp32_noncausal\n",
+        "flash_fwd_simt_d64_br32_bc32_fp32_nocausal",
+        "flash_fwd_simt_d-64_br32_bc32_fp32_noncausal",
+        "flash_bwd_simt_d64_br32_bc32_fp32_noncausal",
+    ],
+)
+def test_garbage_names_are_rejected_with_the_expected_pattern(bad: str) -> None:
+    with pytest.raises(SpecError, match="not a flashgen kernel name; expected flash_fwd_"):
+        KernelSpec.from_name(bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "canonical"),
+    [
+        (  # leading zero
+            "flash_fwd_simt_d064_br32_bc32_fp32_noncausal",
+            "flash_fwd_simt_d64_br32_bc32_fp32_noncausal",
+        ),
+        (  # simt has no knobs, so its names carry none
+            "flash_fwd_simt_d64_br32_bc32_fp32_noncausal_w4_s1",
+            "flash_fwd_simt_d64_br32_bc32_fp32_noncausal",
+        ),
+        (  # mma names always carry the knobs, defaults included
+            "flash_fwd_mma_d128_br128_bc64_bf16_causal",
+            "flash_fwd_mma_d128_br128_bc64_bf16_causal_w8_s2",
+        ),
+    ],
+)
+def test_non_canonical_names_are_rejected_naming_the_canonical_one(
+    bad: str, canonical: str
+) -> None:
+    with pytest.raises(SpecError, match="not canonical") as info:
+        KernelSpec.from_name(bad)
+    assert canonical in str(info.value)
+    assert KernelSpec.from_name(canonical).name == canonical
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ("flash_fwd_simt_d12_br32_bc32_fp32_noncausal", "d=12"),
+        ("flash_fwd_simt_d64_br32_bc32_fp8_noncausal", "dtype='fp8'"),
+        ("flash_fwd_wgmmx_d64_br32_bc32_fp16_noncausal", "family='wgmmx'"),
+        ("flash_fwd_mma_d64_br64_bc64_fp32_noncausal_w4_s2", "dtype=fp32"),
+    ],
+)
+def test_well_formed_names_of_invalid_specs_raise_the_rule(bad: str, problem: str) -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec.from_name(bad)
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+@given(st.text(alphabet="flash_fwdsimtmabcrfp0123456789_ onlu", max_size=60))
+def test_from_name_accepts_only_canonical_names(text: str) -> None:
+    try:
+        spec = KernelSpec.from_name(text)
+    except SpecError:
+        return
+    assert spec.name == text
+
+
+# ---- JSON ----------------------------------------------------------------------------------
+@given(st.sampled_from(SHIPPED))
+def test_to_json_round_trips_on_one_line(spec: KernelSpec) -> None:
+    text = spec.to_json()
+    assert "\n" not in text
+    data = json.loads(text)
+    assert set(data) == {"family", "d", "br", "bc", "dtype", "causal", "warps", "stages"}
+    assert KernelSpec(**data) == spec
+    assert text == KernelSpec(**data).to_json()
+
+
+def test_to_json_is_sorted_and_stable() -> None:
+    assert KernelSpec(family="simt", d=64, br=32, bc=32).to_json() == (
+        '{"bc": 32, "br": 32, "causal": false, "d": 64, "dtype": "fp32", '
+        '"family": "simt", "stages": 1, "warps": 4}'
+    )
+
+
+def test_spec_is_frozen_and_hashable() -> None:
+    spec = KernelSpec()
+    with pytest.raises(AttributeError):
+        spec.d = 32  # type: ignore[misc]
+    assert len({spec, KernelSpec(), KernelSpec(d=32)}) == 2

@@ -1,0 +1,343 @@
+"""Input validation: one test per rule; each message names the value, the rule and the fix."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from flashgen.generator.spec import KernelSpec
+from flashgen.generator.validate import (
+    MAX_GRID_YZ,
+    MAX_INT32,
+    Problem,
+    check_layout,
+    check_scale,
+    describe,
+    validate_inputs,
+)
+
+SIMT = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16")
+MMA = KernelSpec(family="mma", d=64, br=128, bc=64, dtype="fp16", warps=4, stages=2)
+
+
+@dataclass
+class Dev:
+    """A device array as GPUArray presents it: shape, byte strides, dtype, pointer."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: Any
+    ptr: int = 0x7F0000000000
+
+
+def dev(
+    shape: tuple[int, ...],
+    dtype: Any = np.float16,
+    strides: tuple[int, ...] | None = None,
+    ptr: int = 0x7F0000000000,
+) -> Dev:
+    size = np.dtype(dtype).itemsize
+    if strides is None:
+        out, step = [], size
+        for n in reversed(shape):
+            out.append(step)
+            step *= n
+        strides = tuple(reversed(out))
+    return Dev(shape, strides, np.dtype(dtype), ptr)
+
+
+def qkv(b=2, h=3, tq=10, tk=12, d=64, dtype: Any = np.float16):
+    return (
+        np.zeros((b, h, tq, d), dtype),
+        np.zeros((b, h, tk, d), dtype),
+        np.zeros((b, h, tk, d), dtype),
+    )
+
+
+def test_valid_inputs_give_the_problem_with_element_strides():
+    q, k, v = qkv()
+    p = validate_inputs(SIMT, q, k, v)
+    assert (p.b, p.h, p.tq, p.tk, p.d, p.dtype) == (2, 3, 10, 12, 64, "fp16")
+    assert p.q_strides == (3 * 10 * 64, 10 * 64, 64)
+    assert p.k_strides == (3 * 12 * 64, 12 * 64, 64)
+
+
+def test_axes_of_extent_one_get_stride_zero_and_never_fail_alignment():
+    # a (1, 1, 1, d) view may carry any strides on its unit axes
+    q = dev((1, 1, 1, 64), strides=(6, 10, 14, 2))
+    k = v = dev((1, 1, 5, 64))
+    p = validate_inputs(MMA, q, k, v)
+    assert p.q_strides == (0, 0, 0)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_rank_must_be_four(which):
+    q, k, v = qkv()
+    arrays = {"q": q, "k": k, "v": v}
+    arrays[which] = arrays[which][0]
+    with pytest.raises(ValueError, match=rf"{which}.shape=.*4 dimensions.*reshape"):
+        check_layout(arrays["q"], arrays["k"], arrays["v"])
+
+
+def test_batch_and_heads_must_match():
+    q, _, v = qkv()
+    k = np.zeros((2, 4, 12, 64), np.float16)
+    with pytest.raises(ValueError, match=r"k.shape=\(2, 4, 12, 64\): batch and heads must equal"):
+        check_layout(q, k, v)
+
+
+def test_head_dim_must_match():
+    q, k, _ = qkv()
+    v = np.zeros((2, 3, 12, 32), np.float16)
+    with pytest.raises(ValueError, match=r"v.shape\[3\]=32: head dim must equal q's d=64"):
+        check_layout(q, k, v)
+
+
+def test_k_and_v_must_have_the_same_length():
+    q, k, _ = qkv()
+    v = np.zeros((2, 3, 11, 64), np.float16)
+    with pytest.raises(ValueError, match=r"v.shape\[2\]=11: .*Tk=12.*same length"):
+        check_layout(q, k, v)
+
+
+def test_dtypes_must_be_equal():
+    q, k, _ = qkv()
+    v = np.zeros((2, 3, 12, 64), np.float32)
+    with pytest.raises(ValueError, match=r"float16/float16/float32: must be equal; cast"):
+        check_layout(q, k, v)
+
+
+def test_unsupported_dtype_is_named():
+    with pytest.raises(ValueError, match=r"dtype=float64: unsupported; use float32, float16"):
+        check_layout(*qkv(dtype=np.float64))
+
+
+def test_bfloat16_is_supported():
+    assert check_layout(*qkv(dtype=ml_dtypes.bfloat16)).dtype == "bf16"
+
+
+def test_d_axis_must_be_contiguous():
+    q, k, v = qkv(d=128)
+    with pytest.raises(ValueError, match=r"q.strides\[3\]=4 bytes: the d axis must be contiguous"):
+        check_layout(q[..., ::2], k[..., ::2], v[..., ::2])
+
+
+def test_strides_must_step_whole_elements():
+    q = dev((2, 3, 10, 64), strides=(3 * 10 * 130 + 1, 10 * 130, 130, 2))
+    k = v = dev((2, 3, 12, 64))
+    with pytest.raises(
+        ValueError, match=r"q.strides\[0\]=3901 bytes: not a multiple of the itemsize 2"
+    ):
+        check_layout(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "shape_q,shape_kv,label",
+    [
+        ((2, 3, 0, 64), (2, 3, 5, 64), "Tq=0"),
+        ((2, 3, 4, 64), (2, 3, 0, 64), "Tk=0"),
+        ((0, 3, 4, 64), (0, 3, 5, 64), "B=0"),
+        ((2, 0, 4, 64), (2, 0, 5, 64), "H=0"),
+    ],
+)
+def test_every_size_must_be_at_least_one(shape_q, shape_kv, label):
+    q, k = np.zeros(shape_q, np.float16), np.zeros(shape_kv, np.float16)
+    with pytest.raises(ValueError, match=rf"{label}: must be >= 1"):
+        check_layout(q, k, k)
+
+
+def test_batch_is_limited_by_grid_z():
+    b = MAX_GRID_YZ + 1
+    with pytest.raises(ValueError, match=rf"B={b}: exceeds the CUDA grid.z limit 65535; split"):
+        check_layout(dev((b, 1, 4, 64)), dev((b, 1, 4, 64)), dev((b, 1, 4, 64)))
+
+
+def test_heads_are_limited_by_grid_y():
+    h = MAX_GRID_YZ + 1
+    with pytest.raises(ValueError, match=rf"H={h}: exceeds the CUDA grid.y limit 65535; split"):
+        check_layout(dev((1, h, 4, 64)), dev((1, h, 4, 64)), dev((1, h, 4, 64)))
+
+
+def test_grid_limits_themselves_are_accepted():
+    x = dev((MAX_GRID_YZ, MAX_GRID_YZ, 4, 64))
+    assert check_layout(x, x, x).b == MAX_GRID_YZ
+
+
+def test_lengths_must_fit_32_bits():
+    t = MAX_INT32 + 1
+    with pytest.raises(ValueError, match=rf"Tk={t}: exceeds the 32-bit length"):
+        check_layout(dev((1, 1, 4, 64)), dev((1, 1, t, 64)), dev((1, 1, t, 64)))
+
+
+def test_output_must_match_q():
+    q, k, v = qkv()
+    with pytest.raises(
+        ValueError, match=r"o: shape \(2, 3, 9, 64\).*must match q.*allocate o like q"
+    ):
+        check_layout(q, k, v, o=np.zeros((2, 3, 9, 64), np.float16))
+    with pytest.raises(ValueError, match=r"o: .*dtype float32.*must match q"):
+        check_layout(q, k, v, o=np.zeros((2, 3, 10, 64), np.float32))
+
+
+def test_output_rows_must_not_overlap():
+    q, k, v = qkv()
+    o = dev((2, 3, 10, 64), strides=(3 * 10 * 128, 10 * 128, 0, 2))
+    with pytest.raises(ValueError, match=r"o.strides\[2\]=0 on the token axis.*overlap"):
+        check_layout(q, k, v, o=o)
+
+
+def test_lse_must_be_contiguous_float32_b_h_tq():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"lse: shape \(2, 3, 9\).*float32 of shape \(2, 3, 10\)"):
+        check_layout(q, k, v, lse=np.zeros((2, 3, 9), np.float32))
+    with pytest.raises(ValueError, match=r"lse: .*dtype float64.*float32"):
+        check_layout(q, k, v, lse=np.zeros((2, 3, 10), np.float64))
+    with pytest.raises(ValueError, match=r"lse.strides=.*C-contiguous"):
+        check_layout(q, k, v, lse=np.zeros((2, 3, 20), np.float32)[..., ::2])
+
+
+def test_d_must_match_the_spec():
+    with pytest.raises(ValueError, match=r"d=32: variant flash_fwd_simt_d64.* d=64; .*head dim 64"):
+        validate_inputs(SIMT, *qkv(d=32))
+
+
+def test_dtype_must_match_the_spec():
+    with pytest.raises(ValueError, match=r"dtype=fp32: variant .* compiled for fp16; cast"):
+        validate_inputs(SIMT, *qkv(dtype=np.float32))
+
+
+def test_mma_needs_strides_in_16_byte_chunks():
+    q = dev((2, 3, 10, 64), strides=(3 * 10 * 72 * 2, 10 * 72 * 2, 72 * 2, 2))  # token: 72 el.
+    k = v = dev((2, 3, 12, 64))
+    validate_inputs(MMA, q, k, v)  # 72 is a multiple of 8
+    bad = dev((2, 3, 10, 64), strides=(3 * 10 * 65 * 2, 10 * 65 * 2, 65 * 2, 2))
+    with pytest.raises(
+        ValueError,
+        match=r"q batch stride=1950 elements: family mma needs multiples of 8 \(16 bytes\)",
+    ):
+        validate_inputs(MMA, bad, k, v)
+    validate_inputs(SIMT, bad, k, v)  # simt takes any element stride
+
+
+def test_mma_needs_16_byte_aligned_pointers():
+    q, k = dev((2, 3, 10, 64)), dev((2, 3, 12, 64))
+    v = dev((2, 3, 12, 64), ptr=0x7F0000000002)
+    with pytest.raises(ValueError, match=r"v pointer 0x7f0000000002: family mma needs 16-byte"):
+        validate_inputs(MMA, q, k, v)
+    validate_inputs(SIMT, q, k, v)
+    validate_inputs(MMA, q, k, v, check_pointers=False)  # host arrays are copied anyway
+
+
+def test_output_alignment_is_checked_too():
+    q, k, v = dev((2, 3, 10, 64)), dev((2, 3, 12, 64)), dev((2, 3, 12, 64))
+    o = dev((2, 3, 10, 64), ptr=0x7F0000000008)
+    with pytest.raises(ValueError, match=r"o pointer"):
+        validate_inputs(MMA, q, k, v, o=o)
+
+
+def test_problem_alignment_is_the_widest_that_every_stride_and_pointer_allow():
+    q, k, v = dev((2, 3, 10, 64)), dev((2, 3, 12, 64)), dev((2, 3, 12, 64))
+    assert check_layout(q, k, v).alignment() == 8  # 16 bytes of fp16
+    shifted = dev((2, 3, 12, 64), ptr=0x7F0000000004)
+    p = check_layout(q, k, shifted)
+    assert p.alignment() == 2 and p.alignment(pointers=False) == 8
+    f32 = dev((2, 3, 10, 64), np.float32)
+    assert check_layout(f32, f32, f32).alignment() == 4
+
+
+def test_kernel_strides_need_an_output():
+    p = check_layout(*qkv())
+    with pytest.raises(ValueError, match="validate with o="):
+        p.kernel_strides()
+    q, k, v = qkv()
+    full = check_layout(q, k, v, o=np.zeros_like(q))
+    assert full.kernel_strides() == (
+        *full.q_strides,
+        *full.k_strides,
+        *full.v_strides,
+        *full.q_strides,
+    )
+
+
+def test_describe_reads_gpuarray_gpudata_when_there_is_no_ptr():
+    @dataclass
+    class Old:
+        shape: tuple[int, ...]
+        strides: tuple[int, ...]
+        dtype: Any
+        gpudata: int
+
+    info = describe("q", Old((1, 1, 2, 8), (32, 32, 16, 2), np.float16, 4096))
+    assert info.ptr == 4096 and info.dtype == np.float16
+
+
+def test_describe_reads_the_cuda_array_interface():
+    class Cai:
+        __cuda_array_interface__ = {  # noqa: RUF012
+            "shape": (1, 2, 3, 8),
+            "strides": None,
+            "typestr": "<f4",
+            "data": (8192, False),
+            "version": 3,
+        }
+
+    info = describe("k", Cai())
+    assert info.strides == (192, 96, 32, 4) and info.ptr == 8192 and info.dtype == np.float32
+
+
+class Torchish:
+    """What validation reads from a torch tensor (torch itself is not needed)."""
+
+    def __init__(self, shape, dtype="torch.bfloat16", is_cuda=True):
+        self.shape, self.dtype, self.is_cuda = shape, dtype, is_cuda
+
+    def stride(self):
+        out, step = [], 1
+        for n in reversed(self.shape):
+            out.append(step)
+            step *= n
+        return tuple(reversed(out))
+
+    def element_size(self):
+        return 4 if self.dtype == "torch.float32" else 2
+
+    def data_ptr(self):
+        return 0x7F0000001000
+
+
+def test_describe_reads_torch_tensors_bfloat16_included():
+    info = describe("q", Torchish((1, 2, 3, 8)))
+    assert info.dtype == np.dtype(ml_dtypes.bfloat16) and info.strides == (96, 48, 16, 2)
+
+
+def test_torch_tensors_on_the_cpu_and_odd_dtypes_are_refused():
+    with pytest.raises(ValueError, match=r"q: a CPU tensor; move it to the GPU"):
+        describe("q", Torchish((1, 2, 3, 8), is_cuda=False))
+    with pytest.raises(ValueError, match=r"q.dtype=torch.int8: unsupported"):
+        describe("q", Torchish((1, 2, 3, 8), dtype="torch.int8"))
+
+
+def test_non_arrays_are_refused():
+    with pytest.raises(ValueError, match=r"q=list: not an array; pass a NumPy array or a PyCUDA"):
+        describe("q", [[1.0]])
+
+
+def test_scale_defaults_to_rsqrt_d_and_must_be_finite():
+    assert check_scale(None, 64) == 0.125
+    assert check_scale(0.5, 64) == 0.5
+    with pytest.raises(ValueError, match=r"scale=nan: must be finite"):
+        check_scale(math.nan, 64)
+    with pytest.raises(ValueError, match=r"scale='x': must be a real number"):
+        check_scale("x", 64)  # type: ignore[arg-type]
+
+
+def test_problem_is_frozen():
+    p = check_layout(*qkv())
+    assert isinstance(p, Problem)
+    with pytest.raises(AttributeError):
+        p.b = 3  # type: ignore[misc]
