@@ -20,6 +20,10 @@ SIMT_LANES_PER_ROW = 4
 # Extra 16-byte pad per shared-memory row in the mma family: it shifts successive rows by 4
 # banks, so the 8 row addresses of every ldmatrix phase hit 8 distinct bank quads.
 MMA_ROW_PAD = 8
+# From this head dim on, S = Q K^T is accumulated in two chains (even and odd k-steps) summed
+# at the end: one chain of 16 tensor-core accumulations moved LSE by 1.08e-4 at logits of 60
+# (fp16, d=256, H200), over the 1e-4 the correctness rule allows.
+MMA_SPLIT_QK_FROM_D = 256
 # Ceiling for MmaFamily.register_estimate: above it ptxas 13.0 spills (255 registers max).
 MMA_REG_BUDGET = 232
 # Registers beyond the estimate that addresses, indices and softmax state take (see min_blocks).
@@ -115,12 +119,13 @@ class SimtFamily(Family):
         if spec.stages != 1:
             p.append(f"stages={spec.stages}: family simt has no pipeline; leave stages unset")
         if not p:
-            # registers: each lane holds d/G output columns and bc/G scores of its row
-            regs = spec.d // g + spec.bc // g
+            # registers: each lane holds d/G output columns and bc/G scores of its row, each
+            # score with its Kahan compensation term
+            regs = spec.d // g + 2 * spec.bc // g
             if regs > 64:
                 p.append(
-                    f"d={spec.d}, bc={spec.bc}: {regs} accumulators per thread (d/{g} + bc/{g}) "
-                    "exceed 64 and would spill; lower bc or d"
+                    f"d={spec.d}, bc={spec.bc}: {regs} accumulators per thread "
+                    f"(d/{g} + 2*bc/{g}) exceed 64 and would spill; lower bc or d"
                 )
             p += self.smem_rule(spec, "4*((br+2*bc)*(d+1) + br*(bc+1))", "lower bc or br")
         return p
@@ -148,7 +153,14 @@ class MmaFamily(Family):
         packed P (bc/4), plus the second stage's addresses. Calibrated on ptxas 13.0: every
         variant at or under MMA_REG_BUDGET compiles without spills on sm_80 and sm_90."""
         mt = self.rows_per_warp(spec) // 16
-        return mt * (spec.d // 2 + 3 * spec.bc // 4) + 16 * (spec.stages - 1)
+        chains = self.qk_chains(spec)
+        return mt * (spec.d // 2 + 3 * spec.bc // 4 + (chains - 1) * spec.bc // 2) + 16 * (
+            spec.stages - 1
+        )
+
+    def qk_chains(self, spec: KernelSpec) -> int:
+        """Independent fp32 accumulator sets for S = Q K^T (more = shorter rounding chains)."""
+        return 2 if spec.d >= MMA_SPLIT_QK_FROM_D else 1
 
     def min_blocks(self, spec: KernelSpec) -> int:
         # The most blocks (up to 4) whose register share still holds the estimate plus ~64
@@ -214,6 +226,7 @@ class MmaFamily(Family):
         return {
             "row_pad": MMA_ROW_PAD,
             "m_tiles": m_tiles,
+            "qk_chains": self.qk_chains(spec),
             "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
             "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
             # Q fragments stay in registers when they are few (<= 32 per thread)
