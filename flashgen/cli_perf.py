@@ -39,7 +39,11 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 @main.command(
     "bench",
-    epilog="Example: flashgen bench --d 128 --dtype bf16 --t 4096 --t 16384 --plot",
+    epilog="""\b
+Examples:
+  flashgen bench --plot                       # the whole protocol, JSON + PNG
+  flashgen bench --d 128 --dtype bf16 --t 4096 --t 16384 --all-variants
+""",
 )
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
               help="Storage dtype(s) [default: bf16 and fp16].")  # fmt: skip
@@ -130,7 +134,10 @@ def bench(
 
 @main.command(
     "tune",
-    epilog="Example: flashgen tune --d 64 --d 128 --dtype bf16 --dtype fp16",
+    epilog="""\b
+Example:
+  flashgen tune --d 64 --d 128 --dtype bf16 --dtype fp16
+""",
 )
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES))
 @click.option("--d", "head_dims", multiple=True, type=click.IntRange(min=16))

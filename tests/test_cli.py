@@ -627,7 +627,9 @@ def test_every_help_shows_an_example(path: tuple[str, ...]) -> None:
 
 
 def test_commands_exist() -> None:
-    assert set(cli.main.commands) == {"build", "show", "list", "inspect", "cache", "check", "fuzz"}
+    assert set(cli.main.commands) == {
+        "build", "show", "list", "inspect", "cache", "check", "fuzz", "bench", "tune"
+    }  # fmt: skip
 
 
 def test_version() -> None:

@@ -11,6 +11,7 @@ Everything a launch depends on is checked (`validate.validate_inputs`) before it
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -65,6 +66,18 @@ _functions: dict[tuple[KernelSpec, str], tuple[Any, Any]] = {}
 _pushed = threading.local()
 
 
+class _PopAtThreadExit:
+    """Lives in a thread-local: CPython drops it in the exiting thread, which pops our context."""
+
+    def __init__(self, drv: Any) -> None:
+        self.drv = drv
+
+    def __del__(self) -> None:
+        # the context may already be gone (process exit): then there is nothing to undo
+        with contextlib.suppress(Exception):
+            self.drv.Context.pop()
+
+
 def _import_driver() -> Any:
     try:
         import pycuda.driver as drv
@@ -98,9 +111,12 @@ def gpu() -> _Gpu:
             _gpu = _Gpu(drv, device, context, f"sm_{major}{minor}", threading.get_ident())
             atexit.register(_release)
         elif not getattr(_pushed, "done", False):
-            # PyCUDA keeps one context stack per thread: make ours current in this thread too
+            # PyCUDA keeps one context stack per thread: make ours current in this thread too,
+            # and pop it when the thread ends (PyCUDA aborts the process if a thread exits
+            # with a context still on its stack).
             _gpu.context.push()
             _pushed.done = True
+            _pushed.guard = _PopAtThreadExit(_gpu.drv)
         return _gpu
 
 

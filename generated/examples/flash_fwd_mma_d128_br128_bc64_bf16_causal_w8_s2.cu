@@ -40,9 +40,11 @@ constexpr int NT_O = D / 8;                // n-tiles of O
 constexpr int KT_QK = D / 16;              // k-steps of Q K^T
 constexpr int KT_PV = BC / 16;             // k-steps of P V
 constexpr int CHUNKS = D / 8;              // 16-byte chunks per row
+constexpr int QK_CHAINS = 1;  // accumulator sets for S = Q K^T
 constexpr bool Q_IN_REGS = true;  // Q fragments held in registers
 static_assert(BR == WARPS * ROWS_PER_WARP, "warps split the query tile into 16-row tiles");
 static_assert(D % 16 == 0 && BC % 16 == 0, "tiles are whole m16n8k16 steps");
+static_assert(KT_QK % QK_CHAINS == 0, "the chains share the k-steps evenly");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
 static_assert(SMEM_BYTES == (BR + 2 * STAGES * BC) * LDS * (int)sizeof(elem_t), "smem layout");
 static_assert((LDS * sizeof(elem_t)) % 16 == 0, "rows stay 16-byte aligned for cp.async/ldmatrix");
@@ -122,6 +124,12 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 
+// A compile-time boolean passed as a value (selects an instantiation of a generic lambda).
+template <bool B>
+struct Flag {
+  static constexpr bool value = B;
+};
+
 // Start copying `rows` rows of a (T, D) slab, tokens t0.., into a padded tile; rows at or past
 // t_len are zero-filled (no global read) so they contribute exact zeros.
 template <int ROWS>
@@ -197,7 +205,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
 
   uint32_t q_frag[Q_IN_REGS ? M_TILES : 1][Q_IN_REGS ? KT_QK : 1][4];
 
-  for (int it = 0; it < n_tiles; ++it) {
+  // One key tile. `masked` is a compile-time flag: the body is instantiated twice, so the
+  // tiles that need no mask (all but the first few) run code with no mask arithmetic at all.
+  auto step = [&](const int it, auto masked) {
     const int tile = n_tiles - 1 - it;  // last tile first
     const int kv0 = tile * BC;
     const bool more = it + 1 < n_tiles;
@@ -225,13 +235,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
     }
 
     // ---- S = Q K^T ---------------------------------------------------------------------
+    // QK_CHAINS accumulator sets take the k-steps in turn and are summed at the end: shorter
+    // chains of tensor-core accumulation round less (see MMA_SPLIT_QK_FROM_D in families.py).
     float s[M_TILES][NT_S][4];
+    float s_chain[QK_CHAINS][M_TILES][NT_S][4];
 #pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt)
+    for (int ch = 0; ch < QK_CHAINS; ++ch)
 #pragma unroll
-      for (int nt = 0; nt < NT_S; ++nt)
+      for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+        for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_chain[ch][mt][nt][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KT_QK; ++kk) {
       uint32_t a[M_TILES][4];
@@ -250,15 +265,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
         ldmatrix_x4(b, Kt + (np * 16 + k_row) * LDS + kk * 16 + k_col);
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
-          mma_16816(s[mt][2 * np], a[mt], b[0], b[1]);
-          mma_16816(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+          mma_16816(s_chain[kk % QK_CHAINS][mt][2 * np], a[mt], b[0], b[1]);
+          mma_16816(s_chain[kk % QK_CHAINS][mt][2 * np + 1], a[mt], b[2], b[3]);
         }
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float sum = s_chain[0][mt][nt][e];
+#pragma unroll
+          for (int ch = 1; ch < QK_CHAINS; ++ch) sum += s_chain[ch][mt][nt][e];
+          s[mt][nt][e] = sum;
+        }
 
     // ---- mask: only the ragged last tile and tiles crossing the causal diagonal ----------
-    const bool needs_mask = kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > q0 + tk - tq);
-    if (needs_mask) {
+    if constexpr (decltype(masked)::value) {
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -276,6 +301,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
     // (c2,c3) of n-tiles 2j and 2j+1 are exactly a0..a3 of k-step j. Packing now (not at
     // P V) frees the fp32 scores early, which keeps the big tiles free of spills.
     uint32_t p_frag[M_TILES][KT_PV][4];
+    float alphas[M_TILES][2];  // how much each row's running O shrinks this tile
+    bool rescale = false;
 #pragma unroll
     for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -300,12 +327,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
           p_frag[mt][nt / 2][(nt % 2) * 2 + h] = pack2(p0, p1);
         }
         l_run[mt][h] = l_run[mt][h] * alpha + sum;
-#pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt) {
-          o_acc[mt][nt][2 * h] *= alpha;
-          o_acc[mt][nt][2 * h + 1] *= alpha;
-        }
+        alphas[mt][h] = alpha;
+        rescale |= alpha != 1.0f;
       }
+    }
+    // Rescale O only when some row's max moved: on long rows the max settles early and the
+    // D/2 multiplies per row per tile are skipped (warp-uniform branch; alpha == 1 is exact).
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] *= alphas[mt][e / 2];
     }
 
     // ---- O += P V ---------------------------------------------------------------------------
@@ -323,6 +357,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
       }
     }
     __syncthreads();  // every warp is done with this K/V buffer before it is refilled
+  };
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int kv0 = (n_tiles - 1 - it) * BC;
+    // only the ragged last tile and tiles crossing the causal diagonal need the mask
+    if (kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > q0 + tk - tq)) {
+      step(it, Flag<true>{});
+    } else {
+      step(it, Flag<false>{});
+    }
   }
 
   // ---- epilogue: normalise once, write O (storage dtype) and LSE (natural log) -------------

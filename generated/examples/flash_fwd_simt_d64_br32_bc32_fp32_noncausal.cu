@@ -131,14 +131,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
     load_tile(Vs, vb, v_st, kv0, tk, BC);
     __syncthreads();
 
-    // S = Q K^T for this lane's keys, in base-2 units.
-    float s[S_PER_LANE];
+    // S = Q K^T for this lane's keys. Compensated (Kahan) summation: a plain fp32 dot of D
+    // terms loses ~sqrt(D) ulps of the largest term, which at logits of +-60 moves LSE by more
+    // than 1e-4; carrying the lost low bits in c keeps the score within a few ulps of exact.
+    float s[S_PER_LANE], c[S_PER_LANE];
 #pragma unroll
-    for (int i = 0; i < S_PER_LANE; ++i) s[i] = 0.0f;
+    for (int i = 0; i < S_PER_LANE; ++i) s[i] = 0.0f, c[i] = 0.0f;
     for (int x = 0; x < D; ++x) {
       const float qx = Qs[r * LD + x];
 #pragma unroll
-      for (int i = 0; i < S_PER_LANE; ++i) s[i] += qx * Ks[(j + LANES * i) * LD + x];
+      for (int i = 0; i < S_PER_LANE; ++i) {
+        const float y = fmaf(qx, Ks[(j + LANES * i) * LD + x], -c[i]);
+        const float t = s[i] + y;
+        c[i] = (t - s[i]) - y;
+        s[i] = t;
+      }
     }
     // The mask is needed only on the ragged last tile and on tiles crossing the diagonal.
     const bool needs_mask = kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > q0 + tk - tq);
