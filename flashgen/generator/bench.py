@@ -337,8 +337,10 @@ def summary_table(rows: list[Row]) -> list[dict[str, Any]]:
         for peer in PEERS:
             p = best.get((*key, peer))
             line[peer] = p.tflops if p else None
-            ok = ours is not None and ours.tflops and p is not None and p.tflops
-            line[f"x_{peer}"] = ours.tflops / p.tflops if ok else None  # type: ignore[union-attr,operator]
+            ratio = None
+            if ours is not None and ours.tflops and p is not None and p.tflops:
+                ratio = ours.tflops / p.tflops
+            line[f"x_{peer}"] = ratio
         out.append(line)
     return out
 
