@@ -7,24 +7,22 @@ cache itself build their own `CubinCache` in a temporary directory.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from _nvcc import require_nvcc  # tests/ is on sys.path (pytest's rootdir-relative import)
 from hypothesis import settings
 
-# Profiles named in DESIGN.md. deadline=None everywhere: a first render or an nvcc call can
-# take far longer than Hypothesis' default 200 ms without anything being wrong.
-settings.register_profile("dev", max_examples=25, deadline=None)
-settings.register_profile("ci", max_examples=50, deadline=None, derandomize=True, print_blob=True)
-settings.register_profile("thorough", max_examples=500, deadline=None)
+from flashgen.generator.strategies import profile_name, register_profiles
 
-_PROFILE = os.environ.get("FLASHGEN_HYPOTHESIS_PROFILE", "dev")
-if _PROFILE not in ("dev", "ci", "thorough"):
-    raise pytest.UsageError(
-        f"FLASHGEN_HYPOTHESIS_PROFILE={_PROFILE!r}: unknown profile; use dev, ci or thorough"
-    )
+# Profiles named in DESIGN.md (dev, ci, thorough), defined once in flashgen's strategies module
+# so the test suite and `flashgen fuzz` agree; deadline=None everywhere, since a first render or
+# an nvcc call can take far longer than Hypothesis' default 200 ms without anything being wrong.
+register_profiles()
+try:
+    _PROFILE = profile_name()
+except ValueError as exc:
+    raise pytest.UsageError(str(exc)) from None
 settings.load_profile(_PROFILE)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .._version import __version__
 from .arch import DEFAULT_ARCH, arch_info
-from .cache import CubinCache, cache_key
+from .cache import CubinCache, cache_key, locked
 from .nvcc import find_nvcc, nvcc_version
 from .render import RenderedKernel, render
 from .report import ResourceReport, parse_ptxas
@@ -46,20 +46,32 @@ def _first_errors(text: str, n: int = 12) -> str:
 
 
 def run_nvcc(args: list[str], source: str, suffix: str = ".cu") -> tuple[bytes, str]:
-    """Compile `source` with nvcc and `args` (output to the file `-o` names); return (out, log)."""
+    """Compile `source` with nvcc and `args` (output to the file `-o` names); return (out, log).
+
+    nvcc runs inside a folder named after the content (source and flags), under a lock: with
+    -lineinfo the cubin records that folder, so a random temporary name would make the same
+    source give different bytes on every build.
+    """
     nvcc = find_nvcc()
-    with tempfile.TemporaryDirectory(prefix="flashgen-nvcc-") as tmp:
-        src = Path(tmp) / f"kernel{suffix}"
-        out = Path(tmp) / "kernel.out"
+    digest = cache_key(source, " ".join(args), suffix)[:20]
+    work = Path(tempfile.gettempdir()) / f"flashgen-nvcc-{os.getuid()}" / digest
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"kernel{suffix}"
+    out = work / "kernel.out"
+    with locked(src):
         src.write_text(source)
-        cmd = [str(nvcc), *args, "-o", str(out), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        log = proc.stdout + proc.stderr
-        if proc.returncode != 0 or not out.exists():
-            raise CompileError(
-                f"nvcc failed (exit {proc.returncode}): {' '.join(cmd)}\n{_first_errors(log)}"
-            )
-        return out.read_bytes(), log
+        cmd = [str(nvcc), *args, "-o", out.name, src.name]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=work)
+            log = proc.stdout + proc.stderr
+            if proc.returncode != 0 or not out.exists():
+                raise CompileError(
+                    f"nvcc failed (exit {proc.returncode}): {' '.join(cmd)}\n{_first_errors(log)}"
+                )
+            return out.read_bytes(), log
+        finally:
+            for p in (src, out):
+                p.unlink(missing_ok=True)
 
 
 def compile_kernel(
