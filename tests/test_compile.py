@@ -238,3 +238,14 @@ def test_second_compile_comes_from_the_cache(
     assert (
         compile_kernel(spec, "sm_90", extra_flags=("-DFLASHGEN_X=1",), cache=cache).cached is False
     )
+
+
+def test_two_cold_builds_of_one_source_give_identical_cubins(
+    nvcc_required: Path, tmp_path: Path
+) -> None:
+    # -lineinfo records the build folder: it must not be a random temporary name
+    spec = KernelSpec(family="simt", d=16, br=16, bc=16, dtype="fp32", causal=False)
+    one = compile_kernel(spec, "sm_90", cache=CubinCache(tmp_path / "a"))
+    two = compile_kernel(spec, "sm_90", cache=CubinCache(tmp_path / "b"))
+    assert (one.cached, two.cached) == (False, False)
+    assert one.cubin == two.cubin
