@@ -22,6 +22,13 @@ import jinja2
 
 from ._version import __version__
 from .generator.arch import ARCHS, STATIC_SMEM_LIMIT, arch_info
+from .generator.bundle import (
+    BundleError,
+    bundle_files,
+    select_variants,
+    stale_kernels,
+    write_bundle,
+)
 from .generator.cache import CubinCache, atomic_write
 from .generator.compile import CompiledKernel, CompileError, compile_kernel
 from .generator.dtypes import DTYPES
@@ -29,8 +36,17 @@ from .generator.families import FAMILIES
 from .generator.nvcc import NvccNotFound
 from .generator.occupancy import occupancy
 from .generator.render import render
+from .generator.sass import INSTALL_HINT as SASS_HINT
+from .generator.sass import (
+    InstructionMix,
+    SassUnavailable,
+    disassemble,
+    format_mix,
+    instruction_mix,
+)
 from .generator.space import pruned, shipped
 from .generator.spec import KernelSpec, SpecError
+from .generator.traffic import format_traffic, traffic_report
 
 if TYPE_CHECKING:  # checks pulls in Hypothesis and the runtime: imported by the commands
     from .generator.checks import VariantResult
@@ -76,6 +92,7 @@ def _error_message(exc: click.ClickException) -> str:
 # keeps its traceback.
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (
     SpecError,
+    BundleError,
     NvccNotFound,
     CompileError,
     jinja2.TemplateError,
@@ -302,7 +319,8 @@ Examples:
   flashgen build --d 64 --bc 32          write generated/<name>.cu and compile it
   flashgen show --d 64 --dtype bf16      print the generated source
   flashgen list --all                    the shipped variants, and why others are not
-  flashgen inspect --family mma --d 128  registers, shared memory, occupancy
+  flashgen inspect --family mma --d 128  registers, shared memory, occupancy, SASS, traffic
+  flashgen bundle attn/ --d 64 --d 128   a CMake folder with a C ABI for C/C++/CUDA projects
 """,
 )
 @click.version_option(__version__, "-V", "--version", prog_name="flashgen")
@@ -319,6 +337,7 @@ Examples:
   flashgen build --d 64 --bc 32
   flashgen build --family mma --d 128 --dtype bf16 --causal --arch sm_80 --out kernels/
   flashgen build --name flash_fwd_simt_d64_br32_bc32_fp32_noncausal --no-compile
+  flashgen build --family mma --d 128 --causal --bundle attn/   (CMake bundle with a C ABI)
 """
 )
 @spec_options
@@ -335,25 +354,47 @@ Examples:
     show_default=True,
     help="Directory for <name>.cu (nothing is written anywhere else).",
 )
+@click.option(
+    "--bundle",
+    "bundle_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Instead of OUT/<name>.cu, write a self-contained CMake bundle with a C ABI to DIR "
+    "(several variants: `flashgen bundle`).",
+)
 @click.option("--compile/--no-compile", "do_compile", default=True, help="Compile with nvcc.")
 @friendly
-def build(arch: str | None, out: Path, do_compile: bool, **kw: Any) -> None:
+def build(
+    arch: str | None,
+    out: Path,
+    bundle_dir: Path | None,
+    do_compile: bool,
+    **kw: Any,
+) -> None:
     """Write OUT/<name>.cu for a spec and compile it with nvcc.
 
     The file is rewritten only when its content changes. Without nvcc the source is still
-    written and the command succeeds with a note.
+    written and the command succeeds with a note. With --bundle DIR, the kernel, a host
+    launcher with a C ABI, its header, a CMakeLists.txt, an example and a README go to DIR.
     """
     spec = _spec(kw)
     rendered = render(spec)
-    path = out / rendered.filename
-    data = rendered.source.encode()
-    try:
-        unchanged = path.read_bytes() == data
-    except OSError:
-        unchanged = False
-    if not unchanged:
-        atomic_write(path, data)
-    click.echo(f"{'unchanged' if unchanged else 'wrote'} {path} ({_fmt_bytes(len(data))})")
+    if bundle_dir is not None:
+        source = click.get_current_context().get_parameter_source("out")
+        if source != click.core.ParameterSource.DEFAULT:
+            raise CliError("--out and --bundle both name where to write; drop one of them")
+        _write_bundle([spec], bundle_dir)
+    else:
+        path = out / rendered.filename
+        data = rendered.source.encode()
+        try:
+            unchanged = path.read_bytes() == data
+        except OSError:
+            unchanged = False
+        if not unchanged:
+            atomic_write(path, data)
+        click.echo(f"{'unchanged' if unchanged else 'wrote'} {path} ({_fmt_bytes(len(data))})")
     if not do_compile:
         return
     start = time.perf_counter()
@@ -364,6 +405,88 @@ def build(arch: str | None, out: Path, do_compile: bool, **kw: Any) -> None:
         click.echo(f"note: {NVCC_HINT}, then run the same command again", err=True)
         return
     click.echo(_describe_compile(ck, time.perf_counter() - start))
+
+
+def _write_bundle(specs: list[KernelSpec], out: Path) -> None:
+    """Render and write a bundle, one line per file, then how to build it."""
+    files = bundle_files(specs)
+    for path, changed in write_bundle(files, out):
+        size = _fmt_bytes(len(files[path.relative_to(out).as_posix()].encode()))
+        click.echo(f"{'wrote' if changed else 'unchanged'} {path} ({size})")
+    for stale in stale_kernels(files, out):
+        click.echo(f"note: {stale} is not part of this bundle (not built; delete it)", err=True)
+    n = len(files) - len(specs)
+    click.echo(
+        f"bundle {out}: {len(specs)} variant{'s' if len(specs) > 1 else ''} + {n} files; "
+        f"build: cmake -S {out} -B {out}/build && cmake --build {out}/build && "
+        f"{out}/build/example"
+    )
+
+
+@main.command(
+    "bundle",
+    epilog="""\b
+Examples:
+  flashgen bundle attn/ --d 64 --d 128                   bf16, causal and not: 4 variants
+  flashgen bundle attn/ --family mma --d 128 --dtype fp16 --dtype bf16 --causal
+  flashgen bundle attn/ --d 64 --dtype fp32              (fp32 is served by family simt)
+  flashgen bundle attn/ --d 128 --gpu nvidia-h200        the variants tuned for an H200
+  flashgen bundle attn/ --name flash_fwd_simt_d64_br32_bc32_fp32_noncausal
+  cmake -S attn -B attn/build && cmake --build attn/build && attn/build/example
+""",
+)
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path), metavar="DIR")
+@click.option(
+    "--name", "names", multiple=True, metavar="KERNEL", help="A kernel to include (repeatable)."
+)
+@click.option(
+    "--family",
+    "families",
+    type=click.Choice(list(FAMILIES)),
+    multiple=True,
+    help="Families to pick from (repeatable; default: all, mma preferred for fp16/bf16).",
+)
+@click.option("--d", "ds", type=int, multiple=True, help="A head dimension (repeatable).")
+@click.option(
+    "--dtype",
+    "dtypes",
+    type=click.Choice(list(DTYPES)),
+    multiple=True,
+    help="A storage dtype (repeatable; default: bf16).",
+)
+@click.option(
+    "--causal/--no-causal",
+    default=None,
+    help="Only causal / only non-causal variants (default: both).",
+)
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default=None,
+    metavar="GPU",
+    help="Prefer the variants `flashgen tune` measured fastest on this GPU (e.g. nvidia-h200).",
+)
+@friendly
+def bundle(
+    out: Path,
+    names: tuple[str, ...],
+    families: tuple[str, ...],
+    ds: tuple[int, ...],
+    dtypes: tuple[str, ...],
+    causal: bool | None,
+    gpu_name: str | None,
+) -> None:
+    """Write a self-contained CMake bundle to DIR: kernels, C-ABI launchers, header, example.
+
+    One variant per (d, dtype, causal) from --d x --dtype x causal (both unless --causal or
+    --no-causal), chosen like flashgen.attention chooses, or the kernels named with --name.
+    The bundle's flashgen_fwd() dispatches on (d, dtype, causal) and returns
+    cudaErrorNotSupported for any other key. See DIR/README.md.
+    """
+    specs = select_variants(
+        names=names, families=families, ds=ds, dtypes=dtypes, causal=causal, gpu_name=gpu_name
+    )
+    _write_bundle(specs, out)
 
 
 @main.command(
@@ -443,6 +566,8 @@ def list_(family: str | None, show_all: bool) -> None:
 Examples:
   flashgen inspect --d 64 --bc 32
   flashgen inspect --family mma --d 128 --arch sm_80 --json
+  flashgen inspect --family mma --d 64 --causal --tq 4096 --tk 4096
+SASS needs cuobjdump + nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 """
 )
 @spec_options
@@ -452,13 +577,31 @@ Examples:
     default=None,
     help="Target GPU (default: the local GPU's, else sm_90).",
 )
+@click.option(
+    "--b", "b", type=click.IntRange(min=1), default=1, show_default=True,
+    help="Batch of the traffic model's problem.",
+)  # fmt: skip
+@click.option(
+    "--h", "h", type=click.IntRange(min=1), default=16, show_default=True,
+    help="Heads of the traffic model's problem.",
+)  # fmt: skip
+@click.option(
+    "--tq", type=click.IntRange(min=1), default=8192, show_default=True,
+    help="Query length of the traffic model's problem.",
+)  # fmt: skip
+@click.option(
+    "--tk", type=click.IntRange(min=1), default=8192, show_default=True,
+    help="Key/value length of the traffic model's problem.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @friendly
-def inspect(arch: str | None, as_json: bool, **kw: Any) -> None:
-    """Compile a kernel and report its resources: registers, shared memory, spills, occupancy."""
+def inspect(arch: str | None, b: int, h: int, tq: int, tk: int, as_json: bool, **kw: Any) -> None:
+    """Compile a kernel and explain it: registers, shared memory, spills, occupancy, the SASS
+    instruction mix (when cuobjdump is available) and the HBM traffic model against the
+    seed's loop order."""
     spec = _spec(kw)
     ck = compile_kernel(spec, arch)
-    report = inspect_report(ck)
+    report = inspect_report(ck, b=b, h=h, tq=tq, tk=tk)
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
         return
@@ -466,7 +609,18 @@ def inspect(arch: str | None, as_json: bool, **kw: Any) -> None:
         click.echo(line)
 
 
-def inspect_report(ck: CompiledKernel) -> dict[str, Any]:
+def sass_section(ck: CompiledKernel) -> dict[str, Any]:
+    """The SASS part of the report: the instruction mix, or why it is missing and the fix."""
+    try:
+        mix = instruction_mix(disassemble(ck.cubin))
+    except (SassUnavailable, ValueError) as exc:
+        return {"available": False, "reason": one_line(str(exc)), "hint": SASS_HINT}
+    return {"available": True, **mix.to_dict()}
+
+
+def inspect_report(
+    ck: CompiledKernel, *, b: int = 1, h: int = 16, tq: int = 8192, tk: int = 8192
+) -> dict[str, Any]:
     """Everything `inspect` prints, as plain data (the --json output)."""
     r = ck.report
     info = arch_info(ck.arch)
@@ -491,6 +645,8 @@ def inspect_report(ck: CompiledKernel) -> dict[str, Any]:
             "needs_opt_in": dynamic > STATIC_SMEM_LIMIT,
         },
         "occupancy": occ.to_dict(),
+        "sass": sass_section(ck),
+        "traffic": traffic_report(ck.spec, b=b, h=h, tq=tq, tk=tk),
     }
 
 
@@ -504,7 +660,7 @@ def format_inspect(rep: dict[str, Any]) -> list[str]:
     spills = rep["spill_stores"] + rep["spill_loads"]
     n = occ["blocks_per_sm"]
     blocks = f"{n} block" if n == 1 else f"{n} blocks"
-    return [
+    lines = [
         f"{rep['name']}  ({rep['arch']}, {'cache hit' if rep['cache_hit'] else 'compiled'})",
         f"  threads        {rep['threads']} ({occ['warps_per_block']} warps) per block",
         f"  registers      {rep['registers']} per thread",
@@ -520,6 +676,25 @@ def format_inspect(rep: dict[str, Any]) -> list[str]:
         f"    blocks/SM by registers {by['registers']}, shared memory {by['smem']}, "
         f"threads {by['threads']}, block limit {by['block_limit']}",
     ]
+    sass = rep["sass"]
+    if sass["available"]:
+        lines += format_mix(_mix_from_dict(sass))
+    else:
+        lines += [
+            f"  SASS           not available: {sass['reason']}",
+            f"    for the instruction mix: {sass['hint']}",
+        ]
+    return lines + format_traffic(rep["traffic"])
+
+
+def _mix_from_dict(d: dict[str, Any]) -> InstructionMix:
+    return InstructionMix(
+        functions=tuple(d["functions"]),
+        archs=tuple(d["archs"]),
+        total=d["total"],
+        groups=dict(d["groups"]),
+        by_opcode=dict(d["by_opcode"]),
+    )
 
 
 @main.group(
@@ -595,7 +770,7 @@ def check(b: int, h: int, tq: int, tk: int, seed: int, scale: float | None, **kw
 
     try:
         res = checks.check_variant(spec, b=b, h=h, tq=tq, tk=tk, seed=seed, scale=scale)
-    except checks.GpuUnavailable as exc:
+    except (checks.GpuUnavailable, ValueError) as exc:  # no GPU; a bad problem, seed or scale
         raise CliError(one_line(str(exc))) from exc
     click.echo(
         f"{res.spec.name}  b={res.b} h={res.h} tq={res.tq} tk={res.tk} "
@@ -708,6 +883,7 @@ def _progress(total: int) -> Iterator[Callable[[VariantResult], None]]:
             bar.update(task, completed=done, description=f"{r.spec.name}{note}")
 
         yield update
+
 
 # bench and tune live in their own module; importing it registers them on `main`.
 from . import cli_perf  # noqa: E402,F401

@@ -628,7 +628,7 @@ def test_every_help_shows_an_example(path: tuple[str, ...]) -> None:
 
 def test_commands_exist() -> None:
     assert set(cli.main.commands) == {
-        "build", "show", "list", "inspect", "cache", "check", "fuzz", "bench", "tune"
+        "build", "bundle", "show", "list", "inspect", "cache", "check", "fuzz", "bench", "tune"
     }  # fmt: skip
 
 

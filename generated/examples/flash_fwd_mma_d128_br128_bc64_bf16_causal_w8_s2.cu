@@ -30,6 +30,7 @@ constexpr int WARPS = 8;
 constexpr int THREADS = 256;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
 constexpr int SMEM_BYTES = 104448;  // dynamic shared memory per block
+static_assert(THREADS == WARPS * 32, "a block is whole warps");
 
 constexpr int STAGES = 2;       // K/V pipeline depth
 constexpr int M_TILES = 1;     // 16-row tiles per warp

@@ -27,6 +27,7 @@ constexpr int WARPS = 4;
 constexpr int THREADS = 128;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
 constexpr int SMEM_BYTES = 29184;  // dynamic shared memory per block
+static_assert(THREADS == WARPS * 32, "a block is whole warps");
 
 constexpr int LANES = 4;         // lanes per query row
 constexpr int S_PER_LANE = BC / LANES;             // scores each lane computes per tile

@@ -1,0 +1,318 @@
+"""Bundles: a self-contained folder a C/C++/CUDA project drops in, with no Python at all.
+
+A bundle holds the rendered kernels (`kernels/<kernel>.cu`, exactly what `flashgen build`
+writes), a host launcher with a C ABI (`flashgen_launch.cu`), its header
+(`flashgen_attention.h`, usable from C and C++), a `CMakeLists.txt` building the static
+library `flashgen_kernels` and an `example` program that checks every variant against a CPU
+reference, and a README. Every file is rendered from `templates/bundle/*.j2`.
+
+`bundle_files(specs)` is pure (returns {relative path: text}, byte-deterministic);
+`write_bundle(files, out)` writes them, only inside `out`. `select_variants(...)` turns the
+`flashgen bundle` filters into one variant per (d, dtype, causal), the key the dispatch
+function `flashgen_fwd` picks a variant by.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from .arch import STATIC_SMEM_LIMIT
+from .cache import atomic_write
+from .dtypes import DTYPES
+from .families import FAMILIES
+from .render import environment, render
+from .select import select
+from .space import shipped
+from .spec import KernelSpec
+
+HEADER = "flashgen_attention.h"
+LAUNCHER = "flashgen_launch.cu"
+KERNEL_DIR = "kernels"
+# output file -> template under templates/
+TEMPLATES: dict[str, str] = {
+    HEADER: "bundle/flashgen_attention.h.j2",
+    LAUNCHER: "bundle/flashgen_launch.cu.j2",
+    "example.cu": "bundle/example.cu.j2",
+    "CMakeLists.txt": "bundle/CMakeLists.txt.j2",
+    "README.md": "bundle/README.md.j2",
+}
+NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashgen_<short>_fwd
+LOG2E = "1.4426950408889634"  # scale -> scale_log2, as the Python runtime does
+# The example's problems: ragged lengths that are not multiples of any tile; causal variants
+# also run Tq > Tk, where the first Tq - Tk query rows see no key (O = 0, LSE = -inf).
+EXAMPLE_PROBLEM = (2, 3, 77, 131)
+EXAMPLE_CAUSAL_TALL = (2, 3, 131, 77)
+# The example's pass bounds for unit-normal inputs: max abs error of O for 16-bit storage
+# (bf16 keeps 8 significant bits: O of magnitude ~3 rounds by up to 0.008), relative error
+# (Frobenius) of O for fp32, max abs error of the natural-log LSE.
+EXAMPLE_O_BOUND = {"fp32": "1e-4", "fp16": "2e-2", "bf16": "2e-2"}
+EXAMPLE_LSE_BOUND = "1e-3"
+
+
+class BundleError(ValueError):
+    """A bundle request that cannot be honoured; the message names value, rule and fix."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel of a bundle and everything its templates need."""
+
+    spec: KernelSpec
+
+    @property
+    def short(self) -> str:
+        """The kernel name without `flash_fwd_`: the middle of the C symbols."""
+        return self.spec.name.removeprefix(NAME_PREFIX)
+
+    @property
+    def symbol(self) -> str:
+        """Prefix of this variant's C functions: `<symbol>_fwd`, `<symbol>_check`."""
+        return f"flashgen_{self.short}"
+
+    def context(self) -> dict[str, Any]:
+        """The values the bundle templates use for this variant (no arithmetic in templates)."""
+        s = self.spec
+        info = s.dtype_info
+        return {
+            "kernel": s.name,
+            "symbol": self.symbol,
+            "file": f"{KERNEL_DIR}/{s.name}.cu",
+            "family": s.family,
+            "d": s.d,
+            "br": s.br,
+            "bc": s.bc,
+            "warps": s.warps,
+            "stages": s.stages,
+            "threads": s.threads,
+            "smem_bytes": s.smem_bytes,
+            "needs_opt_in": s.smem_bytes > STATIC_SMEM_LIMIT,
+            "dtype": s.dtype,
+            "dtype_enum": dtype_enum(s.dtype),
+            "ctype": info.ctype,
+            "elem_bytes": info.itemsize,
+            "causal": s.causal,
+            "causal_int": int(s.causal),
+            "mask": "causal" if s.causal else "non-causal",
+            "align_elems": s.align_elems,
+            "align_bytes": s.align_elems * info.itemsize,
+            "align_text": (
+                f"{s.align_elems} element{'s' if s.align_elems > 1 else ''} "
+                f"({s.align_elems * info.itemsize} B)"
+            ),
+            "archs": ", ".join(s.archs),
+            "tensor_cores": info.tensor_core and s.family != "simt",
+            "o_bound": EXAMPLE_O_BOUND[s.dtype],
+            "o_relative": s.dtype == "fp32",
+            "problems": [EXAMPLE_PROBLEM, *([EXAMPLE_CAUSAL_TALL] if s.causal else [])],
+        }
+
+
+def dtype_enum(dtype: str) -> str:
+    """The C enumerator of a dtype: FLASHGEN_BF16."""
+    return f"FLASHGEN_{dtype.upper()}"
+
+
+def cuda_architectures(specs: Iterable[KernelSpec]) -> str:
+    """CMake CUDA_ARCHITECTURES for the variants: SASS for every arch they ship for, plus PTX
+    of the newest so that later GPUs can JIT-compile it ("80-real;90-real;90-virtual")."""
+    nums = sorted({int(a.removeprefix("sm_").rstrip("a")) for s in specs for a in s.archs})
+    return ";".join([*(f"{n}-real" for n in nums), f"{nums[-1]}-virtual"])
+
+
+def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
+    by_key: dict[tuple[int, str, bool], KernelSpec] = {}
+    for s in sorted(set(specs), key=lambda s: s.name):
+        key = (s.d, s.dtype, s.causal)
+        if key in by_key:
+            mask = "causal" if s.causal else "non-causal"
+            raise BundleError(
+                f"variants {by_key[key].name} and {s.name} both serve d={s.d} {s.dtype} {mask}: "
+                "flashgen_fwd dispatches on (d, dtype, causal), so a bundle holds one variant "
+                "per key; keep one of them"
+            )
+        by_key[key] = s
+    return list(by_key.values())
+
+
+def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
+    """Everything the bundle templates receive (derived here; the templates only print)."""
+    if not specs:
+        raise BundleError("no variants: a bundle needs at least one kernel spec")
+    unique = _check_unique(specs)
+    variants = [Variant(s) for s in unique]
+    headers = sorted({h for s in unique if (h := s.dtype_info.header)})
+    names = " ".join(f"--name {s.name}" for s in unique)
+    return {
+        "version": __version__,
+        "header": HEADER,
+        "launcher": LAUNCHER,
+        "variants": [v.context() for v in variants],
+        "num_variants": len(variants),
+        "dtype_headers": headers,
+        # the example converts every dtype of the enum on the host
+        "all_dtype_headers": sorted({h for i in DTYPES.values() if (h := i.header)}),
+        "dtypes": [
+            {
+                "name": name,
+                "enum": dtype_enum(name),
+                "value": i,
+                "ctype": info.ctype,
+                # host+device conversions of cuda_fp16.h / cuda_bf16.h ("" for float: a no-op)
+                "to_float": info.to_float,
+                "from_float": info.from_float,
+            }
+            for i, (name, info) in enumerate(DTYPES.items())
+        ],
+        "cuda_architectures": cuda_architectures(unique),
+        "regenerate": f"flashgen bundle DIR {names}",
+        "log2e": LOG2E,
+        "smem_opt_in_limit": STATIC_SMEM_LIMIT,
+        "lse_bound": EXAMPLE_LSE_BOUND,
+        "bounds_summary": _bounds_summary(unique),
+    }
+
+
+def _bounds_summary(specs: Sequence[KernelSpec]) -> str:
+    """The example's pass bounds for the bundle's dtypes, as one line of plain text."""
+    parts: list[str] = []
+    for relative in (False, True):
+        dts = sorted({s.dtype for s in specs if (s.dtype == "fp32") == relative})
+        bounds = sorted({EXAMPLE_O_BOUND[t] for t in dts})
+        if dts:
+            kind = "relative (Frobenius)" if relative else "max abs"
+            parts.append(f"O {kind} error {'/'.join(bounds)} for {'/'.join(dts)}")
+    return ", ".join([*parts, f"LSE max abs error {EXAMPLE_LSE_BOUND}"])
+
+
+def bundle_files(specs: Sequence[KernelSpec]) -> dict[str, str]:
+    """Render a bundle of `specs`: {path relative to the bundle folder: text}, sorted by path.
+
+    Pure and byte-deterministic: the same variants (in any order) give the same bytes.
+    Raises BundleError for an empty list or two variants with the same (d, dtype, causal).
+    """
+    ctx = bundle_context(specs)
+    env = environment()
+    files = {out: env.get_template(tpl).render(**ctx) for out, tpl in TEMPLATES.items()}
+    for s in _check_unique(specs):
+        rendered = render(s)
+        files[f"{KERNEL_DIR}/{rendered.filename}"] = rendered.source
+    return dict(sorted(files.items()))
+
+
+def write_bundle(files: dict[str, str], out: Path) -> list[tuple[Path, bool]]:
+    """Write `files` under `out` (created if needed); return (path, changed) per file.
+
+    A file is rewritten only when its bytes change. Paths must be relative and stay inside
+    `out` (BundleError otherwise, before anything is written).
+    """
+    root = out.resolve()
+    targets: list[tuple[Path, bytes]] = []
+    for rel, text in files.items():
+        path = (root / rel).resolve()
+        if Path(rel).is_absolute() or not path.is_relative_to(root) or path == root:
+            raise BundleError(f"{rel}: a bundle file must stay inside {out}; use a relative path")
+        targets.append((path, text.encode()))
+    written: list[tuple[Path, bool]] = []
+    for path, data in targets:
+        try:
+            changed = path.read_bytes() != data
+        except OSError:
+            changed = True
+        if changed:
+            atomic_write(path, data)
+        written.append((out / path.relative_to(root), changed))
+    return written
+
+
+def stale_kernels(files: dict[str, str], out: Path) -> list[Path]:
+    """Kernel sources in `out/kernels` that this bundle does not hold (left by an earlier
+    bundle; the CMakeLists lists its sources, so they are not built)."""
+    folder = out / KERNEL_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(
+        p for p in folder.glob(f"{NAME_PREFIX}*.cu") if f"{KERNEL_DIR}/{p.name}" not in files
+    )
+
+
+def select_variants(
+    *,
+    names: Sequence[str] = (),
+    families: Sequence[str] = (),
+    ds: Sequence[int] = (),
+    dtypes: Sequence[str] = (),
+    causal: bool | None = None,
+    gpu_name: str | None = None,
+) -> list[KernelSpec]:
+    """The variants of a `flashgen bundle` request, one per (d, dtype, causal), sorted by name.
+
+    Either `names` (exact kernels) or filters: every d in `ds` x dtype in `dtypes` (default
+    bf16) x causal (None: both), each served by the variant `select` prefers among the shipped
+    variants of `families` (default: all), or by the tuning table of `gpu_name` when it has
+    an entry in those families. Raises BundleError (or SpecError for a bad name).
+    """
+    if names:
+        clash = [
+            opt
+            for opt, given in (("--family", families), ("--d", ds), ("--dtype", dtypes))
+            if given
+        ]
+        if clash or causal is not None or gpu_name is not None:
+            clash += ["--causal/--no-causal"] if causal is not None else []
+            clash += ["--gpu"] if gpu_name is not None else []
+            raise BundleError(
+                f"--name already fixes every variant; drop {', '.join(clash)} or drop --name"
+            )
+        return _check_unique([KernelSpec.from_name(n) for n in names])
+    if not ds:
+        raise BundleError(
+            "--d is required (head dims to bundle, e.g. --d 64 --d 128), or name kernels "
+            "with --name"
+        )
+    fams = list(dict.fromkeys(families)) or list(FAMILIES)
+    pool = [s for f in fams for s in shipped(f)]
+    picked: list[KernelSpec] = []
+    missing: list[str] = []
+    masks = [False, True] if causal is None else [causal]
+    for d, dtype, mask in itertools.product(
+        dict.fromkeys(ds), dict.fromkeys(dtypes or ["bf16"]), masks
+    ):
+        spec = _tuned(gpu_name, d, dtype, mask, fams)
+        if spec is None:
+            try:
+                # sm_80: the oldest arch every family ships for, so any family may be chosen
+                spec = select(d, dtype, mask, "sm_80", candidates=pool)
+            except ValueError:
+                missing.append(f"d={d} {dtype} {'causal' if mask else 'non-causal'}")
+                continue
+        picked.append(spec)
+    if missing:
+        dims = sorted({s.d for s in pool})
+        raise BundleError(
+            f"{', '.join(missing)}: no shipped variant of family {'/'.join(fams)} serves it; "
+            f"their head dims are {dims} (family mma: fp16/bf16 only); change --d, --dtype "
+            "or --family"
+        )
+    return _check_unique(picked)
+
+
+def _tuned(
+    gpu_name: str | None, d: int, dtype: str, causal: bool, families: Sequence[str]
+) -> KernelSpec | None:
+    if gpu_name is None:
+        return None
+    from .tuning import gpu_slug, load_table, lookup, table_dir
+
+    if not load_table(gpu_name):
+        tables = sorted(p.stem for p in table_dir().glob("*.json"))
+        raise BundleError(
+            f"--gpu {gpu_name!r}: flashgen has no tuning table {gpu_slug(gpu_name)}.json; "
+            f"choose one of {', '.join(tables) or 'none'} (or run `flashgen tune` on that GPU)"
+        )
+    spec = lookup(gpu_name, d, dtype, causal)
+    return spec if spec is not None and spec.family in families else None

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Bundles on the GPU host: `scripts/bundle_check.sh OUTDIR`
+#   1. `python3 -m flashgen bundle` writes a bundle holding one simt variant (fp32, non-causal)
+#      and one mma variant (bf16, causal); `python3 -m flashgen build --bundle` writes a
+#      single-variant bundle (mma, fp16, non-causal);
+#   2. each is configured and built with CMake for sm_90 only (FLASHGEN_CUDA_ARCHITECTURES,
+#      default 90-real) -- plain CMake + nvcc, no Python involved;
+#   3. each bundle's `example` runs every variant on the GPU against its float64 CPU
+#      reference and checks that bad parameters are refused; with compute-sanitizer present,
+#      the multi-variant example also runs under memcheck.
+# Everything goes to OUTDIR/bundle.txt; the last line is PASS or FAIL; exit 0 only on PASS.
+# Needs the checkout importable (PYTHONPATH, set below), nvcc, cmake and a CUDA GPU; no PyCUDA.
+set -euo pipefail
+
+out=${1:?usage: scripts/bundle_check.sh OUTDIR}
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+py=${PYTHON:-python3}
+archs=${FLASHGEN_CUDA_ARCHITECTURES:-90-real}
+jobs=${JOBS:-8}
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+log=$out/bundle.txt
+work="$(mktemp -d "${TMPDIR:-/tmp}/flashgen-bundle.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+cd "$root"
+
+SIMT=flash_fwd_simt_d64_br32_bc32_fp32_noncausal
+MMA=flash_fwd_mma_d128_br128_bc64_bf16_causal_w4_s1
+
+: >"$log"
+failures=()
+note() { echo "$*" | tee -a "$log"; }
+# step NAME CMD...: run CMD with its output in the log; a failure is recorded, not fatal
+step() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  note "==> $name: $*"
+  "$@" >>"$log" 2>&1 || rc=$?
+  note "<== $name: rc=$rc, $((SECONDS - start)) s"
+  if [ "$rc" -ne 0 ]; then
+    failures+=("$name (rc=$rc)")
+  fi
+  return 0
+}
+
+note "flashgen bundle_check $(date -u +%FT%TZ) commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo unknown)"
+nvcc=$("$py" -c "from flashgen.generator.nvcc import find_nvcc; print(find_nvcc())" 2>>"$log") || {
+  note "FAIL: flashgen finds no nvcc (see $log)"
+  exit 1
+}
+note "nvcc: $nvcc ($("$nvcc" --version | grep release || true)); cmake: $(cmake --version | head -n1)"
+
+build_and_run() {  # build_and_run NAME DIR: configure, build, run the example
+  local name=$1 dir=$2
+  step "$name configure" cmake -S "$dir" -B "$dir/build" -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DFLASHGEN_CUDA_ARCHITECTURES="$archs"
+  step "$name build" cmake --build "$dir/build" -j "$jobs"
+  if [ -x "$dir/build/example" ]; then
+    step "$name example" "$dir/build/example"
+  else
+    note "$name: no example binary"
+    failures+=("$name example (not built)")
+  fi
+}
+
+step "write multi" "$py" -m flashgen bundle "$work/multi" --name "$SIMT" --name "$MMA"
+build_and_run multi "$work/multi"
+step "write single" "$py" -m flashgen build --family mma --d 64 --dtype fp16 --no-causal \
+  --no-compile --bundle "$work/single"
+build_and_run single "$work/single"
+
+if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$work/multi/build/example" ]; then
+  step "multi memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$work/multi/build/example"
+else
+  note "memcheck: skipped (no compute-sanitizer or no example)"
+fi
+
+# the example's verdict lines, then ours
+grep -E "^(PASS|FAIL)|FAIL$|ERROR SUMMARY" "$log" | sed 's/^/  /' || true
+if [ "${#failures[@]}" -eq 0 ]; then
+  note "PASS: bundle_check (multi: $SIMT + $MMA; single: mma d64 fp16 non-causal; archs $archs)"
+  exit 0
+fi
+note "FAIL: bundle_check: ${failures[*]}"
+exit 1
