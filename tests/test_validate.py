@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from flashgen.generator.spec import KernelSpec
 from flashgen.generator.validate import (
     MAX_GRID_YZ,
     MAX_INT32,
+    MAX_LENGTH,
     Problem,
     check_layout,
     check_scale,
@@ -172,6 +174,22 @@ def test_lengths_must_fit_32_bits():
     t = MAX_INT32 + 1
     with pytest.raises(ValueError, match=rf"Tk={t}: exceeds the 32-bit length"):
         check_layout(dev((1, 1, 4, 64)), dev((1, 1, t, 64)), dev((1, 1, t, 64)))
+
+
+@pytest.mark.parametrize("axis", ["Tq", "Tk"])
+def test_lengths_leave_room_for_the_kernels_tile_loops(axis):
+    # kv0 + BC and q0 + BR stay below 2**31 for every tile up to 1024
+    assert MAX_LENGTH + 1024 == 2**31
+    for t, ok in ((MAX_LENGTH, True), (MAX_LENGTH + 1, False)):
+        tq, tk = (t, 4) if axis == "Tq" else (4, t)
+        args = (dev((1, 1, tq, 64)), dev((1, 1, tk, 64)), dev((1, 1, tk, 64)))
+        if ok:
+            assert check_layout(*args).tq == tq
+        else:
+            with pytest.raises(
+                ValueError, match=rf"{axis}={t}: exceeds .* \({MAX_LENGTH}: 2\*\*31"
+            ):
+                check_layout(*args)
 
 
 def test_output_must_match_q():
@@ -334,6 +352,14 @@ def test_scale_defaults_to_rsqrt_d_and_must_be_finite():
         check_scale(math.nan, 64)
     with pytest.raises(ValueError, match=r"scale='x': must be a real number"):
         check_scale("x", 64)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.0, -0.125, 1e-39, 2.4e38])
+def test_scale_must_be_positive_and_fit_float32_after_log2e(bad):
+    msg = re.escape(f"scale={bad!r}: must be in [8.1") + r"\de-39, 2\.3\de\+38\] \(positive"
+    with pytest.raises(ValueError, match=msg):
+        check_scale(bad, 64)
+    assert check_scale(1e-38, 64) == 1e-38 and check_scale(2.3e38, 64) == 2.3e38
 
 
 def test_problem_is_frozen():

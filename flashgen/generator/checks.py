@@ -30,7 +30,9 @@ __all__ = [
     "Case",
     "CheckResult",
     "GpuUnavailable",
+    "MAX_CHECK_ELEMENTS",
     "VariantResult",
+    "check_problem",
     "check_variant",
     "compile_all",
     "failure_text",
@@ -44,6 +46,10 @@ __all__ = [
 # Input entries are kept below this many standard deviations' worth of scaling, so reaching a
 # target logit on a degenerate problem (Tq = Tk = 1, q.k ~ 0) never overflows fp16.
 MAX_INPUT_GAIN = 64.0
+# `check_variant` generates Q, K and V on the host for the float64 oracle: a problem with more
+# elements than this (b*h*(tq + 2*tk)*d; 512 MiB as float64) is refused before anything is
+# allocated, so a typo (`--tq 2000000000`) is an error, not an out-of-memory crash.
+MAX_CHECK_ELEMENTS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,28 @@ def run_case(spec: KernelSpec, case: Case, execute: Execute | None = None) -> Ch
     )  # fmt: skip
 
 
+def check_problem(
+    spec: KernelSpec, *, b: int, h: int, tq: int, tk: int, seed: int, scale: float | None
+) -> float:
+    """Validate a `check_variant` request before anything is allocated; return the scale.
+
+    Sizes must be >= 1 and fit MAX_CHECK_ELEMENTS, the seed >= 0 (NumPy's generators take no
+    negative seed), the scale what `validate.check_scale` accepts. Raises ValueError.
+    """
+    for label, value in (("b", b), ("h", h), ("tq", tq), ("tk", tk)):
+        if value < 1:
+            raise ValueError(f"{label}={value}: must be >= 1; attention needs a non-empty problem")
+    elements = b * h * (tq + 2 * tk) * spec.d
+    if elements > MAX_CHECK_ELEMENTS:
+        raise ValueError(
+            f"b*h*(tq+2*tk)*d={elements:,} elements: a check holds its inputs on the host for "
+            f"the float64 oracle, at most {MAX_CHECK_ELEMENTS:,}; pick smaller sizes"
+        )
+    if seed < 0:
+        raise ValueError(f"seed={seed}: must be >= 0; pass a non-negative seed")
+    return check_scale(scale, spec.d)
+
+
 def check_variant(
     spec: KernelSpec,
     *,
@@ -169,7 +197,11 @@ def check_variant(
     logit_max: float | None = None,
     execute: Execute | None = None,
 ) -> CheckResult:
-    """Run one variant on one random problem (standard normal inputs unless `logit_max`)."""
+    """Run one variant on one random problem (standard normal inputs unless `logit_max`).
+
+    The request is validated first (`check_problem`: ValueError before any allocation).
+    """
+    check_problem(spec, b=b, h=h, tq=tq, tk=tk, seed=seed, scale=scale)
     return run_case(spec, Case(b, h, tq, tk, scale, logit_max, seed), execute)
 
 

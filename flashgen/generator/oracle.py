@@ -106,8 +106,9 @@ def reference(
 ) -> tuple[F64, F64]:
     """Float64 attention of (B, H, T, d) inputs: returns (O64 (B,H,Tq,d), LSE64 (B,H,Tq)).
 
-    LSE is the natural-log log-sum-exp of the scaled, masked scores; rows that see no key get
-    O = 0 and LSE = -inf.
+    LSE is the natural-log log-sum-exp of the scaled, masked scores; rows that see no key (or
+    whose every logit is -inf) get O = 0 and LSE = -inf. Non-finite inputs follow IEEE
+    arithmetic: a NaN or +inf logit makes its row's O and LSE NaN.
     """
     _check_shapes(q, k, v)
     b, h, tq, d = q.shape
@@ -123,7 +124,9 @@ def reference(
         if mask is not None:
             s = np.where(mask, s, -np.inf)
         m = s.max(axis=-1, keepdims=True)
-        seen = np.isfinite(m)  # rows that see at least one key
+        # rows with a logit above -inf; a NaN or +inf max is kept, so such rows come out NaN
+        # (IEEE propagation) instead of passing for rows that see no key
+        seen = ~np.isneginf(m)
         p = np.exp(s - np.where(seen, m, 0.0))
         denom = p.sum(axis=-1, keepdims=True)
         safe = np.where(seen, denom, 1.0)
@@ -155,7 +158,7 @@ def rounded_reference(
         if mask is not None:
             s = np.where(mask, s, np.float32(-np.inf))
         m = s.max(axis=-1, keepdims=True)
-        seen = np.isfinite(m)
+        seen = ~np.isneginf(m)
         p = np.exp(s - np.where(seen, m, np.float32(0.0)))
         p = p / np.where(seen, p.sum(axis=-1, keepdims=True), np.float32(1.0))
         p = p.astype(store).astype(np.float32)  # the rounding that the rule measures

@@ -21,8 +21,18 @@ from .spec import KernelSpec
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65535
 MAX_INT32 = 2**31 - 1
+# Tq and Tk reach the kernel as 32-bit ints, and its tile loops step one tile past the last
+# row or key (kv0 + BC, q0 + BR - 1, (keys + BC - 1) / BC): lengths stop 1024 short of
+# 2**31 so that none of these overflows (an overflowing key loop never ends).
+MAX_LENGTH = 2**31 - 1024
 # The widest alignment `Problem.alignment` reports, in bytes (one 16-byte vector load).
 MAX_ALIGN_BYTES = 16
+# The kernels take scale * log2(e) as a float32, and need it positive and normal: they take a
+# row's max before scaling (a negative factor makes it the min), and a zero or flushed
+# subnormal factor turns a masked -inf score into -inf * 0 = NaN.
+LOG2E = math.log2(math.e)
+SCALE_MIN = float(np.finfo(np.float32).tiny) / LOG2E * (1 + 2**-20)
+SCALE_MAX = float(np.finfo(np.float32).max) / LOG2E * (1 - 2**-20)
 
 AXES = ("batch", "head", "token", "d")
 
@@ -168,7 +178,8 @@ class Problem:
 
 
 def check_scale(scale: float | None, d: int) -> float:
-    """The softmax scale to use: 1/sqrt(d) when None, else `scale`, which must be finite."""
+    """The softmax scale to use: 1/sqrt(d) when None, else `scale`, finite and in
+    [SCALE_MIN, SCALE_MAX] (positive, with scale * log2(e) a normal float32)."""
     if scale is None:
         return 1.0 / math.sqrt(d)
     try:
@@ -177,6 +188,12 @@ def check_scale(scale: float | None, d: int) -> float:
         raise ValueError(f"scale={scale!r}: must be a real number; e.g. scale=0.125") from None
     if not math.isfinite(value):
         raise ValueError(f"scale={scale!r}: must be finite; pass None for 1/sqrt(d)")
+    if not SCALE_MIN <= value <= SCALE_MAX:
+        raise ValueError(
+            f"scale={scale!r}: must be in [{SCALE_MIN:.3g}, {SCALE_MAX:.3g}] (positive, with "
+            "scale*log2(e) a normal float32, as the kernels take it); e.g. scale=0.125, or "
+            "None for 1/sqrt(d)"
+        )
     return value
 
 
@@ -258,10 +275,10 @@ def _check_sizes(b: int, h: int, tq: int, tk: int, d: int) -> None:
             f"H={h}: exceeds the CUDA grid.y limit {MAX_GRID_YZ}; split the heads into chunks"
         )
     for label, value in (("Tq", tq), ("Tk", tk)):
-        if value > MAX_INT32:
+        if value > MAX_LENGTH:
             raise ValueError(
-                f"{label}={value}: exceeds the 32-bit length the kernel takes ({MAX_INT32}); "
-                "split the sequence"
+                f"{label}={value}: exceeds the 32-bit length the kernel takes ({MAX_LENGTH}: "
+                "2**31 less room for its tile loops); split the sequence"
             )
 
 

@@ -384,9 +384,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
       if (row < tq) {
         elem_t* orow = ob + (long long)row * o_st + (lane % 4) * 2;
 #pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt)
+        for (int nt = 0; nt < NT_O; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
           *reinterpret_cast<uint32_t*>(orow + nt * 8) =
-              pack2(o_acc[mt][nt][2 * h] * inv_l, o_acc[mt][nt][2 * h + 1] * inv_l);
+              l == 0.0f ? 0u : pack2(o_acc[mt][nt][2 * h] * inv_l, o_acc[mt][nt][2 * h + 1] * inv_l);
         if (lane % 4 == 0) {
           const long long lse_idx = ((long long)batch * gridDim.y + head) * tq + row;
           lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[mt][h] + log2f(l)) * LN2;

@@ -144,7 +144,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
       for (int i = 0; i < S_PER_LANE; ++i) {
         const float y = fmaf(qx, Ks[(j + LANES * i) * LD + x], -c[i]);
         const float t = s[i] + y;
-        c[i] = (t - s[i]) - y;
+        // once the sum is infinite there are no low bits to carry (and inf - inf is NaN)
+        c[i] = isfinite(t) ? (t - s[i]) - y : 0.0f;
         s[i] = t;
       }
     }
@@ -192,8 +193,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
   if (row >= tq) return;
   const float inv_l = l_row == 0.0f ? 0.0f : 1.0f / l_row;  // NaN stays NaN
   elem_t* orow = o + batch * o_sb + head * o_sh + (long long)row * o_st;
+  // a row that saw no key writes exact zeros, even if a visited V held inf/NaN (0 * inf)
 #pragma unroll
-  for (int i = 0; i < O_PER_LANE; ++i) orow[j + LANES * i] = from_f32(acc[i] * inv_l);
+  for (int i = 0; i < O_PER_LANE; ++i)
+    orow[j + LANES * i] = from_f32(l_row == 0.0f ? 0.0f : acc[i] * inv_l);
   if (j == 0) {
     const long long lse_idx = ((long long)batch * gridDim.y + head) * tq + row;
     lse[lse_idx] = l_row == 0.0f ? -INFINITY : (m + log2f(l_row)) * LN2;
