@@ -325,6 +325,20 @@ def test_fill_periodic_tiles_the_block_over_a_ragged_length(fake_gpu: FakeDevice
     np.testing.assert_array_equal(read_rows(dst, 5, 2, 4), [[8, 9, 10, 11], [0, 1, 2, 3]])
 
 
+def test_fill_periodic_stays_in_phase_when_the_copy_cap_is_not_a_block_multiple(
+    fake_gpu: FakeDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On the H200 the 1 GiB copy cap was not a multiple of the block: later copies landed out
+    # of phase, and the last heads of the >2^31-element tensors held other data than assumed.
+    from flashgen.generator import rowref
+
+    monkeypatch.setattr(rowref, "MAX_COPY_BYTES", 4 * 50)  # 50 floats: not a multiple of 12
+    block = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dst = fake_gpu.alloc((1001,), np.float32)
+    fill_periodic(dst, block)
+    np.testing.assert_array_equal(fake_gpu.view(dst), np.arange(1001) % 12)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_huge_harness_passes_a_perfect_kernel(fake_gpu: FakeDevice, causal: bool) -> None:
     spec = KernelSpec(family="simt", d=16, br=16, bc=16, dtype="bf16", causal=causal)

@@ -274,9 +274,12 @@ def fill_periodic(dst: Any, block: np.ndarray) -> None:
     first = min(flat.size, total)
     drv.memcpy_htod(dst.gpudata, flat[:first].view(np.uint8))
     base, done = int(dst.gpudata), first
+    # each copy's length must stay a multiple of the block, or later copies (which read from
+    # the start) land out of phase and the tensor stops being periodic
+    cap = max(flat.size, (MAX_COPY_BYTES // item) // flat.size * flat.size)
     while done < total:
         # copy from the start: `done` is a multiple of the block until the last, partial copy
-        n = min(done, total - done, MAX_COPY_BYTES // item)
+        n = min(done, total - done, cap)
         drv.memcpy_dtod(base + done * item, base, n * item)
         done += n
     drv.Context.synchronize()
