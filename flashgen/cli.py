@@ -47,6 +47,7 @@ from .generator.sass import (
 from .generator.space import pruned, shipped
 from .generator.spec import KernelSpec, SpecError
 from .generator.traffic import format_traffic, traffic_report
+from .generator.validate import MAX_GRID_YZ
 
 if TYPE_CHECKING:  # checks pulls in Hypothesis and the runtime: imported by the commands
     from .generator.checks import VariantResult
@@ -90,6 +91,9 @@ def _error_message(exc: click.ClickException) -> str:
 
 # Exceptions the generator raises for things the user can fix; anything else is a bug and
 # keeps its traceback.
+# inspect's traffic model walks the query tiles one by one: keep it to about a second
+MAX_MODEL_LENGTH = 1 << 24
+
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (
     SpecError,
     BundleError,
@@ -578,19 +582,19 @@ SASS needs cuobjdump + nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-n
     help="Target GPU (default: the local GPU's, else sm_90).",
 )
 @click.option(
-    "--b", "b", type=click.IntRange(min=1), default=1, show_default=True,
+    "--b", "b", type=click.IntRange(min=1, max=MAX_GRID_YZ), default=1, show_default=True,
     help="Batch of the traffic model's problem.",
 )  # fmt: skip
 @click.option(
-    "--h", "h", type=click.IntRange(min=1), default=16, show_default=True,
+    "--h", "h", type=click.IntRange(min=1, max=MAX_GRID_YZ), default=16, show_default=True,
     help="Heads of the traffic model's problem.",
 )  # fmt: skip
 @click.option(
-    "--tq", type=click.IntRange(min=1), default=8192, show_default=True,
-    help="Query length of the traffic model's problem.",
+    "--tq", type=click.IntRange(min=1, max=MAX_MODEL_LENGTH), default=8192, show_default=True,
+    help="Query length of the traffic model's problem (the model walks it tile by tile).",
 )  # fmt: skip
 @click.option(
-    "--tk", type=click.IntRange(min=1), default=8192, show_default=True,
+    "--tk", type=click.IntRange(min=1, max=MAX_MODEL_LENGTH), default=8192, show_default=True,
     help="Key/value length of the traffic model's problem.",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
