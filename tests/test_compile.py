@@ -243,9 +243,11 @@ def test_second_compile_comes_from_the_cache(
 def test_two_cold_builds_of_one_source_give_identical_cubins(
     nvcc_required: Path, tmp_path: Path
 ) -> None:
-    # -lineinfo records the build folder: it must not be a random temporary name
+    # -lineinfo records the build folder and the source's mtime: neither may vary (a second
+    # apart, a fresh timestamp would show up in the bytes)
     spec = KernelSpec(family="simt", d=16, br=16, bc=16, dtype="fp32", causal=False)
     one = compile_kernel(spec, "sm_90", cache=CubinCache(tmp_path / "a"))
+    time.sleep(1.1)
     two = compile_kernel(spec, "sm_90", cache=CubinCache(tmp_path / "b"))
     assert (one.cached, two.cached) == (False, False)
     assert one.cubin == two.cubin

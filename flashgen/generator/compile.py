@@ -48,9 +48,9 @@ def _first_errors(text: str, n: int = 12) -> str:
 def run_nvcc(args: list[str], source: str, suffix: str = ".cu") -> tuple[bytes, str]:
     """Compile `source` with nvcc and `args` (output to the file `-o` names); return (out, log).
 
-    nvcc runs inside a folder named after the content (source and flags), under a lock: with
-    -lineinfo the cubin records that folder, so a random temporary name would make the same
-    source give different bytes on every build.
+    nvcc runs inside a folder named after the content (source and flags), under a lock, on a
+    source file with a fixed mtime: with -lineinfo the cubin records the folder and the file's
+    mtime, so a random folder or a fresh timestamp would make the same source give new bytes.
     """
     nvcc = find_nvcc()
     digest = cache_key(source, " ".join(args), suffix)[:20]
@@ -60,6 +60,8 @@ def run_nvcc(args: list[str], source: str, suffix: str = ".cu") -> tuple[bytes, 
     out = work / "kernel.out"
     with locked(src):
         src.write_text(source)
+        # the line table also records the source file's mtime: pin it for identical bytes
+        os.utime(src, (0, 0))
         cmd = [str(nvcc), *args, "-o", out.name, src.name]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=work)
