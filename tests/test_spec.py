@@ -294,12 +294,57 @@ def test_names_round_trip_and_are_unique_over_the_whole_space() -> None:
         "flash_fwd_simt_d64_br32_bc32_fp32_noncausal\n",
         "flash_fwd_simt_d64_br32_bc32_fp32_nocausal",
         "flash_fwd_simt_d-64_br32_bc32_fp32_noncausal",
-        "flash_bwd_simt_d64_br32_bc32_fp32_noncausal",
+        "flash_fwd_simt_d64_br32_bc32_fp32_noncausal_",
+        "flash_fwd_simt_d64_br32_bc32_fp32_noncausal__w4",
     ],
 )
 def test_garbage_names_are_rejected_with_the_expected_pattern(bad: str) -> None:
-    with pytest.raises(SpecError, match="not a flashgen kernel name; expected flash_fwd_"):
+    with pytest.raises(SpecError, match=r"not a flashgen kernel name; expected flash_<direction>_"):
         KernelSpec.from_name(bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "token"),
+    [
+        ("flash_fwd_simt_d64_br32_bc32_fp32_noncausal_w4_s1", "'w4'"),  # simt has no knobs
+        ("flash_fwd_mma_d64_br64_bc64_bf16_causal_w4_x2", "'x2'"),  # not an mma knob
+        ("flash_fwd_mma_d64_br64_bc64_bf16_causal_window_w4_s2", "'window'"),  # no such feature
+    ],
+)
+def test_unknown_name_tokens_are_named_with_the_family_knobs(bad: str, token: str) -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec.from_name(bad)
+    assert f"token {token} is neither a feature" in str(info.value)
+    assert "nor a knob of family" in str(info.value)
+
+
+def test_direction_is_part_of_the_name_and_only_fwd_is_generated() -> None:
+    assert KernelSpec().name.startswith("flash_fwd_")
+    with pytest.raises(SpecError, match=r"direction='bwd': unknown direction; choose one of fwd"):
+        KernelSpec.from_name("flash_bwd_simt_d64_br32_bc32_fp32_noncausal")
+
+
+@pytest.mark.parametrize(
+    ("features", "problem"),
+    [
+        (("win",), "features: 'win' is not a feature"),
+        ("win", "features='win': must be a tuple of feature tokens"),
+        ((1,), "features=(1,): must be a tuple of feature tokens"),
+    ],
+)
+def test_features_are_checked_against_the_feature_table(features: Any, problem: str) -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(features=features)
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+@given(st.sampled_from(SHIPPED))
+def test_build_command_names_every_field_the_name_carries(spec: KernelSpec) -> None:
+    cmd = spec.build_command
+    for text in (f"--family {spec.family}", f"--d {spec.d}", f"--br {spec.br}", f"--bc {spec.bc}"):
+        assert text in cmd
+    for field, _ in spec.fam.knobs:
+        assert f"--{field} {getattr(spec, field)}" in cmd
 
 
 @pytest.mark.parametrize(
@@ -307,10 +352,6 @@ def test_garbage_names_are_rejected_with_the_expected_pattern(bad: str) -> None:
     [
         (  # leading zero
             "flash_fwd_simt_d064_br32_bc32_fp32_noncausal",
-            "flash_fwd_simt_d64_br32_bc32_fp32_noncausal",
-        ),
-        (  # simt has no knobs, so its names carry none
-            "flash_fwd_simt_d64_br32_bc32_fp32_noncausal_w4_s1",
             "flash_fwd_simt_d64_br32_bc32_fp32_noncausal",
         ),
         (  # mma names always carry the knobs, defaults included
@@ -358,15 +399,17 @@ def test_to_json_round_trips_on_one_line(spec: KernelSpec) -> None:
     text = spec.to_json()
     assert "\n" not in text
     data = json.loads(text)
-    assert set(data) == {"family", "d", "br", "bc", "dtype", "causal", "warps", "stages"}
+    assert set(data) == {
+        "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "direction", "features"
+    }  # fmt: skip
     assert KernelSpec(**data) == spec
     assert text == KernelSpec(**data).to_json()
 
 
 def test_to_json_is_sorted_and_stable() -> None:
     assert KernelSpec(family="simt", d=64, br=32, bc=32).to_json() == (
-        '{"bc": 32, "br": 32, "causal": false, "d": 64, "dtype": "fp32", '
-        '"family": "simt", "stages": 1, "warps": 4}'
+        '{"bc": 32, "br": 32, "causal": false, "d": 64, "direction": "fwd", "dtype": "fp32", '
+        '"family": "simt", "features": [], "stages": 1, "warps": 4}'
     )
 
 

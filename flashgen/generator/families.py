@@ -47,8 +47,11 @@ class Family:
     name: str
     template: str
     archs: tuple[str, ...]
-    has_knobs: bool
+    # (KernelSpec field, name token) for each performance knob, in name order: ("warps", "w")
+    # puts `_w4` in the name and lets `from_name` read it back
+    knobs: tuple[tuple[str, str], ...]
     axes: dict[str, tuple[Any, ...]]  # the shipped space: every axis of KernelSpec
+    features: frozenset[str] = frozenset()  # the compile-time feature tokens it supports
 
     def default_warps(self, spec: KernelSpec) -> int:
         """The warps a spec gets when it does not name them."""
@@ -243,7 +246,7 @@ FAMILIES: dict[str, Family] = {
         name="simt",
         template="simt.cu.j2",
         archs=("sm_80", "sm_90"),
-        has_knobs=False,
+        knobs=(),
         axes={
             "d": (16, 32, 64, 96, 128),
             "br": (16, 32, 64),
@@ -258,7 +261,7 @@ FAMILIES: dict[str, Family] = {
         name="mma",
         template="mma.cu.j2",
         archs=("sm_80", "sm_90"),
-        has_knobs=True,
+        knobs=(("warps", "w"), ("stages", "s")),
         axes={
             "d": (32, 64, 96, 128, 256),
             "br": (64, 128),

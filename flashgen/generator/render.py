@@ -55,6 +55,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "template": spec.fam.template,
         "version": __version__,
         "spec_json": spec.to_json(),
+        "build_command": spec.build_command,
         "d": spec.d,
         "br": spec.br,
         "bc": spec.bc,

@@ -25,9 +25,15 @@ class SpecError(ValueError):
 class KernelSpec:
     """A kernel configuration: every size a compile-time constant of the generated source.
 
+    `direction` is the pass the kernel computes (`fwd`; the backward pass will add `bwd`).
     `warps` and `stages` are performance knobs of families that have them; 0 means "the
     family's default" and is replaced by it on construction, so two specs that generate the
-    same kernel compare equal.
+    same kernel compare equal. `features` are compile-time feature tokens (see `FEATURES`),
+    kept in canonical order.
+
+    The name grammar (`name`, `from_name`):
+    `flash_<direction>_<family>_d<D>_br<BR>_bc<BC>_<dtype>_<causal|noncausal>[_<feature>...][_<knob><N>...]`
+    where the knob tokens are the family's own (`Family.knobs`, e.g. `w4_s1` for mma).
     """
 
     family: str = "simt"
@@ -38,6 +44,8 @@ class KernelSpec:
     causal: bool = False
     warps: int = 0
     stages: int = 0
+    direction: str = "fwd"
+    features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         from .families import FAMILIES, family_of  # families import KernelSpec for typing only
@@ -62,8 +70,15 @@ class KernelSpec:
                 f"family={self.family!r}: unknown family; choose one of {', '.join(FAMILIES)}"
             )
             raise SpecError(problems) from None
+        if not isinstance(self.direction, str) or self.direction not in DIRECTIONS:
+            problems.append(
+                f"direction={self.direction!r}: unknown direction; choose one of "
+                f"{', '.join(DIRECTIONS)}"
+            )
+        problems += _check_features(self.features, fam.name, fam.features)
         if problems:
             raise SpecError(problems)
+        object.__setattr__(self, "features", _canonical_features(self.features))
         if self.warps == 0:
             object.__setattr__(self, "warps", fam.default_warps(self))
         if self.stages == 0:
@@ -75,37 +90,41 @@ class KernelSpec:
     # ---- identity -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        """Readable identity, also the kernel symbol: fixed field order, `[a-z0-9_]` only."""
-        base = (
-            f"flash_fwd_{self.family}_d{self.d}_br{self.br}_bc{self.bc}_{self.dtype}_"
-            f"{'causal' if self.causal else 'noncausal'}"
-        )
-        if self.fam.has_knobs:
-            base += f"_w{self.warps}_s{self.stages}"
-        return base
+        """Readable identity, also the kernel symbol: `[a-z0-9_]` only (grammar in the class doc)."""
+        tokens = [
+            "flash",
+            self.direction,
+            self.family,
+            f"d{self.d}",
+            f"br{self.br}",
+            f"bc{self.bc}",
+            self.dtype,
+            "causal" if self.causal else "noncausal",
+            *self.features,
+            *(f"{token}{getattr(self, field)}" for field, token in self.fam.knobs),
+        ]
+        return "_".join(tokens)
+
+    @property
+    def build_command(self) -> str:
+        """The `flashgen build` command line that regenerates exactly this kernel."""
+        parts = [
+            "flashgen build",
+            f"--family {self.family}",
+            f"--d {self.d}",
+            f"--br {self.br}",
+            f"--bc {self.bc}",
+            f"--dtype {self.dtype}",
+            "--causal" if self.causal else "--no-causal",
+            *(f"--{field} {getattr(self, field)}" for field, _ in self.fam.knobs),
+        ]
+        return " ".join(parts)
 
     @classmethod
     def from_name(cls, name: str) -> KernelSpec:
         """Inverse of `name`; raise SpecError naming the expected pattern when it does not parse."""
-        m = _NAME_RE.fullmatch(name)
-        if m is None:
-            raise SpecError(
-                [
-                    f"name={name!r}: not a flashgen kernel name; expected "
-                    "flash_fwd_<family>_d<D>_br<BR>_bc<BC>_<dtype>_<causal|noncausal>"
-                    "[_w<W>_s<S>], e.g. flash_fwd_simt_d64_br32_bc32_fp32_noncausal"
-                ]
-            )
-        spec = cls(
-            family=m["family"],
-            d=int(m["d"]),
-            br=int(m["br"]),
-            bc=int(m["bc"]),
-            dtype=m["dtype"],
-            causal=m["mask"] == "causal",
-            warps=int(m["w"] or 0),
-            stages=int(m["s"] or 0),
-        )
+        fields = _parse_name(name)
+        spec = cls(**fields)  # type: ignore[arg-type]
         if spec.name != name:
             raise SpecError([f"name={name!r}: not canonical; the canonical name is {spec.name}"])
         return spec
@@ -159,7 +178,87 @@ class KernelSpec:
         return KernelSpec(**data)  # type: ignore[arg-type]
 
 
-_NAME_RE = re.compile(
-    r"flash_fwd_(?P<family>[a-z0-9]+)_d(?P<d>\d+)_br(?P<br>\d+)_bc(?P<bc>\d+)_"
-    r"(?P<dtype>[a-z0-9]+)_(?P<mask>causal|noncausal)(?:_w(?P<w>\d+)_s(?P<s>\d+))?"
+DIRECTIONS: tuple[str, ...] = ("fwd",)
+"""The passes flashgen generates (the backward pass will add `bwd`)."""
+
+FEATURES: dict[str, str] = {}
+"""Compile-time feature tokens, in canonical name order: token -> what it enables.
+
+A feature is compile-time when it removes work from the kernel (e.g. a window flag that turns
+on window masking and tile skipping); its run-time values (window sizes, softcap) are kernel
+arguments, so one compiled variant serves every value. Each family lists the tokens it
+supports in `Family.features`.
+"""
+
+_HEAD = re.compile(
+    r"flash_(?P<direction>[a-z]+)_(?P<family>[a-z0-9]+)_d(?P<d>\d+)_br(?P<br>\d+)_bc(?P<bc>\d+)_"
+    r"(?P<dtype>[a-z0-9]+)_(?P<mask>causal|noncausal)(?P<rest>(?:_[a-z0-9]+)*)"
 )
+_KNOB = re.compile(r"(?P<token>[a-z]+)(?P<value>\d+)")
+_EXPECTED = (
+    "expected flash_<direction>_<family>_d<D>_br<BR>_bc<BC>_<dtype>_<causal|noncausal>"
+    "[_<feature>...][_<knob><N>...], e.g. flash_fwd_simt_d64_br32_bc32_fp32_noncausal"
+)
+
+
+def _parse_name(name: str) -> dict[str, object]:
+    """Split a kernel name into KernelSpec fields; SpecError naming the bad token otherwise."""
+    from .families import family_of
+
+    m = _HEAD.fullmatch(name) if isinstance(name, str) else None
+    if m is None:
+        raise SpecError([f"name={name!r}: not a flashgen kernel name; {_EXPECTED}"])
+    fields: dict[str, object] = {
+        "direction": m["direction"],
+        "family": m["family"],
+        "d": int(m["d"]),
+        "br": int(m["br"]),
+        "bc": int(m["bc"]),
+        "dtype": m["dtype"],
+        "causal": m["mask"] == "causal",
+    }
+    try:
+        knobs = dict((token, field) for field, token in family_of(m["family"]).knobs)
+    except KeyError as exc:
+        raise SpecError([str(exc.args[0])]) from None
+    features: list[str] = []
+    for token in m["rest"].split("_")[1:]:
+        knob = _KNOB.fullmatch(token)
+        if token in FEATURES:
+            features.append(token)
+        elif knob is not None and knob["token"] in knobs:
+            fields[knobs[knob["token"]]] = int(knob["value"])
+        else:
+            raise SpecError(
+                [
+                    f"name={name!r}: token {token!r} is neither a feature "
+                    f"({', '.join(FEATURES) or 'none defined'}) nor a knob of family "
+                    f"{m['family']} ({', '.join(t + '<N>' for t in knobs) or 'none'}); {_EXPECTED}"
+                ]
+            )
+    fields["features"] = tuple(features)
+    return fields
+
+
+def _check_features(features: object, family: str, supported: frozenset[str]) -> list[str]:
+    """Problems with a `features` value: a tuple of known tokens the family supports."""
+    if not isinstance(features, (tuple, list)) or not all(isinstance(f, str) for f in features):
+        return [f"features={features!r}: must be a tuple of feature tokens; e.g. features=()"]
+    problems = []
+    for f in features:
+        if f not in FEATURES:
+            known = ", ".join(FEATURES) or "none are defined yet"
+            problems.append(f"features: {f!r} is not a feature; known features: {known}")
+        elif f not in supported:
+            problems.append(
+                f"features: {f!r} is not supported by family {family}; "
+                f"it supports {', '.join(sorted(supported)) or 'no features'}"
+            )
+    if len(set(features)) != len(features):
+        problems.append(f"features={features!r}: a feature is named twice; name each once")
+    return problems
+
+
+def _canonical_features(features: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    order = list(FEATURES)
+    return tuple(sorted(features, key=order.index))
