@@ -90,7 +90,7 @@ class KernelSpec:
     # ---- identity -------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        """Readable identity, also the kernel symbol: `[a-z0-9_]` only (grammar in the class doc)."""
+        """Readable identity, also the kernel symbol: `[a-z0-9_]` only (grammar: class doc)."""
         tokens = [
             "flash",
             self.direction,
