@@ -308,6 +308,59 @@ def test_describe_reads_the_cuda_array_interface():
     assert info.strides == (192, 96, 32, 4) and info.ptr == 8192 and info.dtype == np.float32
 
 
+class CupyLike:
+    """What a CuPy (or Numba) device array exposes: shape, byte strides and dtype as
+    attributes, the pointer only through `__cuda_array_interface__` (CuPy keeps it in
+    `.data.ptr`, an object, not an int)."""
+
+    class _Memory:
+        ptr = 0x7F0000002000
+
+    def __init__(self, shape, dtype=np.float16, strides=None):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.strides = strides or dev(self.shape, dtype).strides
+        self.data = self._Memory()
+
+    @property
+    def __cuda_array_interface__(self):
+        return {
+            "shape": self.shape,
+            "strides": self.strides,
+            "typestr": self.dtype.str,
+            "data": (self.data.ptr, False),
+            "version": 3,
+        }
+
+
+def test_cai_arrays_with_shape_and_strides_keep_their_pointer():
+    # a padded-row view: the strides come from the interface, not recomputed as contiguous
+    x = CupyLike((1, 2, 3, 8), strides=(192, 96, 32, 2))
+    info = describe("q", x)
+    assert info.ptr == 0x7F0000002000
+    assert info.strides == (192, 96, 32, 2) and info.dtype == np.float16
+    problem = validate_inputs(
+        MMA, *(CupyLike((1, 2, 3, 64)),) * 3,
+        o=CupyLike((1, 2, 3, 64)), lse=CupyLike((1, 2, 3), np.float32),
+    )  # fmt: skip
+    assert problem.q_ptr == problem.o_ptr == problem.lse_ptr == 0x7F0000002000
+
+
+def test_cai_keeps_an_object_dtype_numpy_knows_bfloat16_included():
+    x = CupyLike((1, 1, 2, 8), ml_dtypes.bfloat16)  # its typestr is the opaque '<V2'
+    assert x.__cuda_array_interface__["typestr"] == "<V2"
+    assert describe("k", x).dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_masked_cai_arrays_are_refused():
+    class Masked(CupyLike):
+        @property
+        def __cuda_array_interface__(self):
+            return {**super().__cuda_array_interface__, "mask": object()}
+
+    with pytest.raises(ValueError, match="masked CUDA array"):
+        describe("v", Masked((1, 1, 2, 8)))
+
+
 class Torchish:
     """What validation reads from a torch tensor (torch itself is not needed)."""
 

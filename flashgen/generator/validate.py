@@ -72,6 +72,11 @@ def describe(name: str, x: Any) -> ArrayInfo:
         )
     if callable(getattr(x, "data_ptr", None)) and callable(getattr(x, "stride", None)):
         return _describe_torch(name, x)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        # CuPy, Numba and PyCUDA arrays: the interface is the one reliable source of the
+        # pointer (CuPy keeps it in .data.ptr, Numba behind device_ctypes_pointer)
+        return _describe_cai(name, x, cai)
     if all(hasattr(x, a) for a in ("shape", "strides", "dtype")):
         try:
             dt = np.dtype(x.dtype)
@@ -81,15 +86,37 @@ def describe(name: str, x: Any) -> ArrayInfo:
                 "GPUArray (wrap other device memory in GPUArray(shape, dtype, gpudata=ptr))"
             ) from None
         return ArrayInfo(name, tuple(x.shape), tuple(x.strides), dt, _pointer(x))
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if isinstance(cai, dict):
-        dt = np.dtype(cai["typestr"])
-        shape = tuple(int(s) for s in cai["shape"])
-        strides = cai.get("strides") or _c_strides(shape, dt.itemsize)
-        return ArrayInfo(name, shape, tuple(int(s) for s in strides), dt, int(cai["data"][0]))
     raise ValueError(
         f"{name}={type(x).__name__}: not an array; pass a NumPy array or a PyCUDA GPUArray"
     )
+
+
+def _describe_cai(name: str, x: Any, cai: dict[str, Any]) -> ArrayInfo:
+    """An object exposing `__cuda_array_interface__` (v2/v3): shape, strides, pointer from it.
+
+    The dtype is the object's own `.dtype` when NumPy understands it (a bfloat16 GPUArray
+    advertises the opaque typestr '<V2'), else the interface's typestr. A mask is refused.
+    """
+    if cai.get("mask") is not None:
+        raise ValueError(
+            f"{name}: a masked CUDA array; pass the data without a mask (masked elements "
+            "would be read as values)"
+        )
+    dt: np.dtype[Any] | None = None
+    own = getattr(x, "dtype", None)
+    if own is not None:
+        try:
+            dt = np.dtype(own)
+        except TypeError:
+            dt = None
+    if dt is None:
+        dt = np.dtype(cai["typestr"])
+    shape = tuple(int(s) for s in cai["shape"])
+    raw = cai.get("strides")
+    strides = tuple(int(s) for s in raw) if raw is not None else _c_strides(shape, dt.itemsize)
+    data = cai.get("data")
+    ptr = None if data is None else int(data[0])
+    return ArrayInfo(name, shape, strides, dt, ptr)
 
 
 def _describe_torch(name: str, x: Any) -> ArrayInfo:
