@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _nvcc import REQUIRE_ENV, nvcc_is_required, require_nvcc
 from click.testing import CliRunner, Result
@@ -756,3 +757,91 @@ def test_example_fails_on_a_wrong_kernel(stand_in_example: Path, bug: str, sympt
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("FAIL: ")
     assert symptom in proc.stdout
+
+
+# ---- the length limit: the launcher refuses what the Python path refuses ------------------------
+# Tq/Tk reach the kernels as 32-bit ints and their tile loops step one tile past the end, so
+# lengths near INT_MAX overflow them (mma: silent zeros; simt: an endless loop out of bounds).
+LIMITS_CPP = r"""
+#include "flashgen_attention.h"
+#include <stdio.h>
+
+typedef cudaError_t (*check_fn)(const flashgen_fwd_params*, const char**);
+typedef cudaError_t (*fwd_fn)(const flashgen_fwd_params*, cudaStream_t);
+
+static void one(const char* v, const char* label, check_fn check, fwd_fn fwd, int tq, int tk,
+                int d) {
+  flashgen_fwd_params p;
+  flashgen_fwd_params_contiguous(&p, (const void*)0x10000, (const void*)0x20000,
+                                 (const void*)0x30000, (void*)0x40000, (float*)0x50000,
+                                 1, 1, tq, tk, d);
+  const char* why = "unset";
+  const cudaError_t c = check(&p, &why);
+  // never launch an accepted problem this long: the CPU stand-in would compute it
+  const cudaError_t f = c == cudaSuccess ? cudaSuccess : fwd(&p, 0);
+  printf("%s|%s|%d|%d|%s\n", v, label, (int)c, (int)f, why ? why : "NULL");
+}
+
+static void cases(const char* v, int d, check_fn check, fwd_fn fwd) {
+  one(v, "Tq_limit", check, fwd, @MAX@, 77, d);
+  one(v, "Tk_limit", check, fwd, 77, @MAX@, d);
+  one(v, "Tq_over", check, fwd, @MAX@ + 1, 77, d);
+  one(v, "Tk_over", check, fwd, 77, @MAX@ + 1, d);
+  one(v, "Tq_int_max", check, fwd, 2147483647, 77, d);
+  one(v, "Tk_int_max", check, fwd, 77, 2147483647, d);
+}
+
+int main(void) {
+  cases("simt", @SIMT_D@, @SIMT@_check, @SIMT@_fwd);
+  cases("mma", @MMA_D@, @MMA@_check, @MMA@_fwd);
+  return 0;
+}
+"""
+
+
+def test_launchers_refuse_lengths_the_kernels_tile_loops_cannot_take(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from flashgen.generator.validate import MAX_LENGTH, check_layout
+
+    nvcc = require_nvcc()
+    gxx = _tool("g++")
+    includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
+    root = tmp_path_factory.mktemp("limits")
+    write_bundle(bundle_files(PAIR), root)
+    (root / "stand_in.cpp").write_text(_stand_in_source(PAIR))
+    src = LIMITS_CPP.replace("@MAX@", str(MAX_LENGTH))
+    for tag, spec in (("SIMT", SIMT), ("MMA", MMA)):
+        src = src.replace(f"@{tag}@", symbol(spec)).replace(f"@{tag}_D@", str(spec.d))
+    (root / "limits.cpp").write_text(src)
+    steps = [
+        [str(nvcc), "-std=c++17", "-c", f"-I{root}", str(root / LAUNCHER), "-o", "launch.o"],
+        [gxx, "-std=c++17", "-c", f"-I{root}", *includes, "limits.cpp", "-o", "limits.o"],
+        [gxx, "-std=c++17", "-c", *includes, "stand_in.cpp", "-o", "stand_in.o"],
+        [gxx, "limits.o", "launch.o", "stand_in.o", "-o", "limits"],
+    ]
+    for cmd in steps:
+        proc = subprocess.run(
+            cmd, cwd=root, capture_output=True, text=True, check=False, timeout=300
+        )
+        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr[-3000:]}"
+    proc = subprocess.run([str(root / "limits")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r[0], r[1]): r[2:] for r in (ln.split("|") for ln in proc.stdout.splitlines())}
+    assert len(rows) == 12
+    for (variant, label), (check, fwd, why) in rows.items():
+        if label.endswith("_limit"):
+            assert (int(check), int(fwd), why) == (0, 0, "NULL"), (variant, label)
+            continue
+        assert (int(check), int(fwd)) == (INVALID, INVALID), (variant, label, why)
+        axis = label[:2]
+        assert why.startswith(f"{axis} > {MAX_LENGTH} ") and "split the sequence" in why
+    # the Python path: the same limit, the same advice
+    q = np.zeros((1, 1, 1, 8), np.float16)
+    for tk, ok in ((MAX_LENGTH, True), (MAX_LENGTH + 1, False)):
+        kv = np.lib.stride_tricks.as_strided(q, (1, 1, tk, 8), (16, 16, 0, 2))
+        if ok:
+            assert check_layout(q, kv, kv).tk == MAX_LENGTH
+        else:
+            with pytest.raises(ValueError, match=rf"Tk={tk}: .*\({MAX_LENGTH}.*split the sequence"):
+                check_layout(q, kv, kv)

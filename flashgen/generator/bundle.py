@@ -29,6 +29,7 @@ from .render import environment, render
 from .select import select
 from .space import shipped
 from .spec import KernelSpec
+from .validate import MAX_LENGTH
 
 HEADER = "flashgen_attention.h"
 LAUNCHER = "flashgen_launch.cu"
@@ -171,6 +172,7 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "cuda_architectures": cuda_architectures(unique),
         "regenerate": f"flashgen bundle DIR {names}",
         "log2e": LOG2E,
+        "max_length": MAX_LENGTH,
         "smem_opt_in_limit": STATIC_SMEM_LIMIT,
         "lse_bound": EXAMPLE_LSE_BOUND,
         "bounds_summary": _bounds_summary(unique),
