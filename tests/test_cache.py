@@ -7,17 +7,34 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import re
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flashgen.generator import cache as cache_mod
 from flashgen.generator import compile as compile_mod
-from flashgen.generator.cache import CubinCache, cache_dir, cache_key, default_cache_dir
+from flashgen.generator import render as render_mod
+from flashgen.generator import report as report_mod
+from flashgen.generator.cache import (
+    CubinCache,
+    FlashgenWarning,
+    UnsafeDirectory,
+    atomic_write,
+    cache_dir,
+    cache_key,
+    default_cache_dir,
+    ensure_private_dir,
+)
 from flashgen.generator.compile import compile_kernel
+from flashgen.generator.render import RenderedKernel, render
 from flashgen.generator.spec import KernelSpec
 
 KEY = cache_key("source", "flags", "sm_80", "nvcc 13.0", "0.1.0")
@@ -121,15 +138,23 @@ def test_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 
 def _expect_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, bad: Path) -> Path:
-    """Point the cache at `bad`, check the warning and the fallback, return the fallback."""
+    """Point the cache at `bad`, check the one-line warning and the fallback, return it."""
     tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp.mkdir(exist_ok=True)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # keep the fallback inside tmp_path
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(bad))
-    with pytest.warns(UserWarning, match="is not writable; using .*FLASHGEN_CACHE_DIR"):
+    with pytest.warns(FlashgenWarning) as record:
         root = cache_dir()
+    [warning] = record
+    msg = str(warning.message)
+    assert "\n" not in msg
+    assert msg.startswith(f"cache folder {bad} cannot be used (")
+    assert f"caching in {root}" in msg
+    # the user already set the variable: the fix is to point it elsewhere, not to set it
+    assert "point FLASHGEN_CACHE_DIR at a folder you own and can write" in msg
     assert root.parent == tmp and root != bad
     assert os.access(root, os.W_OK)
+    assert stat.S_IMODE(root.lstat().st_mode) == 0o700
     c = CubinCache(root)
     c.put(KEY, DATA, {})
     assert c.get(KEY) is not None
@@ -156,7 +181,20 @@ def test_uncreatable_cache_dir_falls_back_with_a_warning(
     """A regular file where a directory should be: unwritable even for root."""
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory")
-    _expect_fallback(monkeypatch, tmp_path, blocker / "cache")
+    root = _expect_fallback(monkeypatch, tmp_path, blocker / "cache")
+    assert root.name == f"flashgen-cache-{os.getuid()}"
+
+
+def test_unset_cache_variable_warning_says_to_set_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    monkeypatch.delenv("FLASHGEN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.warns(FlashgenWarning, match="set FLASHGEN_CACHE_DIR to a folder you own"):
+        cache_dir()
 
 
 def test_compile_with_an_unwritable_cache_dir_still_works(
@@ -165,10 +203,119 @@ def test_compile_with_an_unwritable_cache_dir_still_works(
     blocker = tmp_path / "blocker"
     blocker.write_text("not a directory")
     root = _expect_fallback(monkeypatch, tmp_path, blocker / "cache")
-    with pytest.warns(UserWarning, match="not writable"):
-        ck = compile_kernel(SPEC, "sm_80")
+    ck = compile_kernel(SPEC, "sm_80")  # the same folder again: warned once per process
     assert ck.cubin.startswith(b"\x7fELF")
     assert any(p.suffix == ".cubin" for p in root.rglob("*"))
+
+
+# ---- private folders -----------------------------------------------------------------------
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.lstat().st_mode)
+
+
+def test_cache_folders_are_created_private(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "cache"
+    c = CubinCache(root)
+    assert not root.exists(), "constructing a cache creates nothing"
+    c.put(KEY, DATA, {})
+    assert _mode(root) == 0o700 and _mode(c.paths(KEY)[0].parent) == 0o700
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_cache_entries_follow_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    old = os.umask(umask)
+    try:
+        c = CubinCache(tmp_path / "cache")
+        c.put(KEY, DATA, {})
+    finally:
+        os.umask(old)
+    cubin_p, meta_p = c.paths(KEY)
+    assert (_mode(cubin_p), _mode(meta_p)) == (mode, mode)
+
+
+def test_atomic_write_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = tmp_path / "out.cu"
+    link.symlink_to(victim)
+    atomic_write(link, b"new")
+    assert victim.read_text() == "precious"
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+
+
+def test_a_too_open_folder_of_ours_is_tightened(tmp_path: Path) -> None:
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    assert ensure_private_dir(d) == d and _mode(d) == 0o700
+
+
+def test_a_symlinked_cache_folder_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "cache").symlink_to(target)
+    with pytest.raises(UnsafeDirectory, match="is a symlink"):
+        CubinCache(tmp_path / "cache").put(KEY, DATA, {})
+    assert list(target.iterdir()) == []
+
+
+def test_someone_elses_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "getuid", lambda: d.stat().st_uid + 4242)
+    with pytest.raises(UnsafeDirectory, match="belongs to uid"):
+        ensure_private_dir(d)
+
+
+@pytest.mark.parametrize("plant", ["symlink", "foreign"])
+def test_a_planted_fallback_cache_is_not_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, plant: str
+) -> None:
+    """The fallback lives at a guessable path in the shared temp folder: whatever someone
+    planted there (a symlink, their own folder holding a cubin for our key) is never used."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    planted = tmp / f"flashgen-cache-{os.getuid()}"
+    victim = tmp_path / "victim"
+    CubinCache(victim).put(KEY, b"planted cubin", {})
+    if plant == "symlink":
+        planted.symlink_to(victim)
+    else:
+        planted.mkdir(mode=0o700)
+        CubinCache(planted).put(KEY, b"planted cubin", {})
+        uid = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: uid + 4242)
+        # the per-user name stays the planted one: pretend it carries our (new) uid
+        monkeypatch.setattr(cache_mod, "shared_temp_dir", lambda name: tmp / f"{name}-{uid}")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(FlashgenWarning, match=f"{planted} is not safe to use"):
+        root = cache_dir()
+    assert root not in (planted, victim) and root.parent == tmp
+    assert CubinCache(root).get(KEY) is None, "a planted cubin must never be served"
+    assert _mode(root) == 0o700
+
+
+def test_cache_clear_leaves_nothing_behind(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    c = CubinCache(root)
+    for i in range(3):
+        key = cache_key(str(i))
+        with c.lock(key):
+            c.put(key, DATA, {})
+    assert c.clear() == 3
+    assert not root.exists(), sorted(p.name for p in root.rglob("*"))
+
+
+def test_cache_clear_keeps_files_it_did_not_write(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    c = CubinCache(root)
+    c.put(KEY, DATA, {})
+    (root / "notes.txt").write_text("mine")
+    assert c.clear() == 1
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
 
 
 # ---- recovery through compile_kernel -------------------------------------------------------
@@ -216,17 +363,114 @@ def test_cache_keys_are_equal_only_for_equal_parts(a: list[str], b: list[str]) -
     assert (cache_key(*a) == cache_key(*b)) == (a == b)
 
 
-def test_compile_key_covers_nvcc_and_flashgen_versions(
+# ---- what the compile key covers: one test per ingredient ---------------------------------------
+FAKE_NVCC = Path("/opt/fake/nvcc")
+
+
+@pytest.fixture
+def key_of(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """compile_key of SPEC for sm_80 with the base flags (nvcc's version faked: no nvcc)."""
+    monkeypatch.setattr(compile_mod, "nvcc_version", lambda nvcc: "release 13.0, V13.0.88")
+    for var in compile_mod.NVCC_ENV_FLAGS:
+        monkeypatch.delenv(var, raising=False)
+
+    def key(rendered: RenderedKernel | None = None, flags: list[str] | None = None) -> str:
+        flags = flags if flags is not None else [*compile_mod.BASE_FLAGS, "-cubin"]
+        return compile_mod.compile_key(rendered or render(SPEC), "sm_80", flags, FAKE_NVCC)
+
+    return key
+
+
+def test_key_covers_the_template_text(key_of: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = key_of()
+    env = render_mod.environment()
+    name = SPEC.fam.template
+    text = env.loader.get_source(env, name)[0]  # type: ignore[union-attr]
+    edited = jinja2.Environment(
+        loader=jinja2.ChoiceLoader(
+            [jinja2.DictLoader({name: text.replace("{", "// edited\n{", 1)}), env.loader]
+        ),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )  # fmt: skip
+    monkeypatch.setattr(render_mod, "environment", lambda: edited)
+    assert key_of(render(SPEC)) != base
+
+
+def test_key_covers_the_command_line_flags(key_of: Any) -> None:
+    base = key_of()
+    assert key_of(flags=[*compile_mod.BASE_FLAGS, "-cubin", "-DX=1"]) != base
+    assert key_of(flags=[*compile_mod.BASE_FLAGS, "-cubin"]) == base
+
+
+@pytest.mark.parametrize("var", ["NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"])
+def test_key_covers_nvcc_environment_flags(
+    key_of: Any, monkeypatch: pytest.MonkeyPatch, var: str
+) -> None:
+    base = key_of()
+    monkeypatch.setenv(var, "-Xptxas=-O0")
+    assert key_of() != base
+
+
+def test_key_covers_the_arch(key_of: Any) -> None:
+    flags = [*compile_mod.BASE_FLAGS, "-cubin"]
+    a = compile_mod.compile_key(render(SPEC), "sm_80", flags, FAKE_NVCC)
+    assert compile_mod.compile_key(render(SPEC), "sm_90", flags, FAKE_NVCC) != a
+
+
+def test_key_covers_the_nvcc_version(key_of: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = key_of()
+    monkeypatch.setattr(compile_mod, "nvcc_version", lambda nvcc: "release 13.0, V13.0.89")
+    assert key_of() != base
+
+
+def test_key_covers_the_report_parser_version(
+    key_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = key_of()
+    monkeypatch.setattr(compile_mod, "PARSER_VERSION", "another parser")
+    assert key_of() != base
+
+
+def test_key_covers_the_flashgen_version(key_of: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = key_of()
+    monkeypatch.setattr(compile_mod, "flashgen_version", lambda: "0.1.0+another")
+    assert key_of() != base
+
+
+def test_flashgen_version_is_a_digest_of_the_code_not_a_constant(tmp_path: Path) -> None:
+    pkg = Path(compile_mod.__file__).resolve().parents[1]
+    assert re.fullmatch(
+        rf"{re.escape(compile_mod.__version__)}\+[0-9a-f]{{16}}", compile_mod.flashgen_version()
+    )
+    copy = tmp_path / "flashgen"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = compile_mod._tree_digest(copy)
+    (copy / "generator" / "__pycache__").mkdir(exist_ok=True)
+    (copy / "generator" / "__pycache__" / "x.pyc").write_bytes(b"bytecode")
+    assert compile_mod._tree_digest(copy) == before, "bytecode is not code"
+    tpl = copy / "templates" / "simt.cu.j2"
+    tpl.write_text(tpl.read_text() + "\n")
+    assert compile_mod._tree_digest(copy) != before
+
+
+def test_parser_version_is_a_digest_of_the_parser() -> None:
+    source = Path(report_mod.__file__).read_bytes()
+    assert hashlib.sha256(source).hexdigest()[:16] == report_mod.PARSER_VERSION
+
+
+def test_appended_nvcc_flags_rebuild_instead_of_serving_the_old_cubin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nvcc_required: Path
 ) -> None:
+    """The reported bug: with -Xptxas=-O0 appended, the cache returned the -O3 cubin."""
     c = CubinCache(tmp_path)
-    assert compile_kernel(SPEC, "sm_80", cache=c).cached is False
+    monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
+    optimized = compile_kernel(SPEC, "sm_80", cache=c)
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-Xptxas=-O0")
+    plain = compile_kernel(SPEC, "sm_80", cache=c)
+    assert plain.cached is False and plain.cubin != optimized.cubin
     assert compile_kernel(SPEC, "sm_80", cache=c).cached is True
-    monkeypatch.setattr(compile_mod, "nvcc_version", lambda nvcc: "release 99.9, V99.9.0")
-    assert compile_kernel(SPEC, "sm_80", cache=c).cached is False, "nvcc version not in key"
-    monkeypatch.setattr(compile_mod, "__version__", "999.0")
-    assert compile_kernel(SPEC, "sm_80", cache=c).cached is False, "flashgen version not in key"
-    assert len(c.entries()) == 3
+    assert len(c.entries()) == 2
 
 
 # ---- concurrent builders -------------------------------------------------------------------

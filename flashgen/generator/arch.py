@@ -30,23 +30,87 @@ class ArchInfo:
         return f"-gencode=arch=compute_{num},code=compute_{num}"
 
 
+def _arch(name: str, smem_per_sm_kib: int, max_threads: int, max_blocks: int) -> ArchInfo:
+    # every arch here reserves 1 KiB of shared memory per block and has 64 Ki registers per SM
+    major = int(name.removeprefix("sm_").rstrip("a")) // 10
+    kib = 1024
+    return ArchInfo(
+        name, major, (smem_per_sm_kib - 1) * kib, smem_per_sm_kib * kib, 65536, max_threads,
+        max_blocks,
+    )  # fmt: skip
+
+
+# Per-SM limits from the CUDA programming guide's "Technical Specifications per Compute
+# Capability" (as tabulated in CCCL's cuda/__device/arch_traits.h). An `a` arch (sm_90a) is
+# its base arch plus instructions that run only on that exact GPU (wgmma, setmaxnreg).
 ARCHS: dict[str, ArchInfo] = {
-    # A100: 164 KiB per SM, 163 KiB opt-in per block (1 KiB reserved by the system).
-    "sm_80": ArchInfo("sm_80", 8, 163 * 1024, 164 * 1024, 65536, 2048, 32),
-    # H100/H200: 228 KiB per SM, 227 KiB opt-in per block.
-    "sm_90": ArchInfo("sm_90", 9, 227 * 1024, 228 * 1024, 65536, 2048, 32),
-    "sm_90a": ArchInfo("sm_90a", 9, 227 * 1024, 228 * 1024, 65536, 2048, 32),
+    a.name: a
+    for a in (
+        _arch("sm_80", 164, 2048, 32),  # A100, A30
+        _arch("sm_86", 100, 1536, 16),  # RTX 30xx, A10, A40, A6000
+        _arch("sm_89", 100, 1536, 24),  # RTX 40xx, L4, L40
+        _arch("sm_90", 228, 2048, 32),  # H100, H200, GH200
+        _arch("sm_90a", 228, 2048, 32),
+        _arch("sm_100", 228, 2048, 32),  # B200, GB200
+        _arch("sm_100a", 228, 2048, 32),
+        _arch("sm_103", 228, 2048, 32),  # B300, GB300
+        _arch("sm_110", 228, 2048, 32),  # Jetson Thor
+        _arch("sm_120", 100, 1536, 32),  # RTX 50xx, RTX PRO 6000 Blackwell
+    )
 }
 
 DEFAULT_ARCH = "sm_90"
 STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must raise its dynamic smem attribute
 
 
+class ArchError(ValueError):
+    """An arch flashgen does not know, or one the kernel cannot run on (one-line message)."""
+
+
 def arch_info(name: str) -> ArchInfo:
-    """Return the limits of `name`; raise ValueError listing the supported archs otherwise."""
+    """Return the limits of `name`; raise ArchError listing the supported archs otherwise."""
     try:
         return ARCHS[name]
     except KeyError:
-        raise ValueError(
+        raise ArchError(
             f"arch={name!r}: not supported; choose one of {', '.join(ARCHS)}"
         ) from None
+
+
+def arch_number(name: str) -> int:
+    """`sm_90a` -> 90."""
+    return int(name.removeprefix("sm_").rstrip("a"))
+
+
+def runs_on(family_archs: tuple[str, ...], target: str) -> bool:
+    """Whether a family shipped for `family_archs` can be compiled for and run on `target`.
+
+    A family shipped for plain archs (sm_80, sm_90) uses instructions every later GPU has, so
+    it runs on any arch at least as new as its oldest one. A family shipped only for `a` archs
+    (sm_90a: wgmma) runs on exactly those.
+    """
+    if target in family_archs:
+        return True
+    plain = [arch_number(a) for a in family_archs if not a.endswith("a")]
+    return bool(plain) and arch_number(target) >= min(plain)
+
+
+def check_target(
+    name: str, family: str, family_archs: tuple[str, ...], smem_bytes: int, target: str
+) -> ArchInfo:
+    """The limits of `target`, after checking that kernel `name` can run there; else ArchError
+    naming the arch, the rule and the fix."""
+    info = arch_info(target)
+    if not runs_on(family_archs, target):
+        plain = [a for a in family_archs if not a.endswith("a")]
+        where = f"{min(plain, key=arch_number)} or newer" if plain else " or ".join(family_archs)
+        raise ArchError(
+            f"arch={target}: family {family} runs on {where} only; choose another --arch or "
+            "another --family"
+        )
+    if smem_bytes > info.smem_per_block:
+        raise ArchError(
+            f"{name}: needs {smem_bytes:,} B of shared memory per block, {target} allows "
+            f"{info.smem_per_block:,} B; choose smaller tiles (--br/--bc) or fewer --stages"
+        )
+    return info

@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from .._version import __version__
-from .arch import DEFAULT_ARCH, arch_info
-from .cache import CubinCache, cache_key, locked
-from .nvcc import find_nvcc, nvcc_version
+from .arch import DEFAULT_ARCH, check_target
+from .cache import (
+    CubinCache,
+    FlashgenWarning,
+    UnsafeDirectory,
+    cache_key,
+    ensure_private_dir,
+    locked,
+    shared_temp_dir,
+)
+from .nvcc import TIMEOUT_ENV, find_nvcc, nvcc_timeout, nvcc_version
 from .render import RenderedKernel, render
-from .report import ResourceReport, parse_ptxas
+from .report import PARSER_VERSION, ResourceReport, parse_ptxas
 from .spec import KernelSpec
 
 BASE_FLAGS: tuple[str, ...] = ("-std=c++17", "-O3", "-lineinfo", "-Xptxas=-v")
+
+# nvcc reads these from the environment and adds them to every command line it runs
+NVCC_ENV_FLAGS: tuple[str, ...] = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
 
 
 class CompileError(RuntimeError):
@@ -45,35 +63,165 @@ def _first_errors(text: str, n: int = 12) -> str:
     return "\n".join((errs or lines)[:n])
 
 
-def run_nvcc(args: list[str], source: str, suffix: str = ".cu") -> tuple[bytes, str]:
+def nvcc_flags_seen(args: list[str] | tuple[str, ...]) -> str:
+    """Every flag nvcc will see: its command line plus NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS."""
+    env = [f"{var}={os.environ.get(var, '')}" for var in NVCC_ENV_FLAGS]
+    return " ".join([*args, *env])
+
+
+def _tree_digest(root: Path) -> str:
+    """sha256 over the relative paths and bytes of every file under `root` (sorted)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        if "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
+            continue
+        rel = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        for part in (rel, data):
+            h.update(len(part).to_bytes(8, "little"))
+            h.update(part)
+    return h.hexdigest()
+
+
+@cache
+def flashgen_version() -> str:
+    """The version of the flashgen code that runs: `__version__` plus a digest of the package's
+    files (code, templates, tables), so that any change to flashgen makes new cache keys."""
+    return f"{__version__}+{_tree_digest(Path(__file__).resolve().parents[1])[:16]}"
+
+
+# ---- nvcc's work folder ----------------------------------------------------------------------
+_work_root_lock = threading.Lock()
+_work_fallback: Path | None = None  # set once the shared work root proved unsafe
+
+
+def nvcc_work_root() -> Path:
+    """The private parent of nvcc's work folders: `<temp>/flashgen-nvcc-<uid>` (0700, ours).
+
+    A fixed path so that a cubin is reproducible (-lineinfo records the folder nvcc ran in).
+    When that path is not safe (someone else's folder, a symlink), a fresh mkdtemp folder is used
+    instead, with a one-line warning: still private, but cubins then record a random folder.
+    """
+    global _work_fallback
+    with _work_root_lock:
+        if _work_fallback is not None:
+            return _work_fallback
+        shared = shared_temp_dir("flashgen-nvcc")
+        try:
+            return ensure_private_dir(shared)  # checked on every compile: cheap, and current
+        except OSError as exc:
+            import atexit
+            import warnings
+
+            _work_fallback = Path(tempfile.mkdtemp(prefix="flashgen-nvcc-"))
+            atexit.register(shutil.rmtree, _work_fallback, ignore_errors=True)
+            why = exc.why if isinstance(exc, UnsafeDirectory) else (exc.strerror or str(exc))
+            warnings.warn(
+                f"nvcc work folder {shared} is not safe to use (it {why}); using "
+                f"{_work_fallback} instead (cubins built there are not byte-reproducible); "
+                "remove that folder",
+                FlashgenWarning,
+                stacklevel=3,
+            )
+            return _work_fallback
+
+
+@contextlib.contextmanager
+def _work_folder(digest: str) -> Iterator[Path]:
+    """A fresh folder `<work root>/<digest>` for one nvcc run, removed afterwards.
+
+    Runs of the same content take turns (a lock per content, hashed into 256 lock files); the
+    folder is created with O_EXCL semantics (mkdir) inside the private root, so nothing
+    planted can be in it.
+    """
+    root = nvcc_work_root()
+    with locked(root / f"lock-{digest[:2]}"):  # digest is hex: at most 256 lock files
+        work = root / digest
+        if work.is_symlink() or work.exists():  # left by a killed run of ours: start clean
+            if work.is_symlink() or not work.is_dir():
+                work.unlink()
+            else:
+                shutil.rmtree(work)
+        os.mkdir(work, 0o700)
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_nvcc(
+    args: list[str], source: str, suffix: str = ".cu", *, what: str = "kernel"
+) -> tuple[bytes, str]:
     """Compile `source` with nvcc and `args` (output to the file `-o` names); return (out, log).
 
-    nvcc runs inside a folder named after the content (source and flags), under a lock, on a
+    nvcc runs in a fresh private folder named after the content (source and flags), on a
     source file with a fixed mtime: with -lineinfo the cubin records the folder and the file's
     mtime, so a random folder or a fresh timestamp would make the same source give new bytes.
+    The folder is removed afterwards. A run longer than FLASHGEN_NVCC_TIMEOUT seconds (default
+    600) is killed, with everything it started, and reported as a CompileError.
     """
     nvcc = find_nvcc()
-    digest = cache_key(source, " ".join(args), suffix)[:20]
-    work = Path(tempfile.gettempdir()) / f"flashgen-nvcc-{os.getuid()}" / digest
-    work.mkdir(parents=True, exist_ok=True)
-    src = work / f"kernel{suffix}"
-    out = work / "kernel.out"
-    with locked(src):
-        src.write_text(source)
+    timeout = nvcc_timeout()
+    digest = cache_key(source, nvcc_flags_seen(args), suffix)[:20]
+    with _work_folder(digest) as work:
+        src = work / f"kernel{suffix}"
+        out = work / "kernel.out"
+        fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
         # the line table also records the source file's mtime: pin it for identical bytes
         os.utime(src, (0, 0))
         cmd = [str(nvcc), *args, "-o", out.name, src.name]
+        # a session of its own: on a timeout, nvcc's children (cicc, ptxas) are killed too
+        proc = subprocess.Popen(
+            cmd,
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=work)
-            log = proc.stdout + proc.stderr
-            if proc.returncode != 0 or not out.exists():
-                raise CompileError(
-                    f"nvcc failed (exit {proc.returncode}): {' '.join(cmd)}\n{_first_errors(log)}"
-                )
-            return out.read_bytes(), log
-        finally:
-            for p in (src, out):
-                p.unlink(missing_ok=True)
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.communicate()
+            raise CompileError(
+                f"nvcc did not finish {what} within {timeout:g} s and was stopped; set "
+                f"{TIMEOUT_ENV} to allow longer (seconds); command: {' '.join(cmd)}"
+            ) from None
+        except BaseException:  # Ctrl-C: do not leave nvcc running
+            _kill_group(proc)
+            proc.wait()
+            raise
+        log = stdout + stderr
+        if proc.returncode != 0 or not out.exists():
+            raise CompileError(
+                f"nvcc failed (exit {proc.returncode}): {' '.join(cmd)}\n{_first_errors(log)}"
+            )
+        return out.read_bytes(), log
+
+
+def compile_key(rendered: RenderedKernel, arch: str, flags: list[str], nvcc: Path) -> str:
+    """The cache key of one compile: everything that changes the cubin or its report.
+
+    The source (the template text as rendered for this spec), every flag nvcc sees (its command
+    line and NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS), the arch, nvcc's version, the ptxas report
+    parser's version and flashgen's own (code digest) version.
+    """
+    return cache_key(
+        rendered.source,
+        nvcc_flags_seen(flags),
+        arch,
+        nvcc_version(nvcc),
+        PARSER_VERSION,
+        flashgen_version(),
+    )
 
 
 def compile_kernel(
@@ -83,23 +231,28 @@ def compile_kernel(
     extra_flags: tuple[str, ...] = (),
     cache: CubinCache | None = None,
 ) -> CompiledKernel:
-    """Compile to a cubin for `arch` (default: the local GPU's, else sm_90), via the cache."""
+    """Compile to a cubin for `arch` (default: the local GPU's, else sm_90), via the cache.
+
+    Raises ArchError (a ValueError) when the kernel cannot run on `arch`, CompileError when
+    nvcc fails or times out, NvccNotFound without nvcc.
+    """
     rendered = kernel if isinstance(kernel, RenderedKernel) else render(kernel)
+    spec = rendered.spec
     arch = arch or local_arch() or DEFAULT_ARCH
-    info = arch_info(arch)
+    info = check_target(spec.name, spec.family, spec.archs, spec.smem_bytes, arch)
     flags = [*BASE_FLAGS, "-cubin", info.gencode, *extra_flags]
     nvcc = find_nvcc()
-    key = cache_key(rendered.source, " ".join(flags), arch, nvcc_version(nvcc), __version__)
+    key = compile_key(rendered, arch, flags, nvcc)
     store = cache if cache is not None else CubinCache()
     with store.lock(key):
         hit = store.get(key)
         if hit is not None:
             data, meta = hit
-            return CompiledKernel(rendered.spec, arch, data, ResourceReport(**meta["report"]), True)
-        data, log = run_nvcc(flags, rendered.source)
+            return CompiledKernel(spec, arch, data, ResourceReport(**meta["report"]), True)
+        data, log = run_nvcc(flags, rendered.source, what=f"{rendered.name} for {arch}")
         report = parse_ptxas(log, rendered.name, arch)
         store.put(key, data, {"report": report.to_dict(), "name": rendered.name, "flags": flags})
-    return CompiledKernel(rendered.spec, arch, data, report, False)
+    return CompiledKernel(spec, arch, data, report, False)
 
 
 def local_arch() -> str | None:

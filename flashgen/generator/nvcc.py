@@ -59,13 +59,49 @@ def have_nvcc() -> bool:
     return True
 
 
+DEFAULT_TIMEOUT_S = 600.0  # one nvcc run; the slowest shipped variant takes ~10 s cold
+TIMEOUT_ENV = "FLASHGEN_NVCC_TIMEOUT"
+
+
+def nvcc_timeout() -> float:
+    """Seconds one nvcc run may take (FLASHGEN_NVCC_TIMEOUT, default 600); ValueError if bad."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(
+            f"{TIMEOUT_ENV}={raw!r}: must be a positive number of seconds; e.g. {TIMEOUT_ENV}=900"
+        )
+    return value
+
+
 @cache
 def nvcc_version(nvcc: Path) -> str:
-    """The `release X.Y, VX.Y.Z` line of `nvcc --version` (part of every cache key)."""
-    out = subprocess.run(
-        [str(nvcc), "--version"], capture_output=True, text=True, check=False
-    ).stdout
-    for line in out.splitlines():
-        if "release" in line:
-            return line.strip()
-    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+    """The whole of `nvcc --version` (release and build): part of every cache key."""
+    try:
+        proc = subprocess.run(
+            [str(nvcc), "--version"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=min(nvcc_timeout(), 60.0),
+        )
+    except subprocess.TimeoutExpired:
+        raise NvccNotFound(
+            f"{nvcc} --version did not answer within 60 s; check the nvcc install"
+        ) from None
+    except OSError as exc:
+        raise NvccNotFound(
+            f"{nvcc} cannot be run ({exc.strerror}); check the nvcc install"
+        ) from None
+    out = proc.stdout.strip()
+    if proc.returncode != 0 or "release" not in out:
+        raise NvccNotFound(
+            f"{nvcc} --version failed (exit {proc.returncode}); is it nvcc? point FLASHGEN_NVCC "
+            "at a working nvcc"
+        )
+    return out

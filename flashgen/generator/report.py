@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+def _parser_version() -> str:
+    try:
+        return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    except OSError:  # no source next to the module (a frozen install): fall back to the version
+        from .._version import __version__
+
+        return f"v{__version__}"
+
+
+# Part of every cache key: a cache entry stores the parsed report, so entries written by another
+# parser (another `parse_ptxas` or `ResourceReport`) must not be served. A digest of this
+# module's source, so it changes with any edit without anyone remembering to bump it.
+PARSER_VERSION = _parser_version()
 
 
 @dataclass(frozen=True)
