@@ -216,7 +216,10 @@ def test_property_check_finds_a_missing_causal_mask_and_names_the_problem():
     assert not result.passed and result.worst_ratio > 1
     assert result.failure is not None
     assert "FAIL: flash_fwd_simt_d32" in result.failure
-    assert re.search(r"(Falsifying|Failing explicit) example: prop\(\s*case=Case\(", result.failure)
+    assert re.search(
+        r"(Falsifying|Failing explicit|Falsifying explicit) example: prop\(\s*case=Case\(",
+        result.failure,
+    )
 
 
 def test_a_bug_in_every_problem_fails_on_the_first_pinned_example():

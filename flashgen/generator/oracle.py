@@ -9,6 +9,7 @@ the storage dtype before P·V); `check_outputs` applies DESIGN.md's rule to a ke
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,7 +28,21 @@ CHUNK_SCORES = 1 << 22
 LOW_PRECISION_FACTOR = 2.0  # fp16/bf16: kernel error <= 2 x the rounded reference's error ...
 LOW_PRECISION_ATOL = 1e-5  # ... + this absolute slack
 FP32_RTOL = 1e-5  # fp32: ||O - O64|| / ||O64||
-LSE_ATOL = 1e-4  # every dtype: |LSE - LSE64|
+# LSE: |LSE - LSE64| <= LSE_ATOL (fixed, kept for rowref's slack-widened judgement of extreme
+# inputs) is replaced in `check_outputs` by `lse_bound`: what fp32 arithmetic can miss.
+LSE_ATOL = 1e-4
+# fp32 unit roundoff (half an ulp, relative)
+U32 = 2.0**-24
+# `lse_bound`'s model of a score q.k summed on tensor cores: products are added to the fp32
+# accumulator in groups of SCORE_GROUP (A100: 8; H100: 16 - the smaller is the worse case),
+# each group aligned to its largest operand and truncated, which costs at most
+# SCORE_GROUP_ULPS ulps of the running magnitude (the final truncation plus the bits shifted
+# out of the other addends); the running magnitude never exceeds scale * sum_x |q_x k_x|.
+SCORE_GROUP = 8
+SCORE_GROUP_ULPS = 2
+# Whatever the model leaves out (ex2.approx and log2f are within 2 ulps, i.e. ~1e-7 relative;
+# the shuffle reduction order): an absolute floor, ten times the fp32 resolution of an LSE of 8.
+LSE_FLOOR = 1e-5
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,61 @@ def max_abs_logit(q: np.ndarray, k: np.ndarray, scale: float) -> float:
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1))
         best = max(best, float(np.abs(s).max()) * abs(scale))
     return best
+
+
+def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = False) -> float:
+    """The largest |LSE - LSE64| that fp32 arithmetic allows a correct kernel (natural log).
+
+    LSE = logsumexp_j s_j is 1-Lipschitz in max_j |ds_j|, so an error in the scores moves it
+    by at most the largest score error; the rest is the relative error of the sum l and the
+    rounding of the result. With S = max over (i, j) of scale * sum_x |q_ix k_jx| (every pair,
+    mask ignored), M = max |scale * q_i . k_j|, n = the most keys a row sees, d the head dim:
+
+      scores      (d / SCORE_GROUP) * SCORE_GROUP_ULPS * ulp32(S)   tensor-core groups
+      scale       U32 * M          scale * log2(e) is one fp32 number (relative error U32)
+      exponents   4 * U32 * (2 M) + 4 * U32    the fp32 argument s * scale_log2 - m (|.| <= 2M)
+                                               and ex2.approx (2 ulps) of every p
+      sum         n * U32          l summed in fp32 from n positive terms (gamma_n)
+      result      2 * ulp32(LSE)   (m + log2 l) * ln 2 rounded twice; LSE <= M + log(n)
+      floor       LSE_FLOOR
+
+    This replaces a fixed 1e-4, which asked for less than one fp32 ulp of S at large logits:
+    issue 9's `thorough` failure (fp16, d = 256, B=H=Tq=Tk=1, scale 0.5, logit 60, seed 11242:
+    1.08e-4..1.23e-4 measured on the H200) has S ~ 1.2e4, where one ulp is 9.8e-4.
+    FlashAttention's form (2x a same-precision reference's error) is not used for LSE: on one
+    score that error is a single sample that can be ~0, and NumPy's fp32 rounds to nearest
+    where tensor cores truncate. The bound still sees real bugs on the suite's problems: a
+    scale off by 1e-4 moves LSE by 1e-4 * E_p[s] (6e-3 at logits of 60, while d = 256 with
+    many keys allows ~1e-3), and at ordinary logits the bound is ~2e-5..5e-5, below the old
+    1e-4 (tests/test_oracle.py injects diagonal, dropped-key, scale and swapped-V bugs).
+    """
+    _check_shapes(q, k, k)
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    q3 = np.abs(q.reshape(b * h, tq, d).astype(np.float64))
+    k3 = np.abs(k.reshape(b * h, tk, d).astype(np.float64))
+    big_s = 0.0
+    for c in _head_chunks(b * h, tq, tk):
+        big_s = max(big_s, float(np.matmul(q3[c], k3[c].transpose(0, 2, 1)).max()) * scale)
+    big_m = min(max_abs_logit(q, k, scale), big_s)
+    n = tk  # the last query row sees every key, causal or not (bottom-right alignment)
+    groups = math.ceil(d / SCORE_GROUP)
+    lse_max = big_m + math.log(max(n, 1))
+    return (
+        groups * SCORE_GROUP_ULPS * ulp32(big_s)
+        + U32 * big_m
+        + 4 * U32 * (2 * big_m + 1)
+        + n * U32
+        + 2 * ulp32(lse_max)
+        + LSE_FLOOR
+    )
+
+
+def ulp32(x: float) -> float:
+    """The spacing of float32 numbers at |x| (0 -> the smallest subnormal; inf -> inf)."""
+    if not math.isfinite(x):
+        return math.inf
+    return float(np.spacing(np.float32(min(abs(x), float(np.finfo(np.float32).max)))))
 
 
 def reference(
@@ -182,8 +252,8 @@ def check_outputs(
 
     fp16/bf16: max|O - O64| <= 2 * max|O_ref - O64| + 1e-5 (O_ref: `rounded_reference`);
     fp32: ||O - O64|| / ||O64|| <= 1e-5 (when ||O64|| = 0, ||O|| itself must be <= 1e-5);
-    LSE: |LSE - LSE64| <= 1e-4 where LSE64 is finite, and exactly -inf where it is -inf.
-    Any NaN in O or LSE fails.
+    LSE: |LSE - LSE64| <= `lse_bound` (what fp32 arithmetic allows; ~1e-5 at ordinary logits)
+    where LSE64 is finite, and exactly -inf where it is -inf. Any NaN in O or LSE fails.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
@@ -210,8 +280,9 @@ def check_outputs(
         o_bound = FP32_RTOL
 
     lse_err = _lse_error(lf, lse64)
-    passed = (not has_nan) and o_err <= o_bound and lse_err <= LSE_ATOL
-    return CheckOutcome(o_err, o_bound, lse_err, LSE_ATOL, has_nan, passed)
+    l_bound = lse_bound(q, k, scale=scale, causal=causal)
+    passed = (not has_nan) and o_err <= o_bound and lse_err <= l_bound
+    return CheckOutcome(o_err, o_bound, lse_err, l_bound, has_nan, passed)
 
 
 def _max(a: np.ndarray) -> float:

@@ -125,15 +125,23 @@ def cases(
     return draw_case()
 
 
+# Problems that once failed, kept for every variant. Issue 9: under the `thorough` profile six
+# fp16 d=256 mma variants (and fp16 d=128 causal ones) exceeded the old fixed LSE bound of
+# 1e-4 here (1.08e-4..1.23e-4: one key, its score a cancelling sum of 256 products).
+PINNED_FAILURES = (Case(1, 1, 1, 1, 0.5, LOGIT_MAX, 11242),)
+
+
 def pinned_cases(spec: KernelSpec) -> list[Case]:
     """The problems every variant always runs, whatever Hypothesis draws.
 
     One token each; one query against a prime number of keys; Tq > Tk (under causal the first
     Tq - Tk rows see no key); Tq < Tk (bottom-right alignment); three full query tiles plus a
-    ragged one; every one at the extreme logit magnitude.
+    ragged one; every one at the extreme logit magnitude. Past failures follow
+    (PINNED_FAILURES).
     """
     br, bc = spec.br, spec.bc
     return [
+        *PINNED_FAILURES,
         Case(1, 1, 1, 1, None, LOGIT_MAX, 1),
         Case(1, 2, 1, 127, 0.3, LOGIT_MAX, 2),
         Case(2, 1, br + 37, bc // 2 + 1, None, LOGIT_MAX, 3),

@@ -1,9 +1,10 @@
 """The GPU tier: skipped cleanly without PyCUDA or a CUDA device, compiled up front.
 
 Every test here is marked `gpu`. Without a usable GPU each one is reported as skipped with the
-reason (never errored); with FLASHGEN_REQUIRE_GPU=1 a missing GPU stops the run instead, so a
-broken PyCUDA on the GPU host cannot pass for a green suite. The variants the selected tests
-need are compiled in parallel once, before the first test, so the suite is bound by the GPU.
+reason (never errored); with FLASHGEN_REQUIRE_GPU=1 (or true, yes, on in any case) a missing
+GPU stops the run instead, so a broken PyCUDA on the GPU host cannot pass for a green suite.
+The variants the selected tests need are compiled in parallel once, before the first test, so
+the suite is bound by the GPU.
 
 FLASHGEN_GPU_SUMMARY=path writes a JSON summary of the property run (GPU, variants, examples,
 worst error/bound per variant) at the end of the session.
@@ -55,11 +56,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = runtime.gpu_status()
     if reason is None:
         return
-    if os.environ.get("FLASHGEN_REQUIRE_GPU") == "1":
-        raise pytest.UsageError(f"FLASHGEN_REQUIRE_GPU=1 but no GPU is usable: {reason}")
+    if gpu_required():
+        raise pytest.UsageError(f"FLASHGEN_REQUIRE_GPU is set but no GPU is usable: {reason}")
     skip = pytest.mark.skip(reason=f"no usable GPU: {reason}")
     for item in mine:
         item.add_marker(skip)
+
+
+TRUE_VALUES = ("1", "true", "yes", "on")
+
+
+def gpu_required() -> bool:
+    """FLASHGEN_REQUIRE_GPU holds one of the usual true values (1/true/yes/on, any case)."""
+    return os.environ.get("FLASHGEN_REQUIRE_GPU", "").strip().lower() in TRUE_VALUES
 
 
 def _shard() -> tuple[int, int] | None:
