@@ -154,7 +154,7 @@ def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = Fals
     n = tk  # the last query row sees every key, causal or not (bottom-right alignment)
     groups = math.ceil(d / SCORE_GROUP)
     lse_max = big_m + math.log(max(n, 1))
-    return (
+    return float(
         groups * SCORE_GROUP_ULPS * ulp32(big_s)
         + U32 * big_m
         + 4 * U32 * (2 * big_m + 1)
