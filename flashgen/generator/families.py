@@ -241,6 +241,100 @@ class MmaFamily(Family):
         }
 
 
+# wgmma: registers per thread after setmaxnreg, by consumer warpgroups. The 65,536 registers
+# of an SM go to one block: 128 * (producer + consumers * consumer) must fit.
+WGMMA_REGS = {1: (56, 240), 2: (24, 240), 3: (32, 160)}  # consumers -> (producer, consumer)
+# Registers a consumer thread needs beyond its accumulators: descriptors, indices, softmax state.
+WGMMA_INDEX_REGS = 32
+# Bytes of the dynamic shared memory spent on aligning the base to a swizzle atom.
+WGMMA_SMEM_ALIGN = 1024
+
+
+@dataclass(frozen=True)
+class WgmmaFamily(Family):
+    """FlashAttention-3 on Hopper: TMA + mbarrier ring, a producer warpgroup, 64-row consumers."""
+
+    def consumers(self, spec: KernelSpec) -> int:
+        """Consumer warpgroups: one per 64 query rows."""
+        return max(1, spec.br // 64)
+
+    def default_warps(self, spec: KernelSpec) -> int:
+        return 4 * (self.consumers(spec) + 1)
+
+    def default_stages(self, spec: KernelSpec) -> int:
+        return 2
+
+    def align_elems(self, spec: KernelSpec) -> int:
+        # TMA: the base address and every stride of a tensor map are multiples of 16 bytes
+        return 16 // spec.dtype_info.itemsize
+
+    def register_estimate(self, spec: KernelSpec) -> int:
+        """Consumer registers: O (d/2), S (bc/2) and the P in flight beside it (bc/4), plus
+        WGMMA_INDEX_REGS; the zero-spill compile test guards it."""
+        return spec.d // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
+
+    def smem_bytes(self, spec: KernelSpec) -> int:
+        tiles = spec.dtype_info.itemsize * spec.d * (spec.br + 2 * spec.stages * spec.bc)
+        return WGMMA_SMEM_ALIGN + tiles + 8 * (1 + 4 * spec.stages)
+
+    def check(self, spec: KernelSpec) -> list[str]:
+        p: list[str] = []
+        if not spec.dtype_info.tensor_core:
+            p.append(
+                f"dtype={spec.dtype}: family wgmma needs a tensor-core dtype; use fp16 or bf16, "
+                "or family simt for fp32"
+            )
+        if spec.d % 64 or not 64 <= spec.d <= 256:
+            p.append(
+                f"d={spec.d}: must be 64, 128, 192 or 256 for family wgmma (whole 128-byte "
+                "rows); try 128, or family mma"
+            )
+        if spec.br not in (64, 128, 192):
+            p.append(
+                f"br={spec.br}: must be 64, 128 or 192 for family wgmma (64 rows per consumer "
+                "warpgroup); try 128"
+            )
+        if spec.bc % 16 or not 16 <= spec.bc <= 256:
+            p.append(f"bc={spec.bc}: must be a multiple of 16 in [16, 256] for family wgmma; try 128")
+        if spec.br in (64, 128, 192) and spec.warps != self.default_warps(spec):
+            p.append(
+                f"warps={spec.warps}: family wgmma derives warps from br (4 * (br/64 + 1) = "
+                f"{self.default_warps(spec)}); leave warps unset"
+            )
+        if spec.stages not in (2, 3, 4):
+            p.append(f"stages={spec.stages}: K/V ring depth must be 2, 3 or 4; try 2")
+        if not p:
+            budget = WGMMA_REGS[self.consumers(spec)][1]
+            regs = self.register_estimate(spec)
+            if regs > budget:
+                p.append(
+                    f"d={spec.d}, bc={spec.bc}, br={spec.br}: ~{regs} registers per consumer "
+                    f"thread (d/2 + bc/2 + bc/4 + {WGMMA_INDEX_REGS}) exceed the {budget} "
+                    f"that {self.consumers(spec)} consumer warpgroups get; lower bc or br"
+                )
+            p += self.smem_rule(
+                spec, "2*d*(br + 2*stages*bc) + 1024 + barriers", "lower bc or stages"
+            )
+        return p
+
+    def context(self, spec: KernelSpec) -> dict[str, Any]:
+        from .wgmma_ptx import Wgmma, wrappers
+
+        mma_type = "bf16" if spec.dtype == "bf16" else "f16"
+        qk = Wgmma(n=spec.bc, a_regs=False, trans_b=False, mma_type=mma_type)
+        pv = Wgmma(n=spec.d, a_regs=True, trans_b=True, mma_type=mma_type)
+        producer, consumer = WGMMA_REGS[self.consumers(spec)]
+        return {
+            "consumers": self.consumers(spec),
+            "producer_regs": producer,
+            "consumer_regs": consumer,
+            "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+            "qk_fn": qk.fn,
+            "pv_fn": pv.fn,
+            "wgmma_wrappers": wrappers([qk, pv]),
+        }
+
+
 FAMILIES: dict[str, Family] = {
     "simt": SimtFamily(
         name="simt",
@@ -270,6 +364,21 @@ FAMILIES: dict[str, Family] = {
             "causal": (False, True),
             "warps": (4, 8),
             "stages": (1, 2),
+        },
+    ),
+    "wgmma": WgmmaFamily(
+        name="wgmma",
+        template="wgmma.cu.j2",
+        archs=("sm_90a",),
+        knobs=(("stages", "s"),),
+        axes={
+            "d": (64, 128, 256),
+            "br": (128, 192),
+            "bc": (64, 128),
+            "dtype": ("fp16", "bf16"),
+            "causal": (False, True),
+            "warps": (0,),
+            "stages": (2,),
         },
     ),
 }

@@ -1,0 +1,189 @@
+"""Tensor maps for the `wgmma` family's TMA loads, and its launch through `cuLaunchKernel`.
+
+A `wgmma` kernel takes three `CUtensorMap`s by value (`__grid_constant__`) before the C ABI
+every family shares: Q with boxes of BR rows, K and V with boxes of BC rows, each box 64
+columns (128 bytes) wide and 128-byte swizzled. They are encoded on the host with the driver's
+`cuTensorMapEncodeTiled` (ctypes on libcuda, which PyCUDA has loaded already) and cached by
+everything they depend on, so a repeated call re-encodes nothing.
+
+PyCUDA's `prepared_call` cannot pass them (its packed parameter buffer gave "illegal
+instruction" on the H200), so these kernels are launched with `cuLaunchKernel` and an array
+of pointers to each argument, in PyCUDA's current context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+from functools import cache
+from typing import Any
+
+from .spec import KernelSpec
+from .validate import Problem
+
+# CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
+TMA_DTYPE = {"fp16": 6, "bf16": 9}
+SWIZZLE_128B = 3
+L2_PROMOTION_128B = 2
+BOX_COLS = 64  # 64 16-bit elements = 128 bytes, the widest box a 128-byte swizzle allows
+TMA_STRIDE_LIMIT = 1 << 40  # global strides must stay below 2^40 bytes
+
+_CACHE_SIZE = 256
+
+
+class TensorMap(ctypes.Structure):
+    """The driver's opaque CUtensorMap: 128 bytes, 64-byte aligned on the device."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+@cache
+def _libcuda() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    lib.cuTensorMapEncodeTiled.argtypes = [
+        ctypes.POINTER(TensorMap), ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuLaunchKernel.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+        ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+    ]  # fmt: skip
+    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+    lib.cuModuleGetFunction.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p,
+    ]  # fmt: skip
+    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.cuGetErrorString.restype = ctypes.c_int
+    lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def _error_text(code: int) -> str:
+    text = ctypes.c_char_p()
+    _libcuda().cuGetErrorString(code, ctypes.byref(text))
+    return f"CUDA error {code}" + (f" ({text.value.decode()})" if text.value else "")
+
+
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def load_function(cubin: bytes, name: str, smem_bytes: int) -> tuple[int, int]:
+    """Load `cubin` into the current context; return (module, function) driver handles.
+
+    PyCUDA's Function does not expose its CUfunction, and these kernels are launched with
+    cuLaunchKernel, so they are loaded through the driver directly (the module stays loaded
+    for the life of the process, like PyCUDA's).
+    """
+    lib = _libcuda()
+    module, func = ctypes.c_void_p(), ctypes.c_void_p()
+    for rc, what in (
+        (lambda: lib.cuModuleLoadData(ctypes.byref(module), cubin), "loading the cubin"),
+        (lambda: lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), name),
+        (
+            lambda: lib.cuFuncSetAttribute(
+                func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes
+            ),
+            f"raising the shared-memory limit to {smem_bytes} B",
+        ),
+    ):
+        code = rc()
+        if code != 0:
+            raise RuntimeError(f"kernel {name}: {what} failed: {_error_text(code)}")
+    return int(module.value or 0), int(func.value or 0)
+
+
+def tma_strides(t: int, h: int, b: int, d: int, strides: tuple[int, int, int]) -> list[int]:
+    """Element strides (token, head, batch) a tensor map accepts for a (B, H, T, d) tensor.
+
+    A dimension of extent 1 is never stepped, so its stride is free; the problem reports 0 for
+    it, which the driver refuses: use the packed stride instead.
+    """
+    sb, sh, st = strides
+    st = st if t > 1 else d
+    sh = sh if h > 1 else st * t
+    sb = sb if b > 1 else sh * h
+    return [st, sh, sb]
+
+
+def encode(
+    ptr: int, dtype: str, b: int, h: int, t: int, d: int, strides: tuple[int, int, int], rows: int
+) -> TensorMap:
+    """Encode one 4-d tensor map (d, t, head, batch) with (64, rows, 1, 1) boxes."""
+    item = 2
+    steps = tma_strides(t, h, b, d, strides)
+    for name, s in zip(("token", "head", "batch"), steps, strict=True):
+        if s <= 0 or (s * item) % 16 or s * item >= TMA_STRIDE_LIMIT:
+            raise ValueError(
+                f"{name} stride={s} elements: family wgmma loads with TMA, which needs strides "
+                "that are positive multiples of 16 bytes below 2^40; copy the tensor "
+                "(.contiguous()) or use family mma"
+            )
+    tmap = TensorMap()
+    dims = (ctypes.c_uint64 * 4)(d, t, h, b)
+    gstrides = (ctypes.c_uint64 * 3)(*(s * item for s in steps))
+    box = (ctypes.c_uint32 * 4)(BOX_COLS, rows, 1, 1)
+    unit = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
+    rc = _libcuda().cuTensorMapEncodeTiled(
+        ctypes.byref(tmap), TMA_DTYPE[dtype], 4, ctypes.c_void_p(ptr), dims, gstrides, box,
+        unit, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0,
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(
+            f"tensor map for a ({b}, {h}, {t}, {d}) {dtype} tensor at 0x{ptr:x} with strides "
+            f"{steps}: cuTensorMapEncodeTiled failed with {_error_text(rc)}; pass a contiguous "
+            "tensor or use family mma"
+        )
+    return tmap
+
+
+_maps: OrderedDict[tuple[Any, ...], tuple[TensorMap, TensorMap, TensorMap]] = OrderedDict()
+
+
+def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, TensorMap]:
+    """Q, K and V tensor maps for `spec` on `p`, from a small LRU cache keyed by all inputs."""
+    key = (spec.dtype, spec.br, spec.bc, p.b, p.h, p.tq, p.tk, p.d, p.q_ptr, p.k_ptr, p.v_ptr,
+           p.q_strides, p.k_strides, p.v_strides)  # fmt: skip
+    hit = _maps.get(key)
+    if hit is not None:
+        _maps.move_to_end(key)
+        return hit
+    assert p.q_ptr is not None and p.k_ptr is not None and p.v_ptr is not None
+    maps = (
+        encode(p.q_ptr, spec.dtype, p.b, p.h, p.tq, p.d, p.q_strides, spec.br),
+        encode(p.k_ptr, spec.dtype, p.b, p.h, p.tk, p.d, p.k_strides, spec.bc),
+        encode(p.v_ptr, spec.dtype, p.b, p.h, p.tk, p.d, p.v_strides, spec.bc),
+    )
+    _maps[key] = maps
+    if len(_maps) > _CACHE_SIZE:
+        _maps.popitem(last=False)
+    return maps
+
+
+def launch(
+    spec: KernelSpec, function_handle: int, p: Problem, scale_log2: float, stream_handle: int
+) -> None:
+    """Launch a validated `wgmma` problem with `cuLaunchKernel` (asynchronous; errors raise)."""
+    maps = tensor_maps(spec, p)
+    args: list[Any] = [
+        *maps,
+        *(ctypes.c_uint64(x or 0) for x in (p.q_ptr, p.k_ptr, p.v_ptr, p.o_ptr, p.lse_ptr)),
+        ctypes.c_int32(p.tq), ctypes.c_int32(p.tk),
+        *(ctypes.c_int64(s) for s in p.kernel_strides()),
+        ctypes.c_float(scale_log2),
+    ]  # fmt: skip
+    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args))
+    gx, gy, gz = spec.grid(p.b, p.h, p.tq)
+    rc = _libcuda().cuLaunchKernel(
+        ctypes.c_void_p(function_handle), gx, gy, gz, spec.threads, 1, 1, spec.smem_bytes,
+        ctypes.c_void_p(stream_handle), params, None,
+    )  # fmt: skip
+    if rc != 0:
+        raise RuntimeError(
+            f"kernel {spec.name} failed to launch (grid {(gx, gy, gz)}, block {spec.threads}, "
+            f"{spec.smem_bytes} B shared memory): {_error_text(rc)}"
+        )
