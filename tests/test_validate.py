@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -420,3 +421,42 @@ def test_problem_is_frozen():
     assert isinstance(p, Problem)
     with pytest.raises(AttributeError):
         p.b = 3  # type: ignore[misc]
+
+
+# ---- very long K/V: a warning past the length up to which the error rule holds (issue 9) ----
+def _long_kv(tk: int, d: int, dtype: Any):
+    """q of one row and k = v of `tk` keys that all alias one row (no memory for tk keys)."""
+    q = np.zeros((1, 1, 1, d), dtype)
+    kv = np.lib.stride_tricks.as_strided(q, (1, 1, tk, d), (0, 0, 0, q.strides[3]))
+    return q, kv
+
+
+def test_the_accurate_lengths_follow_from_the_accumulation_model():
+    from flashgen.generator import oracle
+    from flashgen.generator.validate import FP32_RTOL_OF_RULE, accurate_length
+
+    assert FP32_RTOL_OF_RULE == oracle.FP32_RTOL
+    mma_fp16 = KernelSpec(family="mma", d=64, br=128, bc=64, dtype="fp16", warps=4, stages=2)
+    assert accurate_length(mma_fp16) == 2**17  # 16 keys/add * 2**-12 / 2**-25
+    assert accurate_length(mma_fp16.replace(dtype="bf16")) == 2**20  # 16 * 2**-9 / 2**-25
+    assert accurate_length(KernelSpec(family="simt", d=64, dtype="fp32")) == 42221
+    # the committed largest-T run (bf16 mma, Tk = 290M, O off by 7.4e-3) lies far beyond
+    largest_t = 290_003_173
+    assert largest_t > 200 * accurate_length(mma_fp16.replace(dtype="bf16"))
+
+
+@pytest.mark.parametrize("spec", [MMA, SIMT.replace(dtype="fp32")], ids=lambda s: s.name)
+def test_kv_longer_than_the_accurate_length_warns_and_still_validates(spec):
+    from flashgen.generator.validate import AccuracyWarning, accurate_length
+
+    limit = accurate_length(spec)
+    dtype = np.dtype(spec.dtype_info.numpy)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # at the limit: silent
+        q, kv = _long_kv(limit, spec.d, dtype)
+        validate_inputs(spec, q, kv, kv)
+    q, kv = _long_kv(limit + 1, spec.d, dtype)
+    with pytest.warns(AccuracyWarning, match=rf"Tk={limit + 1}: beyond {limit} keys.*split K/V"):
+        problem = validate_inputs(spec, q, kv, kv)
+    assert problem.tk == limit + 1
