@@ -121,10 +121,11 @@ def describe(name: str, x: Any) -> ArrayInfo:
         )
     if callable(getattr(x, "data_ptr", None)) and callable(getattr(x, "stride", None)):
         return _describe_torch(name, x)
-    cai = getattr(x, "__cuda_array_interface__", None)
+    cai = None if hasattr(x, "gpudata") else getattr(x, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
-        # CuPy, Numba and PyCUDA arrays: the interface is the one reliable source of the
-        # pointer (CuPy keeps it in .data.ptr, Numba behind device_ctypes_pointer)
+        # CuPy and Numba arrays: the interface is the one reliable source of the pointer
+        # (CuPy keeps it in .data.ptr, Numba behind device_ctypes_pointer); PyCUDA's
+        # GPUArray is read from its own attributes (gpudata, strides, dtype)
         return _describe_cai(name, x, cai)
     if all(hasattr(x, a) for a in ("shape", "strides", "dtype")):
         try:
