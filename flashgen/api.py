@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .generator import runtime
+from .generator import launch, runtime
+from .generator.dtypes import DTYPES
 from .generator.runtime import GpuUnavailable
 from .generator.select import select
 from .generator.spec import KernelSpec
-from .generator.validate import Problem, check_layout, check_scale, check_spec
+from .generator.validate import LOG2E, Problem, check_layout, check_scale, check_spec
 
 __all__ = ["GpuUnavailable", "attention"]
 
@@ -30,7 +32,11 @@ def attention(
     q is (B, H, Tq, d), k and v are (B, H, Tk, d), all of one dtype (float32, float16 or
     ml_dtypes.bfloat16). Any strided view works as long as the last (d) axis is contiguous.
     NumPy inputs are copied to the GPU and the output comes back as a NumPy array; PyCUDA
-    GPUArrays are used in place and the output is a new GPUArray. `causal` masks key j for
+    GPUArrays are used in place and the output is a new GPUArray, computed on the legacy
+    default stream (in order with PyCUDA's own operations; the call does not wait for it);
+    torch tensors are passed to `flashgen.torch.attention` (torch tensors out, torch's current
+    stream). A GPUArray call whose shapes, strides, dtypes and arguments were seen before
+    skips validation and selection. `causal` masks key j for
     query i when j > i + Tk - Tq (bottom-right aligned); a row that sees no key outputs zeros
     and LSE -inf. `scale` defaults to 1/sqrt(d). `spec=None` picks a shipped variant for
     (d, dtype, causal, this GPU); a given spec must match the call's d, dtype and causal.
@@ -49,34 +55,134 @@ def attention(
         o, lse = flashgen.attention(q, k, v, causal=True, return_lse=True)
         print(o.shape, o.dtype, lse.shape)  # (2, 8, 300, 64) float16 (2, 8, 300)
     """
+    if _is_torch(q, k, v):
+        from . import torch as fg_torch
+
+        return fg_torch.attention(
+            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec
+        )
     host = _is_host(q, k, v)
-    if host:  # copied anyway: make the copies contiguous so any NumPy view is accepted
-        q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
+    if not host:
+        o, lse = _on_device(q, k, v, causal, scale, spec)
+        return (o, lse) if return_lse else o
+    # copied anyway: make the copies contiguous so any NumPy view is accepted
+    q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
     problem = check_layout(q, k, v)
-    value = check_scale(scale, problem.d)
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal={causal!r}: must be True or False")
+    check_scale(scale, problem.d)
+    _check_causal(causal)
     if spec is not None:
-        _check_spec_fits_call(spec, problem, causal)
-        check_spec(spec, problem, check_pointers=not host)
+        check_spec_type(spec)
+        check_spec_fits_call(spec, problem, causal)
+        check_spec(spec, problem, check_pointers=False)
 
     # Validation is done; from here on the GPU is needed.
-    if spec is None:
-        spec = select(
-            problem.d,
-            problem.dtype,
-            causal,
-            runtime.device_arch(),
-            alignment=problem.alignment(pointers=not host),
-            gpu_name=runtime.device_name(),
-        )
-    dq, dk, dv = (runtime.to_device(x) for x in (q, k, v)) if host else (q, k, v)
-    o = runtime.empty((problem.b, problem.h, problem.tq, problem.d), problem.dtype)
-    lse = runtime.empty((problem.b, problem.h, problem.tq), np.float32)
-    runtime.launch(spec, dq, dk, dv, o, lse, value)
-    if host:
-        o, lse = runtime.to_host(o), runtime.to_host(lse)
+    dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
+    o, lse = _on_device(dq, dk, dv, causal, scale, spec)
+    runtime.gpu().drv.Context.synchronize()  # to_host would wait anyway; this names a failure
+    o, lse = runtime.to_host(o), runtime.to_host(lse)
     return (o, lse) if return_lse else o
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A validated device-array signature: the variant, its bound launch, the output shapes."""
+
+    spec: KernelSpec
+    bound: launch.Bound
+    o_shape: tuple[int, int, int, int]
+    dtype: np.dtype[Any]
+
+
+# (shapes, strides, dtypes, pointer alignment, causal, scale, spec) -> entry, for GPUArrays
+_entries: dict[tuple[Any, ...], _Entry] = {}
+
+
+def _on_device(q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any) -> tuple[Any, Any]:
+    """Launch on device arrays (GPUArrays or CUDA-array-interface objects); new GPUArrays out.
+
+    A GPUArray signature seen before skips validation and selection: its pointers are read,
+    O and LSE allocated (from a memory pool) and the kernel launched on the legacy default
+    stream, in order with PyCUDA's own operations; nothing waits for it.
+    """
+    key = None
+    if all(hasattr(x, "gpudata") for x in (q, k, v)):
+        ptrs = (int(q.gpudata), int(k.gpudata), int(v.gpudata))
+        key = (
+            q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
+            v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec,
+        )  # fmt: skip
+        try:
+            e = _entries.get(key) if causal is True or causal is False else None
+        except TypeError:  # unhashable scale or spec: validation below names it
+            e, key = None, None
+    else:
+        e = None
+    if e is None:
+        e, ptrs = _prepare(q, k, v, causal, scale, spec)
+        if key is not None:
+            _entries[key] = e
+    b, h, tq, _ = e.o_shape
+    o = runtime.empty(e.o_shape, e.dtype, pooled=True)
+    lse = runtime.empty((b, h, tq), np.float32, pooled=True)
+    e.bound(ptrs[0], ptrs[1], ptrs[2], int(o.gpudata), int(lse.gpudata), 0)
+    return o, lse
+
+
+def _prepare(
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any
+) -> tuple[_Entry, tuple[int, int, int]]:
+    """Validate device arrays, select the variant, load its plan, bind the signature."""
+    problem = check_layout(q, k, v)
+    value = check_scale(scale, problem.d)
+    _check_causal(causal)
+    if spec is not None:
+        check_spec_type(spec)
+        check_spec_fits_call(spec, problem, causal)
+        check_spec(spec, problem, check_pointers=True)
+    else:
+        spec = select(
+            problem.d, problem.dtype, causal, runtime.device_arch(),
+            alignment=problem.alignment(pointers=True), gpu_name=runtime.device_name(),
+        )  # fmt: skip
+    plan = runtime.get_function(spec)
+    b, h, tq, d = problem.b, problem.h, problem.tq, problem.d
+    dtype = np.dtype(DTYPES[problem.dtype].numpy)
+    size = dtype.itemsize
+    o_like = _Layout((b, h, tq, d), (h * tq * d * size, tq * d * size, d * size, size), dtype)
+    full = check_layout(q, k, v, o=o_like)  # a fresh contiguous O, as allocated per call
+    check_spec(spec, full, check_pointers=True)
+    q_ptr, k_ptr, v_ptr = full.q_ptr, full.k_ptr, full.v_ptr
+    if q_ptr is None or k_ptr is None or v_ptr is None:
+        raise ValueError("q, k, v: no device pointer; pass GPUArrays or CUDA arrays")
+    entry = _Entry(spec, plan.bind(full, value * LOG2E), (b, h, tq, d), dtype)
+    return entry, (q_ptr, k_ptr, v_ptr)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A pointer-free array description (shape, byte strides, dtype) for validation."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
+def _check_causal(causal: Any) -> None:
+    if causal is not True and causal is not False:
+        raise ValueError(f"causal={causal!r}: must be True or False")
+
+
+def _is_torch(q: Any, k: Any, v: Any) -> bool:
+    kinds = [type(x).__module__.split(".")[0] == "torch" for x in (q, k, v)]
+    if all(kinds):
+        return True
+    if any(kinds):
+        names = ", ".join(f"{n}={type(x).__name__}" for n, x in zip("qkv", (q, k, v), strict=True))
+        raise ValueError(
+            f"{names}: mixed torch tensors and other arrays; pass all three as torch tensors "
+            "(flashgen.torch.attention) or none"
+        )
+    return False
 
 
 def _is_host(q: Any, k: Any, v: Any) -> bool:
@@ -92,11 +198,17 @@ def _is_host(q: Any, k: Any, v: Any) -> bool:
     return False
 
 
-def _check_spec_fits_call(spec: KernelSpec, problem: Problem, causal: bool) -> None:
+def check_spec_type(spec: Any) -> None:
+    """ValueError unless `spec` is a KernelSpec."""
     if not isinstance(spec, KernelSpec):
         raise ValueError(
             f"spec={spec!r}: must be a KernelSpec; e.g. KernelSpec(d=64, dtype='fp16')"
         )
+
+
+def check_spec_fits_call(spec: KernelSpec, problem: Problem, causal: bool) -> None:
+    """ValueError unless `spec` was compiled for this call's causal flag (d, dtype: check_spec)."""
+    check_spec_type(spec)
     if spec.causal != causal:
         raise ValueError(
             f"causal={causal}: spec {spec.name} is compiled with causal={spec.causal}; "

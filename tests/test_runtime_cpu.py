@@ -1,134 +1,39 @@
-"""The runtime's launch logic against a recording stand-in for pycuda.driver.
+"""The runtime's and the launch module's logic against recording stand-ins for pycuda and libcuda.
 
-The stand-in only records calls, so these tests pin flashgen's side of the contract (what is
-launched, with which grid, block, shared memory, arguments and NaN poison, and how errors are
-reported); the real PyCUDA is exercised by the GPU tier (tests/gpu/).
+The stand-ins only record calls (tests/_fakecuda.py), so these tests pin flashgen's side of
+the contract: what is loaded into which context, what `cuLaunchKernel` receives (grid, block,
+shared memory, stream and each kernelParams entry read back through its address), NaN poison,
+leading family arguments, contexts per thread, and how errors are reported. The real driver
+is exercised by the GPU tier (tests/gpu/).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import struct
-import sys
 import threading
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+from _fakecuda import FakeLibcuda, install_libcuda, install_pycuda, kinds
 
-from flashgen.generator import runtime
+from flashgen.generator import launch, runtime
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
-from flashgen.generator.compile import CompiledKernel
-from flashgen.generator.report import ResourceReport
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 
 
-@dataclass
-class Calls:
-    log: list[tuple[Any, ...]] = field(default_factory=list)
-    fail_launch: bool = False
-
-
-def fake_driver(calls: Calls) -> types.ModuleType:
-    drv = types.ModuleType("pycuda.driver")
-
-    class Error(Exception):
-        pass
-
-    class Func:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def set_attribute(self, attr: str, value: int) -> None:
-            calls.log.append(("set_attribute", attr, value))
-
-        def prepare(self, fmt: str) -> None:
-            calls.log.append(("prepare", fmt))
-
-        def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
-            if calls.fail_launch:
-                raise Error("cuLaunchKernel failed: too many resources requested for launch")
-            struct.pack(runtime.ABI_FORMAT, *args)  # what PyCUDA's _pvt_struct.pack does
-            calls.log.append(("launch", self.name, grid, block, stream, args, shared_size))
-
-    class Module:
-        def get_function(self, name: str) -> Func:
-            calls.log.append(("get_function", name))
-            return Func(name)
-
-    class Context:
-        def push(self) -> None:
-            calls.log.append(("push",))
-
-        def pop(self) -> None:
-            calls.log.append(("pop",))
-
-        @staticmethod
-        def synchronize() -> None:
-            calls.log.append(("synchronize",))
-
-    class Device:
-        @staticmethod
-        def count() -> int:
-            return 1
-
-        def __init__(self, n: int) -> None:
-            assert n == 0
-
-        def retain_primary_context(self) -> Context:
-            return Context()
-
-        def compute_capability(self) -> tuple[int, int]:
-            return (9, 0)
-
-        def get_attribute(self, attr: str) -> int:
-            assert attr == "OPTIN"
-            return 227 * 1024
-
-        def name(self) -> str:
-            return "Fake H200"
-
-    drv.Error = Error  # type: ignore[attr-defined]
-    drv.Context = Context  # type: ignore[attr-defined]
-    drv.Device = Device  # type: ignore[attr-defined]
-    drv.init = lambda: calls.log.append(("init",))  # type: ignore[attr-defined]
-    drv.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES="MAXDYN")  # type: ignore[attr-defined]
-    drv.device_attribute = types.SimpleNamespace(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN="OPTIN")  # type: ignore[attr-defined]
-
-    def module_from_buffer(cubin: bytes) -> Module:
-        calls.log.append(("module_from_buffer", cubin))
-        return Module()
-
-    drv.module_from_buffer = module_from_buffer  # type: ignore[attr-defined]
-    for name in ("memset_d16", "memset_d32"):
-        drv.__dict__[name] = lambda *a, _n=name: calls.log.append((_n, *a))
-    return drv
+@pytest.fixture
+def calls(monkeypatch):
+    return install_pycuda(monkeypatch)
 
 
 @pytest.fixture
-def calls(monkeypatch) -> Calls:
-    rec = Calls()
-    pkg = types.ModuleType("pycuda")
-    drv = fake_driver(rec)
-    pkg.driver = drv  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pycuda", pkg)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
-    monkeypatch.setattr(runtime, "_gpu", None)
-    monkeypatch.setattr(runtime, "_pushed", threading.local())
-    monkeypatch.setattr(runtime, "_functions", {})
-    monkeypatch.setattr(runtime.atexit, "register", lambda fn: None)
-    monkeypatch.delenv("FLASHGEN_ARCH", raising=False)
-
-    def fake_compile(spec: KernelSpec, arch: str) -> CompiledKernel:
-        rec.log.append(("compile", spec.name, arch))
-        return CompiledKernel(
-            spec, arch, b"cubin:" + spec.name.encode(), ResourceReport(arch, 1, 0, 0, 0, 0), False
-        )
-
-    monkeypatch.setattr(runtime, "compile_kernel", fake_compile)
-    return rec
+def cuda(monkeypatch) -> FakeLibcuda:
+    return install_libcuda(monkeypatch)
 
 
 @dataclass
@@ -160,96 +65,217 @@ def operands(spec: KernelSpec, b=2, h=3, tq=70, tk=45):
     )
 
 
-def kind(calls: Calls, name: str) -> list[tuple[Any, ...]]:
-    return [c for c in calls.log if c[0] == name]
+SIMT = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16", causal=True)
 
 
-def test_a_launch_passes_the_abi_grid_block_and_shared_memory(calls):
-    spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16", causal=True)
-    q, k, v, o, lse = operands(spec)
-    problem = runtime.launch(spec, q, k, v, o, lse, 0.3)
-    assert kind(calls, "compile") == [("compile", spec.name, "sm_90")]
-    assert kind(calls, "prepare") == [("prepare", runtime.ABI_FORMAT)]
-    [launch] = kind(calls, "launch")
-    _, name, grid, block, stream, args, shared = launch
-    assert (name, grid, block, stream, shared) == (
-        spec.name, (3, 3, 2), (spec.threads, 1, 1), None, spec.smem_bytes,
-    )  # fmt: skip
-    assert list(args[:5]) == [0x10000, 0x20000, 0x30000, 0x40000, 0x50000]
-    assert [int(a) for a in args[5:7]] == [70, 45]
-    assert tuple(int(a) for a in args[7:19]) == problem.kernel_strides()
-    assert args[19] == np.float32(0.3 * runtime.LOG2E) and isinstance(args[19], np.float32)
+def test_a_launch_passes_each_abi_argument_through_kernel_params(calls, cuda):
+    q, k, v, o, lse = operands(SIMT)
+    problem = runtime.launch(SIMT, q, k, v, o, lse, 0.3)
+    assert kinds(calls.log, "compile") == [("compile", SIMT.name, "sm_90")]
+    [call] = cuda.launches
+    assert call.grid == (3, 3, 2) and call.block == (SIMT.threads, 1, 1)
+    assert call.smem == SIMT.smem_bytes and call.stream == 0
+    assert call.ptrs == (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    assert (call.tq, call.tk) == (70, 45)
+    assert call.strides == problem.kernel_strides()
+    assert call.scale_log2 == np.float32(0.3 * runtime.LOG2E)
     assert calls.log[-1] == ("synchronize",)
 
 
-def test_the_shared_memory_attribute_is_raised_only_above_48_kib(calls):
+def test_the_kernel_is_loaded_into_the_devices_primary_context_and_the_caller_keeps_its_own(
+    calls, cuda
+):
+    cuda.stack.append(0xBEEF)  # some other context is current on this thread
+    runtime.get_function(SIMT)
+    [load] = kinds(cuda.log, "load")
+    assert load == ("load", b"cubin:" + SIMT.name.encode(), FakeLibcuda.context_of(0))
+    assert cuda.stack == [0xBEEF]
+
+
+def test_a_launch_while_another_context_is_current_pushes_the_plans_and_pops_it(calls, cuda):
+    plan = runtime.get_function(SIMT)
+    bound = plan.bind(runtime.launch(SIMT, *operands(SIMT), None, sync=False), 0.5)
+    cuda.stack[:] = [0xBEEF]
+    bound(1 << 12, 2 << 12, 3 << 12, 4 << 12, 5 << 12, 77)
+    assert cuda.launches[-1].context == FakeLibcuda.context_of(0)
+    assert cuda.launches[-1].stream == 77 and cuda.stack == [0xBEEF]
+    cuda.stack[:] = [FakeLibcuda.context_of(0)]
+    pushes = len(kinds(cuda.log, "push"))
+    bound(1 << 12, 2 << 12, 3 << 12, 4 << 12, 5 << 12, 77)
+    assert len(kinds(cuda.log, "push")) == pushes  # already current: no push
+
+
+def test_the_shared_memory_limit_is_raised_only_above_48_kib(calls, cuda):
     small = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp32")
-    big = max(shipped(), key=lambda s: s.smem_bytes)
+    big = max((s for s in shipped() if s.family in ("simt", "mma")), key=lambda s: s.smem_bytes)
     assert small.smem_bytes <= STATIC_SMEM_LIMIT < big.smem_bytes
     runtime.get_function(small)
-    assert kind(calls, "set_attribute") == []
+    assert kinds(cuda.log, "set_attribute") == []
     runtime.get_function(big)
-    assert kind(calls, "set_attribute") == [("set_attribute", "MAXDYN", big.smem_bytes)]
+    assert kinds(cuda.log, "set_attribute") == [
+        ("set_attribute", launch.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, big.smem_bytes)
+    ]
 
 
-def test_modules_are_loaded_once_per_variant(calls):
+def test_a_kernel_needing_more_shared_memory_than_the_gpu_allows_is_refused(calls, cuda):
+    big = max((s for s in shipped() if s.family in ("simt", "mma")), key=lambda s: s.smem_bytes)
+    cuda.optin = big.smem_bytes - 1
+    with pytest.raises(RuntimeError, match=rf"kernel {big.name} \(sm_90\): loading failed: "
+                       rf"needs {big.smem_bytes} B of shared memory"):  # fmt: skip
+        runtime.get_function(big)
+    assert cuda.stack == []  # the context pushed for the load was popped
+
+
+def test_modules_are_loaded_once_per_variant(calls, cuda):
     spec = KernelSpec(family="simt", d=32, br=16, bc=16, dtype="fp32")
     assert runtime.get_function(spec) is runtime.get_function(spec)
-    assert len(kind(calls, "module_from_buffer")) == 1 and len(kind(calls, "compile")) == 1
+    assert len(kinds(cuda.log, "load")) == 1 and len(kinds(calls.log, "compile")) == 1
 
 
-def test_poisoning_fills_o_and_lse_with_nan_before_the_launch(calls):
+def test_poisoning_fills_o_and_lse_with_nan_before_the_launch(calls, cuda):
     spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="bf16")
-    q, k, v, o, lse = operands(spec)
-    runtime.launch(spec, q, k, v, o, lse, None, poison_outputs=True)
+    runtime.launch(spec, *operands(spec), None, poison_outputs=True)
+    assert kinds(calls.log, "memset_d16") == [("memset_d16", 0x40000, 0x7FC0, 2 * 3 * 70 * 64)]
+    assert kinds(calls.log, "memset_d32") == [("memset_d32", 0x50000, 0x7FC00000, 2 * 3 * 70)]
+    assert len(cuda.launches) == 1  # after the poison (recorded in order below)
     names = [c[0] for c in calls.log]
-    assert names.index("memset_d16") < names.index("launch")
-    assert kind(calls, "memset_d16") == [("memset_d16", 0x40000, 0x7FC0, 2 * 3 * 70 * 64)]
-    assert kind(calls, "memset_d32") == [("memset_d32", 0x50000, 0x7FC00000, 2 * 3 * 70)]
+    assert names.index("memset_d32") < names.index("synchronize")
 
 
-def test_poisoning_refuses_a_strided_output(calls):
-    spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16")
-    q, k, v, o, lse = operands(spec)
+def test_poisoning_refuses_a_strided_output(calls, cuda):
+    q, k, v, o, lse = operands(SIMT)
     wide = Dev(o.shape, (3 * 70 * 256, 70 * 256, 256, 2), o.dtype, o.ptr)  # token: 128 el.
     with pytest.raises(ValueError, match=r"poisoning needs a contiguous o"):
-        runtime.launch(spec, q, k, v, wide, lse, None, poison_outputs=True)
-    runtime.launch(spec, q, k, v, wide, lse, None)  # without poison a strided o is fine
+        runtime.launch(SIMT, q, k, v, wide, lse, None, poison_outputs=True)
+    runtime.launch(SIMT, q, k, v, wide, lse, None)  # without poison a strided o is fine
+    assert cuda.launches[-1].strides[9:] == (3 * 70 * 128, 70 * 128, 128)
 
 
-def test_validation_runs_before_anything_is_issued(calls):
-    spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16")
-    q, k, v, o, lse = operands(spec)
+def test_validation_runs_before_anything_is_issued(calls, cuda):
+    q, k, v, o, lse = operands(SIMT)
     with pytest.raises(ValueError, match="lse"):
-        runtime.launch(spec, q, k, v, o, dev((2, 3, 69), np.float32, 0x50000), None)
-    assert kind(calls, "launch") == [] and kind(calls, "compile") == []
+        runtime.launch(SIMT, q, k, v, o, dev((2, 3, 69), np.float32, 0x50000), None)
+    assert cuda.launches == [] and kinds(calls.log, "compile") == []
 
 
-def test_launch_failures_name_the_kernel(calls):
-    spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16")
-    calls.fail_launch = True
+def test_launch_failures_name_the_kernel_and_the_driver_error(calls, cuda):
+    cuda.launch_rc = 701
     with pytest.raises(
-        RuntimeError, match=rf"kernel {spec.name} failed \(grid \(3, 3, 2\), block 128"
+        RuntimeError,
+        match=rf"kernel {SIMT.name} failed \(grid \(3, 3, 2\), block 128, .*\): "
+        "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
     ):
-        runtime.launch(spec, *operands(spec), None)
+        runtime.launch(SIMT, *operands(SIMT), None)
 
 
-def test_without_sync_nothing_waits(calls):
-    spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp16")
-    runtime.launch(spec, *operands(spec), None, sync=False)
-    assert kind(calls, "synchronize") == []
+def test_without_sync_nothing_waits(calls, cuda):
+    runtime.launch(SIMT, *operands(SIMT), None, sync=False)
+    assert kinds(calls.log, "synchronize") == [] and len(cuda.launches) == 1
+
+
+@pytest.mark.parametrize(
+    "stream,handle",
+    [(None, 0), (5, 5), (type("S", (), {"handle": 6})(), 6),
+     (type("T", (), {"cuda_stream": 7})(), 7)],
+)  # fmt: skip
+def test_streams_are_passed_as_their_handles(stream, handle):
+    assert runtime.stream_handle(stream) == handle
+
+
+def test_a_non_stream_is_refused():
+    with pytest.raises(ValueError, match=r"stream='s': not a CUDA stream"):
+        runtime.stream_handle("s")
 
 
 def test_the_context_is_pushed_once_per_thread(calls):
     runtime.gpu()
     runtime.gpu()
-    assert kind(calls, "push") == [("push",)]
+    assert len(kinds(calls.log, "push")) == 1
     t = threading.Thread(target=runtime.gpu)
     t.start()
     t.join()
-    assert kind(calls, "push") == [("push",), ("push",)]
+    assert len(kinds(calls.log, "push")) == 2
     assert runtime.device_arch() == "sm_90" and runtime.device_name() == "Fake H200"
+
+
+def test_first_gpu_use_on_a_worker_thread_pops_its_context_when_the_thread_ends(calls):
+    # issue #9: the first use pushed without the pop-at-exit guard, so a worker that touched
+    # the GPU first left a context on its stack (PyCUDA aborts the process on that)
+    worker: list[int] = []
+
+    def work() -> None:
+        worker.append(threading.get_ident())
+        runtime.gpu()
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    gc.collect()
+    assert ("push", worker[0]) in calls.log and ("pop", worker[0]) in calls.log
+    main = threading.get_ident()
+    runtime.gpu()  # the main thread pushes its own, popped at exit (not by a guard)
+    assert ("push", main) in calls.log and ("pop", main) not in calls.log
+    runtime._release()
+    assert ("pop", main) in calls.log
+
+
+def test_a_device_arch_override_makes_kernel_arch_compile_for_that_gpu(calls):
+    spec = KernelSpec(family="simt", d=64, dtype="fp32")
+    assert runtime.kernel_arch(spec) == "sm_90"
+    with runtime.for_device_arch("sm_80"):
+        assert runtime.device_arch() == "sm_80"
+        assert runtime.kernel_arch(spec) == "sm_80"
+    assert runtime.device_arch() == "sm_90"
 
 
 def test_the_argument_block_is_148_bytes_with_natural_alignment():
     assert struct.calcsize(runtime.ABI_FORMAT) == 5 * 8 + 2 * 4 + 12 * 8 + 4
+
+
+# ---- leading by-value arguments (the wgmma family's tensor maps) ------------------------------
+class Blob(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_ubyte * 128)]
+
+
+def test_family_prefix_args_lead_the_kernel_params_and_are_rebuilt_only_when_pointers_change(
+    monkeypatch, calls, cuda
+):
+    built: list[tuple[int | None, ...]] = []
+
+    def builder(spec: KernelSpec, problem: Any) -> list[Any]:
+        built.append((problem.q_ptr, problem.k_ptr, problem.v_ptr, problem.o_ptr, problem.lse_ptr))
+        blobs = []
+        for tag in (1, 2, 3):
+            b = Blob()
+            b.bytes[0], b.bytes[127] = tag, (problem.q_ptr >> 12) & 0xFF
+            blobs.append(b)
+        return blobs
+
+    monkeypatch.setitem(launch._prefix_builders, "simt", builder)
+    cuda.prefix_sizes = [128, 128, 128]
+    q, k, v, o, lse = operands(SIMT)
+    problem = runtime.launch(SIMT, q, k, v, o, lse, 0.3, sync=False)
+    bound = runtime.get_function(SIMT).bind(problem, 0.3 * runtime.LOG2E)
+    bound(0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    bound(0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    bound(0x11000, 0x20000, 0x30000, 0x40000, 0x50000)
+    # runtime.launch built once for its own bound, then once per distinct pointer set here
+    assert built == [
+        (0x10000, 0x20000, 0x30000, 0x40000, 0x50000),
+        (0x10000, 0x20000, 0x30000, 0x40000, 0x50000),
+        (0x11000, 0x20000, 0x30000, 0x40000, 0x50000),
+    ]
+    for call in cuda.launches:
+        assert [p[0] for p in call.prefix] == [1, 2, 3]
+        assert call.prefix[0][127] == (call.ptrs[0] >> 12) & 0xFF
+        assert (call.tq, call.tk) == (70, 45) and call.strides == problem.kernel_strides()
+    assert cuda.launches[-1].ptrs[0] == 0x11000
+
+
+def test_a_family_whose_provider_registers_no_builder_is_refused_before_loading(
+    monkeypatch, calls, cuda
+):
+    monkeypatch.setitem(launch.PREFIX_PROVIDERS, "simt", "json")  # imports, registers nothing
+    with pytest.raises(RuntimeError, match=r"family simt: its kernels take leading arguments"):
+        runtime.get_function(SIMT)
+    assert kinds(cuda.log, "load") == []

@@ -1,9 +1,11 @@
-"""Launch generated kernels through PyCUDA (imported lazily: flashgen works without it).
+"""Launch generated kernels on PyCUDA arrays (PyCUDA imported lazily: flashgen works without it).
 
 One CUDA context per process: the primary context of device 0, retained and pushed once per
-thread. PyTorch uses the same primary context, so flashgen and torch can share one process
-(the benchmark does). Each variant is compiled for the GPU it runs on (a cubin only runs on
-its own major arch), loaded once, and cached for the life of the process.
+thread (and popped again when that thread ends, or at exit for the main thread). PyTorch uses
+the same primary context, so flashgen and torch can share one process (the benchmark does).
+Each variant is compiled for the GPU it runs on (a cubin only runs on its own major arch),
+loaded once into a launch plan (`launch.plan`, shared with `flashgen.torch`) and launched with
+`cuLaunchKernel` through ctypes.
 
 Everything a launch depends on is checked (`validate.validate_inputs`) before it is issued.
 """
@@ -12,25 +14,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .arch import ARCHS, STATIC_SMEM_LIMIT
+from . import launch as _launch
+from .arch import ARCHS
 from .compile import CompiledKernel, compile_kernel
 from .dtypes import DTYPES
+from .launch import INSTALL_HINT, GpuUnavailable, LaunchPlan
 from .spec import KernelSpec
 from .validate import Problem, check_scale, validate_inputs
 
 LOG2E = 1.4426950408889634
 
-# The kernel C ABI (templates/_common.cuh.j2) as PyCUDA struct codes: q, k, v, o, lse
-# pointers; tq, tk as int; twelve long long strides (q, k, v, o x batch, head, token);
-# scale_log2 as float.
+# The kernel C ABI (templates/_common.cuh.j2) as struct codes: q, k, v, o, lse pointers; tq, tk
+# as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float.
+# (launch.Bound passes each as its own kernelParams entry.)
 ABI_FORMAT = "PPPPP" + "ii" + "q" * 12 + "f"
 
 # Quiet-NaN bit patterns, written with cuMemsetD16/D32 (works for bf16, which PyCUDA's
@@ -41,13 +47,7 @@ NAN_BITS: dict[str, tuple[int, int]] = {  # dtype -> (bits, width in bytes)
     "bf16": (0x7FC0, 2),
 }
 
-INSTALL_HINT = (
-    "install PyCUDA (pip install 'flashgen[gpu]') on a machine with an NVIDIA driver and GPU"
-)
-
-
-class GpuUnavailable(RuntimeError):
-    """PyCUDA, the CUDA driver or a GPU is missing; the message says which and what to do."""
+__all__ = ["INSTALL_HINT", "GpuUnavailable", "LaunchPlan"]  # re-exported from launch
 
 
 @dataclass
@@ -56,14 +56,20 @@ class _Gpu:
     device: Any
     context: Any
     arch: str  # sm_XY of the device
-    main_thread: int  # the thread that pushed the context first (pops it at exit)
+    main_thread: int  # threading.main_thread()'s ident: its push is popped at exit
 
 
 _lock = threading.RLock()
 _gpu: _Gpu | None = None
-# (spec, arch) -> (module, prepared function); the module is kept so the function stays valid
-_functions: dict[tuple[KernelSpec, str], tuple[Any, Any]] = {}
+# (spec, arch) -> launch plan on device 0 (launch.plan caches too; this skips its key)
+_functions: dict[tuple[KernelSpec, str], LaunchPlan] = {}
 _pushed = threading.local()
+_pool: Any = None  # pycuda.tools.DeviceMemoryPool for pooled outputs, made on first use
+# The arch `device_arch()` reports instead of device 0's while set: flashgen.torch sets it to
+# the arch of the tensor's device, so `kernel_arch` compiles for that GPU.
+_arch_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "flashgen_device_arch", default=None
+)
 
 
 class _PopAtThreadExit:
@@ -91,6 +97,9 @@ def _import_driver() -> Any:
 def gpu() -> _Gpu:
     """The process's GPU state, created on first use; raise GpuUnavailable when there is none."""
     global _gpu
+    state = _gpu
+    if state is not None and getattr(_pushed, "done", False):
+        return state  # the common case: no lock
     with _lock:
         if _gpu is None:
             drv = _import_driver()
@@ -105,18 +114,19 @@ def gpu() -> _Gpu:
                 raise GpuUnavailable(f"no CUDA device found; {INSTALL_HINT}")
             device = drv.Device(0)
             context = device.retain_primary_context()
-            context.push()
-            _pushed.done = True
             major, minor = device.compute_capability()
-            _gpu = _Gpu(drv, device, context, f"sm_{major}{minor}", threading.get_ident())
+            main = threading.main_thread().ident or 0
+            _gpu = _Gpu(drv, device, context, f"sm_{major}{minor}", main)
             atexit.register(_release)
-        elif not getattr(_pushed, "done", False):
-            # PyCUDA keeps one context stack per thread: make ours current in this thread too,
-            # and pop it when the thread ends (PyCUDA aborts the process if a thread exits
-            # with a context still on its stack).
+        if not getattr(_pushed, "done", False):
+            # PyCUDA keeps one context stack per thread: make ours current in this thread, and
+            # pop it when the thread ends (PyCUDA aborts the process if a thread exits with a
+            # context still on its stack) -- the first use included, whichever thread it is
+            # on. The main thread's push is popped by _release at exit.
             _gpu.context.push()
             _pushed.done = True
-            _pushed.guard = _PopAtThreadExit(_gpu.drv)
+            if threading.get_ident() != _gpu.main_thread:
+                _pushed.guard = _PopAtThreadExit(_gpu.drv)
         return _gpu
 
 
@@ -127,8 +137,14 @@ def _release() -> None:
     if state is None:
         return
     _functions.clear()
+    _launch.clear()
+    global _pool
+    if _pool is not None:
+        with contextlib.suppress(Exception):
+            _pool.stop_holding()
+        _pool = None
     try:
-        if threading.get_ident() == state.main_thread:
+        if threading.get_ident() == state.main_thread and getattr(_pushed, "done", False):
             state.context.pop()
         from pycuda.tools import clear_context_caches
 
@@ -148,8 +164,23 @@ def gpu_status() -> str | None:
 
 
 def device_arch() -> str:
-    """`sm_XY` of the GPU flashgen runs on."""
-    return gpu().arch
+    """`sm_XY` of the GPU flashgen runs on (device 0, or the device `for_device_arch` names)."""
+    override = _arch_override.get()
+    return override if override is not None else gpu().arch
+
+
+@contextlib.contextmanager
+def for_device_arch(arch: str) -> Iterator[None]:
+    """Within the block, `device_arch()` (and so `kernel_arch`) answers for a GPU of `arch`.
+
+    For hosts that run on a device other than PyCUDA's device 0 (flashgen.torch on cuda:1):
+    the kernel is then compiled for the GPU that will run it.
+    """
+    token = _arch_override.set(arch)
+    try:
+        yield
+    finally:
+        _arch_override.reset(token)
 
 
 def device_name() -> str:
@@ -185,36 +216,28 @@ def kernel_arch(spec: KernelSpec) -> str:
     )
 
 
-def get_function(spec: KernelSpec, compiled: CompiledKernel | None = None) -> Any:
-    """The loaded, prepared kernel for `spec` (compiled for this GPU on first use, then cached)."""
-    state = gpu()
+def get_function(spec: KernelSpec, compiled: CompiledKernel | None = None) -> LaunchPlan:
+    """The launch plan of `spec` on device 0 (compiled for this GPU on first use, then cached).
+
+    `compiled` supplies the cubin (its arch wins); otherwise the variant is compiled for
+    `kernel_arch(spec)`. Loading failures raise RuntimeError naming the kernel.
+    """
+    gpu()
     arch = compiled.arch if compiled is not None else kernel_arch(spec)
     key = (spec, arch)
+    hit = _functions.get(key)
+    if hit is not None:
+        return hit
     with _lock:
         hit = _functions.get(key)
-        if hit is not None:
-            return hit[1]
-        kernel = compiled if compiled is not None else compile_kernel(spec, arch)
-        drv = state.drv
-        try:
-            module = drv.module_from_buffer(kernel.cubin)
-            func = module.get_function(spec.name)
-            smem = spec.smem_bytes
-            if smem > STATIC_SMEM_LIMIT:
-                optin = state.device.get_attribute(
-                    drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-                )
-                if smem > optin:
-                    raise RuntimeError(
-                        f"kernel {spec.name}: needs {smem} B of shared memory, this GPU allows "
-                        f"{optin} B per block; pick a variant with smaller tiles"
-                    )
-                func.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-            func.prepare(ABI_FORMAT)
-        except drv.Error as exc:
-            raise RuntimeError(f"kernel {spec.name} ({arch}): loading failed: {exc}") from exc
-        _functions[key] = (module, func)
-        return func
+        if hit is None:
+
+            def cubin() -> bytes:
+                kernel = compiled if compiled is not None else compile_kernel(spec, arch)
+                return kernel.cubin
+
+            hit = _functions[key] = _launch.plan(spec, cubin, arch, 0)
+        return hit
 
 
 def poison(ptr: int, count: int, dtype: str, stream: Any = None) -> None:
@@ -260,7 +283,7 @@ def launch(
     if problem.lse_ptr is None or problem.o_ptr is None:
         raise ValueError("o, lse: device arrays with a pointer are required; allocate GPUArrays")
     value = check_scale(scale, spec.d)
-    func = get_function(spec)
+    plan = get_function(spec)
     if poison_outputs:
         if not _contiguous(problem):
             raise ValueError(
@@ -270,36 +293,49 @@ def launch(
         count = problem.b * problem.h * problem.tq
         poison(problem.o_ptr, count * problem.d, spec.dtype, stream)
         poison(problem.lse_ptr, count, "fp32", stream)
-    launch_problem(spec, func, problem, value, stream, sync=sync)
+    launch_problem(spec, plan, problem, value, stream, sync=sync)
     return problem
 
 
+def stream_handle(stream: Any) -> int:
+    """The CUstream handle of a PyCUDA Stream, torch stream, int, or None (0: legacy default)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    handle = getattr(stream, "handle", None)  # PyCUDA
+    if handle is None:
+        handle = getattr(stream, "cuda_stream", None)  # torch
+    if handle is None:
+        raise ValueError(
+            f"stream={stream!r}: not a CUDA stream; pass a pycuda.driver.Stream, a "
+            "torch.cuda.Stream, a CUstream handle (int) or None"
+        )
+    return int(handle)
+
+
 def launch_problem(
-    spec: KernelSpec, func: Any, problem: Problem, scale: float, stream: Any, *, sync: bool
+    spec: KernelSpec, plan: LaunchPlan, problem: Problem, scale: float, stream: Any, *, sync: bool
 ) -> None:
     """Issue one validated launch (grid from the spec and the problem); optionally wait for it."""
-    drv = gpu().drv
-    grid = spec.grid(problem.b, problem.h, problem.tq)
-    args = [
-        problem.q_ptr, problem.k_ptr, problem.v_ptr, problem.o_ptr, problem.lse_ptr,
-        np.int32(problem.tq), np.int32(problem.tk),
-        *(np.int64(s) for s in problem.kernel_strides()),
-        np.float32(scale * LOG2E),
-    ]  # fmt: skip
-    try:
-        func.prepared_async_call(
-            grid, (spec.threads, 1, 1), stream, *args, shared_size=spec.smem_bytes
-        )
-        if sync:
+    bound = plan.bind(problem, scale * LOG2E)
+    q, k, v, o, lse = problem.q_ptr, problem.k_ptr, problem.v_ptr, problem.o_ptr, problem.lse_ptr
+    if q is None or k is None or v is None or o is None or lse is None:
+        raise ValueError("q, k, v, o, lse: device pointers are required; pass device arrays")
+    bound(q, k, v, o, lse, stream_handle(stream))
+    if sync:
+        drv = gpu().drv
+        try:
             if stream is None:
                 drv.Context.synchronize()
             else:
                 stream.synchronize()
-    except drv.Error as exc:
-        raise RuntimeError(
-            f"kernel {spec.name} failed (grid {grid}, block {spec.threads}, "
-            f"{spec.smem_bytes} B shared memory): {exc}"
-        ) from exc
+        except drv.Error as exc:
+            grid = spec.grid(problem.b, problem.h, problem.tq)
+            raise RuntimeError(
+                f"kernel {spec.name} failed (grid {grid}, block {spec.threads}, "
+                f"{spec.smem_bytes} B shared memory): {exc}"
+            ) from exc
 
 
 def to_device(a: np.ndarray) -> Any:
@@ -328,10 +364,24 @@ def to_host(a: Any) -> np.ndarray:
     return out
 
 
-def empty(shape: tuple[int, ...], dtype: str | npt.DTypeLike) -> Any:
-    """A new contiguous GPUArray (dtype: a flashgen dtype name or a NumPy dtype)."""
-    gpu()
+def empty(shape: tuple[int, ...], dtype: str | npt.DTypeLike, *, pooled: bool = False) -> Any:
+    """A new contiguous GPUArray (dtype: a flashgen dtype name or a NumPy dtype).
+
+    `pooled` takes its memory from the process's device memory pool (freed memory is kept for
+    reuse instead of going back to the driver: no cuMemAlloc per call).
+    """
+    state = gpu()
     from pycuda import gpuarray
 
     dt = np.dtype(DTYPES[dtype].numpy) if isinstance(dtype, str) else np.dtype(dtype)
-    return gpuarray.GPUArray(shape, dt)
+    if not pooled:
+        return gpuarray.GPUArray(shape, dt)
+    global _pool
+    if _pool is None:
+        with _lock:
+            if _pool is None:
+                from pycuda.tools import DeviceMemoryPool
+
+                _pool = DeviceMemoryPool()
+    del state
+    return gpuarray.GPUArray(shape, dt, allocator=_pool.allocate)

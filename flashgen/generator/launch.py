@@ -1,0 +1,366 @@
+"""One launch path for every host: a cached launch plan per (variant, device), `cuLaunchKernel`
+through ctypes on libcuda.
+
+NumPy arrays (copied), PyCUDA GPUArrays and torch tensors all reach the GPU here:
+
+- `LaunchPlan` (`plan(spec, cubin, arch, device)`, cached per (variant, arch, device)): the
+  module loaded with `cuModuleLoadData` into the device's *primary* context (the context PyCUDA's
+  runtime and torch both use; it is pushed for the load and popped again, so the caller's current
+  context is left as it was), the `CUfunction`, the block, the dynamic shared memory (the
+  per-function limit is raised once, when it exceeds 48 KiB).
+- `Bound` (`LaunchPlan.bind(problem, scale_log2)`): one problem signature (sizes, strides,
+  scale) bound to a plan: the grid and a `kernelParams` array whose entries point at ctypes
+  objects holding each argument. A call writes the five data pointers and calls
+  `cuLaunchKernel(f, grid, block, smem, stream, kernelParams, NULL)` on the given stream handle:
+  no validation, no allocation, no synchronization. Hosts keep a `Bound` per signature, so a
+  repeated call costs a dict lookup, five pointer stores and one driver call.
+
+The kernel arguments are the C ABI of templates/_common.cuh.j2: q, k, v, o, lse pointers; int
+tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_log2.
+
+**Leading by-value arguments (family prefix args).** A family whose kernels take extra by-value
+parameters *before* the common ABI (the Hopper `wgmma` family: three 128-byte `CUtensorMap`s as
+`const __grid_constant__ CUtensorMap`, which PyCUDA's packed-buffer `prepared_call` cannot pass)
+registers a builder::
+
+    from flashgen.generator import launch
+
+    def wgmma_prefix(spec: KernelSpec, problem: Problem) -> list[ctypes.Structure]:
+        return [encode_q_map(spec, problem), encode_k_map(...), encode_v_map(...)]
+
+    launch.register_prefix_args("wgmma", wgmma_prefix)
+
+A builder returns ctypes objects of any size (a `c_ubyte * 128` or a 64-byte-aligned
+Structure); each becomes one `kernelParams` entry, in order, ahead of q. It receives the problem
+*with* its pointers (q_ptr ... lse_ptr) and is called again only when a pointer changes: a
+`Bound` remembers the last pointers and reuses the blobs while they repeat (as in a loop over
+one set of buffers, or a CUDA-graph capture). `PREFIX_PROVIDERS` maps a family to the module
+that registers its builder, imported on the family's first plan (add
+`"wgmma": "flashgen.generator.tma"` is there); a family listed there whose module does not
+register a builder is refused at plan time rather than launched with missing arguments.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import importlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .arch import STATIC_SMEM_LIMIT
+from .spec import KernelSpec
+from .validate import Problem
+
+# CUDA driver enum values (cuda.h)
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+# Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2.
+N_COMMON_ARGS = 20
+
+INSTALL_HINT = (
+    "install PyCUDA (pip install 'flashgen[gpu]') on a machine with an NVIDIA driver and GPU"
+)
+
+
+class GpuUnavailable(RuntimeError):
+    """PyCUDA, the CUDA driver or a GPU is missing; the message says which and what to do."""
+
+
+PrefixArgs = Callable[[KernelSpec, Problem], Sequence[Any]]
+_prefix_builders: dict[str, PrefixArgs] = {}
+# family -> module whose import registers that family's prefix builder
+PREFIX_PROVIDERS: dict[str, str] = {"wgmma": "flashgen.generator.tma"}
+
+
+def register_prefix_args(family: str, builder: PrefixArgs) -> None:
+    """Make `builder(spec, problem)` supply `family`'s leading by-value kernel arguments."""
+    _prefix_builders[family] = builder
+
+
+def prefix_builder(family: str) -> PrefixArgs | None:
+    """The family's prefix builder (importing its provider module first), or None."""
+    if family not in _prefix_builders and family in PREFIX_PROVIDERS:
+        importlib.import_module(PREFIX_PROVIDERS[family])
+        if family not in _prefix_builders:
+            raise RuntimeError(
+                f"family {family}: its kernels take leading arguments, but "
+                f"{PREFIX_PROVIDERS[family]} registered no builder; call "
+                "launch.register_prefix_args there"
+            )
+    return _prefix_builders.get(family)
+
+
+class Driver:
+    """The few CUDA driver entry points flashgen calls, through ctypes on libcuda."""
+
+    def __init__(self, lib: Any) -> None:
+        c = ctypes
+        vp, u, i = c.c_void_p, c.c_uint, c.c_int
+        self.lib = lib
+        sigs: dict[str, list[Any]] = {
+            "cuInit": [u],
+            "cuDeviceGet": [c.POINTER(i), i],
+            "cuDeviceGetAttribute": [c.POINTER(i), i, i],
+            "cuDevicePrimaryCtxRetain": [c.POINTER(vp), i],
+            "cuCtxPushCurrent_v2": [vp],
+            "cuCtxPopCurrent_v2": [c.POINTER(vp)],
+            "cuCtxGetCurrent": [c.POINTER(vp)],
+            "cuModuleLoadData": [c.POINTER(vp), c.c_char_p],
+            "cuModuleGetFunction": [c.POINTER(vp), vp, c.c_char_p],
+            "cuFuncSetAttribute": [vp, i, i],
+            "cuGetErrorName": [i, c.POINTER(c.c_char_p)],
+            "cuGetErrorString": [i, c.POINTER(c.c_char_p)],
+            "cuLaunchKernel": [vp, u, u, u, u, u, u, u, vp, c.POINTER(vp), c.POINTER(vp)],
+        }
+        for name, argtypes in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = c.c_int
+        self.cuLaunchKernel = lib.cuLaunchKernel
+        self.cuCtxGetCurrent = lib.cuCtxGetCurrent
+        self.cuCtxPushCurrent = lib.cuCtxPushCurrent_v2
+        self.cuCtxPopCurrent = lib.cuCtxPopCurrent_v2
+        self._contexts: dict[int, int] = {}
+
+    def error(self, rc: int) -> str:
+        """`CUDA_ERROR_NAME: description` for a CUresult."""
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self.lib.cuGetErrorName(rc, ctypes.byref(name))
+        self.lib.cuGetErrorString(rc, ctypes.byref(text))
+        n = (name.value or b"CUDA error %d" % rc).decode()
+        return f"{n}: {(text.value or b'').decode()}".rstrip(": ")
+
+    def check(self, rc: int, what: str) -> None:
+        """Raise RuntimeError naming `what` when `rc` is not CUDA_SUCCESS."""
+        if rc:
+            raise RuntimeError(f"{what}: {self.error(rc)}")
+
+    def primary_context(self, device: int) -> int:
+        """The primary context of `device` (retained once per process, never released)."""
+        ctx = self._contexts.get(device)
+        if ctx is None:
+            self.check(self.lib.cuInit(0), "cuInit")
+            dev, handle = ctypes.c_int(), ctypes.c_void_p()
+            self.check(self.lib.cuDeviceGet(ctypes.byref(dev), device), f"device {device}")
+            self.check(
+                self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(handle), dev),
+                f"device {device}: retaining its primary context",
+            )
+            ctx = self._contexts[device] = int(handle.value or 0)
+        return ctx
+
+    def load(self, device: int, cubin: bytes, name: str, smem: int) -> tuple[int, int]:
+        """(CUmodule, CUfunction) of kernel `name` from `cubin`, in `device`'s primary context."""
+        lib = self.lib
+        ctx = self.primary_context(device)
+        self.check(lib.cuCtxPushCurrent_v2(ctx), f"device {device}: making its context current")
+        try:
+            module, func = ctypes.c_void_p(), ctypes.c_void_p()
+            self.check(lib.cuModuleLoadData(ctypes.byref(module), cubin), "loading the cubin")
+            self.check(
+                lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
+                f"finding {name} in the cubin",
+            )
+            if smem > STATIC_SMEM_LIMIT:
+                optin = ctypes.c_int()
+                self.check(
+                    lib.cuDeviceGetAttribute(
+                        ctypes.byref(optin), CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                        device,
+                    ),
+                    "reading the shared-memory limit",
+                )  # fmt: skip
+                if smem > optin.value:
+                    raise RuntimeError(
+                        f"needs {smem} B of shared memory, this GPU allows {optin.value} B per "
+                        "block; pick a variant with smaller tiles"
+                    )
+                self.check(
+                    lib.cuFuncSetAttribute(func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                           smem),
+                    "raising the dynamic shared-memory limit",
+                )  # fmt: skip
+        finally:
+            lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        return int(module.value or 0), int(func.value or 0)
+
+
+_driver: Driver | None = None
+_lock = threading.RLock()
+
+
+def driver() -> Driver:
+    """The process's `Driver` (libcuda loaded on first use); GpuUnavailable without a driver."""
+    global _driver
+    if _driver is None:
+        with _lock:
+            if _driver is None:
+                try:
+                    lib = ctypes.CDLL("libcuda.so.1")
+                except OSError as exc:
+                    raise GpuUnavailable(
+                        f"the CUDA driver library is missing ({exc}); {INSTALL_HINT}"
+                    ) from exc
+                _driver = Driver(lib)
+    return _driver
+
+
+@dataclass(eq=False)
+class LaunchPlan:
+    """A loaded kernel ready to launch on one device: function, block, shared memory."""
+
+    spec: KernelSpec
+    arch: str
+    device: int
+    context: int  # the device's primary CUcontext: the module's, and current at each launch
+    module: int  # CUmodule, kept loaded for the life of the process
+    function: int  # CUfunction
+    block: tuple[int, int, int]
+    smem: int
+    prefix: PrefixArgs | None = None
+
+    def grid(self, problem: Problem) -> tuple[int, int, int]:
+        """(query tiles, heads, batch) for `problem`."""
+        return self.spec.grid(problem.b, problem.h, problem.tq)
+
+    def bind(self, problem: Problem, scale_log2: float) -> Bound:
+        """The launch of this plan on `problem`'s signature (its pointers are ignored)."""
+        return Bound(self, problem, scale_log2)
+
+
+_plans: dict[tuple[KernelSpec, str, int], LaunchPlan] = {}
+
+
+def plan(
+    spec: KernelSpec, cubin: bytes | Callable[[], bytes], arch: str, device: int
+) -> LaunchPlan:
+    """The cached plan for (spec, arch, device); `cubin` (or a function returning it) on a miss.
+
+    Loading failures raise RuntimeError naming the kernel and arch.
+    """
+    key = (spec, arch, device)
+    hit = _plans.get(key)
+    if hit is not None:
+        return hit
+    with _lock:
+        hit = _plans.get(key)
+        if hit is not None:
+            return hit
+        prefix = prefix_builder(spec.family)
+        binary = cubin() if callable(cubin) else cubin
+        drv = driver()
+        try:
+            module, func = drv.load(device, binary, spec.name, spec.smem_bytes)
+        except RuntimeError as exc:
+            raise RuntimeError(f"kernel {spec.name} ({arch}): loading failed: {exc}") from exc
+        made = LaunchPlan(
+            spec, arch, device, drv.primary_context(device), module, func,
+            (spec.threads, 1, 1), spec.smem_bytes, prefix,
+        )  # fmt: skip
+        _plans[key] = made
+        return made
+
+
+def cached_plan(spec: KernelSpec, arch: str, device: int) -> LaunchPlan | None:
+    """The plan already loaded for (spec, arch, device), if any."""
+    return _plans.get((spec, arch, device))
+
+
+def clear() -> None:
+    """Forget every plan (modules stay loaded; for tests and process teardown)."""
+    with _lock:
+        _plans.clear()
+
+
+class Bound:
+    """One plan bound to one problem signature: grid and kernelParams ready, pointers per call.
+
+    A call launches in the plan's context: when another context is current on the calling
+    thread (a fresh thread, or torch working on another device), the plan's is pushed for the
+    launch and popped after it, so the caller's current context is unchanged.
+    Thread-safe: the five pointer slots are shared, so writing them and launching is one locked
+    step (cuLaunchKernel copies the arguments before it returns).
+    """
+
+    __slots__ = (
+        "_args", "_common", "_cur", "_cur_ref", "_drv", "_last_ptrs", "_launch", "_lock",
+        "_prefix_keep", "_ptrs", "block", "context", "function", "grid", "params", "plan",
+        "problem", "smem",
+    )  # fmt: skip
+
+    def __init__(self, plan: LaunchPlan, problem: Problem, scale_log2: float) -> None:
+        c = ctypes
+        self.plan = plan
+        self.problem = problem
+        self.function = plan.function
+        self.grid = plan.grid(problem)
+        self.block = plan.block
+        self.smem = plan.smem
+        self._drv = driver()
+        self._launch = self._drv.cuLaunchKernel
+        self.context = plan.context
+        self._cur = c.c_void_p()
+        self._cur_ref = c.byref(self._cur)
+        self._ptrs = (c.c_void_p * 5)()
+        scalars: list[Any] = [c.c_int(problem.tq), c.c_int(problem.tk)]
+        scalars += [c.c_longlong(s) for s in problem.kernel_strides()]
+        scalars.append(c.c_float(scale_log2))
+        self._args = scalars  # keeps them alive: params holds their addresses
+        base = c.addressof(self._ptrs)
+        width = c.sizeof(c.c_void_p)
+        self._common = [base + width * i for i in range(5)] + [c.addressof(a) for a in scalars]
+        self.params = (c.c_void_p * N_COMMON_ARGS)(*self._common)
+        self._lock = threading.Lock()
+        self._last_ptrs: tuple[int, ...] | None = None
+        self._prefix_keep: Sequence[Any] = ()
+
+    def scalar_args(self) -> tuple[int | float, ...]:
+        """tq, tk, the twelve strides and scale_log2 as bound (for tests and reports)."""
+        return tuple(a.value for a in self._args)
+
+    def _set_prefix(self, ptrs: tuple[int, ...]) -> None:
+        builder = self.plan.prefix
+        assert builder is not None
+        q, k, v, o, lse = ptrs
+        problem = dataclasses.replace(self.problem, q_ptr=q, k_ptr=k, v_ptr=v, o_ptr=o, lse_ptr=lse)
+        blobs = list(builder(self.plan.spec, problem))
+        addrs = [ctypes.addressof(b) for b in blobs]
+        self.params = (ctypes.c_void_p * (len(addrs) + N_COMMON_ARGS))(*addrs, *self._common)
+        self._prefix_keep = blobs
+        self._last_ptrs = ptrs
+
+    def __call__(self, q: int, k: int, v: int, o: int, lse: int, stream: int = 0) -> None:
+        """Launch on `stream` (a CUstream handle; 0 is the legacy default stream)."""
+        with self._lock:
+            p = self._ptrs
+            p[0], p[1], p[2], p[3], p[4] = q, k, v, o, lse
+            if self.plan.prefix is not None:
+                ptrs = (q, k, v, o, lse)
+                if ptrs != self._last_ptrs:
+                    self._set_prefix(ptrs)
+            gx, gy, gz = self.grid
+            drv = self._drv
+            drv.cuCtxGetCurrent(self._cur_ref)
+            if self._cur.value == self.context:
+                rc = self._launch(
+                    self.function, gx, gy, gz, self.block[0], 1, 1, self.smem, stream,
+                    self.params, None,
+                )  # fmt: skip
+            else:
+                drv.check(drv.cuCtxPushCurrent(self.context), "making the kernel's context current")
+                try:
+                    rc = self._launch(
+                        self.function, gx, gy, gz, self.block[0], 1, 1, self.smem, stream,
+                        self.params, None,
+                    )  # fmt: skip
+                finally:
+                    drv.cuCtxPopCurrent(self._cur_ref)
+        if rc:
+            spec = self.plan.spec
+            raise RuntimeError(
+                f"kernel {spec.name} failed (grid {self.grid}, block {self.block[0]}, "
+                f"{self.smem} B shared memory): {self._drv.error(rc)}"
+            )

@@ -1,0 +1,346 @@
+"""`flashgen.torch`: generated FlashAttention kernels as a PyTorch operator.
+
+`attention(q, k, v, *, causal=False, scale=None, return_lse=False, spec=None)` runs on CUDA
+tensors and returns torch tensors. It is registered as the custom op
+`torch.ops.flashgen.attention` (schema below) with a fake implementation, so
+`torch.compile(..., fullgraph=True)` traces it as one graph node, and it can be captured in a
+CUDA graph: outputs come from torch's caching allocator on q's device, the kernel is launched on
+`torch.cuda.current_stream(q.device)` in that device's primary context, and nothing synchronizes
+or depends on data.
+
+Host path, per call: a signature (shapes, strides, dtypes, devices, pointer alignment, causal,
+scale, variant) is looked up in a dict. The first call of a signature validates everything (the
+same ValueErrors as `flashgen.attention`, naming value, rule and fix), selects the variant,
+compiles it for the tensor's GPU (cached on disk) and binds a launch plan
+(`flashgen.generator.launch`); every later call allocates O and LSE and issues one
+`cuLaunchKernel`. In eager mode, with plain tensors and no autograd or dispatch mode in play,
+`attention` calls that path directly; otherwise (torch.compile, fake tensors, tensors that
+require grad, dispatch modes) it goes through the dispatcher. The op has no backward: a
+backward through it raises.
+
+O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
+layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
+LSE is float32 (B, H, Tq), natural log.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import torch
+except ImportError as _exc:  # one line, says what is missing and what still works
+    raise ImportError(
+        f"flashgen.torch needs PyTorch, which cannot be imported ({_exc}); install torch "
+        "(`import flashgen` and flashgen.attention work without it)"
+    ) from None
+
+import numpy as np
+
+from .api import check_spec_fits_call, check_spec_type
+from .generator import launch, runtime
+from .generator.compile import compile_kernel
+from .generator.dtypes import DTYPES
+from .generator.select import select
+from .generator.spec import KernelSpec
+from .generator.validate import LOG2E, Problem, check_layout, check_scale, check_spec
+
+__all__ = ["SCHEMA", "attention"]
+
+SCHEMA = (
+    "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
+    "str? variant=None) -> (Tensor, Tensor)"
+)
+
+_library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
+_LIB: Any = _library.Library("flashgen", "DEF")
+_LIB.define(SCHEMA)
+
+
+# ---- layout ---------------------------------------------------------------------------------
+def out_strides(shape: tuple[Any, ...], stride: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Dense strides for O with q's axis order (axes sorted by q's strides, d innermost)."""
+    order = sorted(range(3), key=lambda a: (-int(stride[a]) if _concrete(stride[a]) else 0, a))
+    out: list[Any] = [0, 0, 0, 1]
+    step = shape[3]
+    for axis in reversed(order):
+        out[axis] = step
+        step = step * shape[axis]
+    return tuple(out)
+
+
+def _concrete(x: Any) -> bool:
+    return isinstance(x, int)
+
+
+_NP_DTYPES: dict[Any, np.dtype[Any]] = {
+    getattr(torch, np.dtype(info.numpy).name): np.dtype(info.numpy) for info in DTYPES.values()
+}
+
+
+@dataclass(frozen=True)
+class _Shim:
+    """What validate.describe reads from an array: shape, byte strides, dtype (no pointer)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
+def _shim(name: str, t: Any) -> _Shim | None:
+    """A pointer-free stand-in for a (fake) tensor, or None when its sizes are symbolic."""
+    if t.dtype not in _NP_DTYPES:
+        raise ValueError(
+            f"{name}.dtype={t.dtype}: unsupported; use torch.float32, float16 or bfloat16"
+        )
+    sizes, strides = tuple(t.shape), tuple(t.stride())
+    if not all(_concrete(x) for x in (*sizes, *strides)):
+        return None
+    size = t.element_size()
+    return _Shim(sizes, tuple(s * size for s in strides), _NP_DTYPES[t.dtype])
+
+
+def _fake_checks(q: Any, k: Any, v: Any, causal: bool, scale: float | None) -> None:
+    """The layout checks that need no data, on fake tensors (same ValueErrors as a real call)."""
+    if causal is not True and causal is not False:
+        raise ValueError(f"causal={causal!r}: must be True or False")
+    shims = [_shim(n, t) for n, t in zip("qkv", (q, k, v), strict=True)]
+    if all(s is not None for s in shims):
+        problem = check_layout(*shims)
+        check_scale(scale, problem.d)
+
+
+# ---- the op's implementations ----------------------------------------------------------------
+def _fake(
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    variant: str | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    _fake_checks(q, k, v, causal, scale)
+    if variant is not None:
+        KernelSpec.from_name(variant)
+    o = q.new_empty_strided(tuple(q.shape), out_strides(tuple(q.shape), tuple(q.stride())))
+    lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
+    return o, lse
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A validated signature: the bound launch and how to allocate O and LSE."""
+
+    bound: launch.Bound
+    device: Any  # torch.device
+    dtype: Any  # torch dtype of q, k, v, O
+    o_shape: tuple[int, ...]
+    o_stride: tuple[int, ...]
+    lse_shape: tuple[int, int, int]
+
+
+_entries: dict[tuple[Any, ...], _Entry] = {}
+_entries_lock = threading.Lock()
+
+
+def _raw_stream_fn() -> Callable[[int], int]:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw  # type: ignore[no-any-return]
+    return lambda dev: int(torch.cuda.current_stream(dev).cuda_stream)
+
+
+def _run(
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    variant: str | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    dev = q.get_device()
+    key = (
+        q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+        dev, k.get_device(), v.get_device(), (qp | kp | vp) & 15, causal, scale, variant,
+    )  # fmt: skip
+    try:
+        e = _entries.get(key)
+    except TypeError:  # an unhashable scale: validation names it
+        e = None
+    if e is None:
+        e = _prepare(key, q, k, v, causal, scale, variant)
+    o = torch.empty_strided(e.o_shape, e.o_stride, dtype=e.dtype, device=e.device)
+    lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
+    e.bound(qp, kp, vp, o.data_ptr(), lse.data_ptr(), _raw_stream(dev))
+    return o, lse
+
+
+_raw_stream: Callable[[int], int] = _raw_stream_fn()
+
+
+def _device_arch(dev: int) -> str:
+    major, minor = torch.cuda.get_device_capability(dev)
+    return f"sm_{major}{minor}"
+
+
+def _prepare(
+    key: tuple[Any, ...], q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: Any
+) -> _Entry:
+    """First call of a signature: validate, select, compile, load, bind (then cached)."""
+    if causal is not True and causal is not False:
+        raise ValueError(f"causal={causal!r}: must be True or False")
+    problem = check_layout(q, k, v)  # CPU tensors, shapes, dtypes, strides: ValueError
+    value = check_scale(scale, problem.d)
+    devices = [t.device for t in (q, k, v)]
+    if len(set(devices)) > 1:
+        raise ValueError(
+            f"q, k, v on {', '.join(map(str, devices))}: must be on one device; "
+            "move them with .to(q.device)"
+        )
+    dev = int(q.get_device())
+    spec = None
+    if variant is not None:
+        spec = KernelSpec.from_name(variant)
+        check_spec_fits_call(spec, problem, bool(causal))
+        check_spec(spec, problem, check_pointers=True)
+    arch = _device_arch(dev)
+    if spec is None:
+        spec = select(
+            problem.d, problem.dtype, bool(causal), arch,
+            alignment=problem.alignment(pointers=True),
+            gpu_name=torch.cuda.get_device_name(dev),
+        )  # fmt: skip
+    with runtime.for_device_arch(arch):
+        karch = runtime.kernel_arch(spec)
+    chosen = spec
+    plan = launch.plan(chosen, lambda: compile_kernel(chosen, karch).cubin, karch, dev)
+    shape = tuple(int(n) for n in q.shape)
+    o_stride = out_strides(shape, tuple(int(s) for s in q.stride()))
+    o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
+    lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
+    full = check_layout(q, k, v, o=o, lse=lse)
+    check_spec(chosen, full, check_pointers=True)
+    bound = plan.bind(_without_pointers(full), value * LOG2E)
+    entry = _Entry(bound, q.device, q.dtype, shape, o_stride, (shape[0], shape[1], shape[2]))
+    with _entries_lock:
+        _entries[key] = entry
+    return entry
+
+
+def _without_pointers(p: Problem) -> Problem:
+    return Problem(
+        p.b, p.h, p.tq, p.tk, p.d, p.dtype, p.q_strides, p.k_strides, p.v_strides, p.o_strides
+    )
+
+
+def _cpu(
+    q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
+    variant: str | None = None,
+) -> tuple[Any, Any]:  # fmt: skip
+    """CPU tensors: the validation error that says what to do (the kernels run on CUDA)."""
+    check_layout(q, k, v)  # raises "q: a CPU tensor; move it to the GPU"
+    raise ValueError("q: a CPU tensor; move it to the GPU (.cuda())")  # pragma: no cover
+
+
+def _no_backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
+    raise NotImplementedError(
+        "flashgen.torch.attention has no backward pass yet; call it under torch.no_grad() or "
+        "torch.inference_mode(), or on detached tensors"
+    )
+
+
+def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+    return None
+
+
+_LIB.impl("attention", _run, "CUDA")
+_LIB.impl("attention", _cpu, "CPU")
+_library.register_fake("flashgen::attention", _fake, lib=_LIB)
+_library.register_autograd(
+    "flashgen::attention", _no_backward, setup_context=_setup_context, lib=_LIB
+)
+
+_OP = torch.ops.flashgen.attention.default
+
+
+# ---- the public function ---------------------------------------------------------------------
+_assume_constant_result: Any = torch.compiler.assume_constant_result
+
+
+def _spec_name(spec: KernelSpec) -> str:
+    return spec.name
+
+
+# torch.compile takes the name as a constant instead of tracing the spec's properties
+_variant_name: Callable[[KernelSpec], str] = _assume_constant_result(_spec_name)
+
+
+_is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def _direct(q: Any, k: Any, v: Any) -> bool:
+    """True when the dispatcher would add nothing: eager, plain tensors, no autograd, no modes."""
+    return (
+        not _is_compiling()
+        and type(q) is _Tensor and q.is_cuda and type(k) is _Tensor and type(v) is _Tensor
+        and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and not _dispatch_stack()
+        and not _function_modes()
+    )  # fmt: skip
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    spec: KernelSpec | None = None,
+) -> Any:
+    """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
+
+    q is (B, H, Tq, d), k and v are (B, H, Tk, d): float32, float16 or bfloat16, one device,
+    any strides with the d axis contiguous (a (B, T, H, d) tensor passes as
+    `x.transpose(1, 2)`, no copy). `causal` masks key j for query i when j > i + Tk - Tq
+    (bottom-right aligned). `scale` defaults to 1/sqrt(d). `spec=None` picks a shipped variant
+    for (d, dtype, causal, the tensor's GPU). Returns O with q's dtype and memory layout on q's
+    device, or (O, LSE) with `return_lse` (LSE float32 (B, H, Tq), natural log).
+
+    Runs on the current stream of q's device, never synchronizes, allocates only through
+    torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
+    signature, which compiles and loads the kernel) and under torch.compile(fullgraph=True).
+    Bad inputs raise ValueError naming value, rule and fix, as flashgen.attention does.
+
+    Example::
+
+        import torch
+        import flashgen.torch as fgt
+
+        B, T, H, d = 2, 1024, 16, 128
+        qkv = torch.randn(B, T, 3, H, d, device="cuda", dtype=torch.bfloat16)
+        q, k, v = (x.transpose(1, 2) for x in qkv.unbind(2))  # (B, H, T, d) views
+        o = fgt.attention(q, k, v, causal=True)
+        y = o.transpose(1, 2).reshape(B, T, H * d)  # no copy: O has q's layout
+    """
+    if causal is not True and causal is not False:
+        raise ValueError(f"causal={causal!r}: must be True or False")
+    if scale is not None:
+        scale = check_scale(scale, 1)
+    variant = None
+    if spec is not None:
+        check_spec_type(spec)
+        variant = _variant_name(spec)
+    if _direct(q, k, v):
+        o, lse = _run(q, k, v, causal, scale, variant)
+    else:
+        o, lse = _OP(q, k, v, causal, scale, variant)
+    return (o, lse) if return_lse else o
+
+
+def clear_cache() -> None:
+    """Forget every validated signature (the loaded kernels stay cached)."""
+    with _entries_lock:
+        _entries.clear()

@@ -1,0 +1,290 @@
+"""Recording stand-ins for libcuda (through the real `launch.Driver`) and for pycuda.
+
+`FakeLibcuda` implements the driver entry points flashgen calls with the C calling shapes
+ctypes hands them (byref out-parameters, a kernelParams array of addresses), so the tests read
+back what a real `cuLaunchKernel` would receive: each argument through its address.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flashgen.generator import launch, runtime
+from flashgen.generator.compile import CompiledKernel
+from flashgen.generator.report import ResourceReport
+from flashgen.generator.spec import KernelSpec
+
+ERROR_NAMES = {701: b"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", 201: b"CUDA_ERROR_INVALID_CONTEXT"}
+
+
+class _Fn:
+    """A libcuda symbol: callable, with the argtypes/restype attributes ctypes functions have."""
+
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+        self.argtypes: Any = None
+        self.restype: Any = None
+
+    def __call__(self, *args: Any) -> int:
+        return int(self.impl(*args))
+
+
+def _out(ref: Any, value: Any) -> None:
+    """Write through a ctypes.byref(...) out-parameter."""
+    ref._obj.value = value
+
+
+@dataclass
+class Launch:
+    """One decoded cuLaunchKernel call."""
+
+    function: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    stream: int
+    context: int  # the context current when it was issued
+    prefix: list[bytes]
+    ptrs: tuple[int, ...]
+    tq: int
+    tk: int
+    strides: tuple[int, ...]
+    scale_log2: float
+
+
+@dataclass
+class FakeLibcuda:
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    optin: int = 227 * 1024
+    launch_rc: int = 0
+    prefix_sizes: list[int] = field(default_factory=list)  # byte sizes of leading arguments
+    stack: list[int] = field(default_factory=list)  # this (single) thread's context stack
+
+    def __post_init__(self) -> None:
+        for name in dir(self):
+            if name.startswith("_cu"):
+                setattr(self, name[1:], _Fn(getattr(self, name)))
+        # the versioned names flashgen binds
+        self.cuCtxPushCurrent_v2 = self.cuCtxPushCurrent  # type: ignore[attr-defined]
+        self.cuCtxPopCurrent_v2 = self.cuCtxPopCurrent  # type: ignore[attr-defined]
+
+    @staticmethod
+    def context_of(device: int) -> int:
+        return 0xC000 + device
+
+    def _cuInit(self, flags: int) -> int:
+        return 0
+
+    def _cuDeviceGet(self, ref: Any, ordinal: int) -> int:
+        _out(ref, ordinal)
+        return 0
+
+    def _cuDevicePrimaryCtxRetain(self, ref: Any, dev: Any) -> int:
+        self.log.append(("retain", dev.value))
+        _out(ref, self.context_of(dev.value))
+        return 0
+
+    def _cuCtxPushCurrent(self, ctx: int) -> int:
+        self.log.append(("push", ctx))
+        self.stack.append(ctx)
+        return 0
+
+    def _cuCtxPopCurrent(self, ref: Any) -> int:
+        ctx = self.stack.pop()
+        self.log.append(("pop", ctx))
+        _out(ref, ctx)
+        return 0
+
+    def _cuCtxGetCurrent(self, ref: Any) -> int:
+        _out(ref, self.stack[-1] if self.stack else None)
+        return 0
+
+    def _cuModuleLoadData(self, ref: Any, image: bytes) -> int:
+        self.log.append(("load", image, self.stack[-1] if self.stack else None))
+        _out(ref, 0x1000 + len(self.log))
+        return 0
+
+    def _cuModuleGetFunction(self, ref: Any, module: Any, name: bytes) -> int:
+        self.log.append(("function", name.decode()))
+        _out(ref, 0x2000 + len(self.log))
+        return 0
+
+    def _cuDeviceGetAttribute(self, ref: Any, attr: int, dev: int) -> int:
+        assert attr == launch.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        _out(ref, self.optin)
+        return 0
+
+    def _cuFuncSetAttribute(self, func: Any, attr: int, value: int) -> int:
+        self.log.append(("set_attribute", attr, value))
+        return 0
+
+    def _cuGetErrorName(self, rc: int, ref: Any) -> int:
+        _out(ref, ERROR_NAMES.get(rc, b"CUDA_ERROR_UNKNOWN"))
+        return 0
+
+    def _cuGetErrorString(self, rc: int, ref: Any) -> int:
+        _out(ref, b"an error")
+        return 0
+
+    def _cuLaunchKernel(
+        self, f: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int,
+        stream: int, params: Any, extra: Any,
+    ) -> int:  # fmt: skip
+        assert extra is None
+        n = len(self.prefix_sizes)
+        addrs = [int(a) for a in params]
+        assert len(addrs) == n + launch.N_COMMON_ARGS
+        prefix = [ctypes.string_at(a, size) for a, size in zip(addrs, self.prefix_sizes)]
+        common = addrs[n:]
+        self.launches.append(
+            Launch(
+                f, (gx, gy, gz), (bx, by, bz), smem, stream,
+                self.stack[-1] if self.stack else 0,
+                prefix,
+                tuple(int(ctypes.c_void_p.from_address(a).value or 0) for a in common[:5]),
+                ctypes.c_int.from_address(common[5]).value,
+                ctypes.c_int.from_address(common[6]).value,
+                tuple(ctypes.c_longlong.from_address(a).value for a in common[7:19]),
+                ctypes.c_float.from_address(common[19]).value,
+            )
+        )  # fmt: skip
+        self.log.append(("launch",))
+        return self.launch_rc
+
+
+def install_libcuda(monkeypatch: pytest.MonkeyPatch) -> FakeLibcuda:
+    """Route flashgen's driver calls to a fresh FakeLibcuda; forget cached plans."""
+    fake = FakeLibcuda()
+    monkeypatch.setattr(launch, "_driver", launch.Driver(fake))
+    monkeypatch.setattr(launch, "_plans", {})
+    return fake
+
+
+# ---- pycuda -----------------------------------------------------------------------------------
+@dataclass
+class Calls:
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+class FakeGPUArray:
+    """What flashgen reads from a GPUArray: shape, byte strides, dtype, gpudata."""
+
+    _next = 0x7000_0000
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, allocator: Any = None,
+                 gpudata: int | None = None, strides: tuple[int, ...] | None = None) -> None:  # fmt: skip
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        if strides is None:
+            out, step = [], self.dtype.itemsize
+            for n in reversed(self.shape):
+                out.append(step)
+                step *= n
+            strides = tuple(reversed(out))
+        self.strides = strides
+        if gpudata is None:
+            FakeGPUArray._next += 1 << 20
+            gpudata = FakeGPUArray._next
+        self.gpudata = gpudata
+        self.pooled = allocator is not None
+
+
+def fake_pycuda(calls: Calls) -> dict[str, types.ModuleType]:
+    """pycuda, pycuda.driver, pycuda.gpuarray and pycuda.tools stand-ins that record calls."""
+    drv = types.ModuleType("pycuda.driver")
+
+    class Error(Exception):
+        pass
+
+    class Context:
+        def push(self) -> None:
+            calls.log.append(("push", threading.get_ident()))
+
+        @staticmethod
+        def pop() -> None:  # static in PyCUDA: pops the calling thread's current context
+            calls.log.append(("pop", threading.get_ident()))
+
+        @staticmethod
+        def synchronize() -> None:
+            calls.log.append(("synchronize",))
+
+    class Device:
+        @staticmethod
+        def count() -> int:
+            return 1
+
+        def __init__(self, n: int) -> None:
+            assert n == 0
+
+        def retain_primary_context(self) -> Context:
+            return Context()
+
+        def compute_capability(self) -> tuple[int, int]:
+            return (9, 0)
+
+        def name(self) -> str:
+            return "Fake H200"
+
+    drv.Error = Error  # type: ignore[attr-defined]
+    drv.Context = Context  # type: ignore[attr-defined]
+    drv.Device = Device  # type: ignore[attr-defined]
+    drv.init = lambda: calls.log.append(("init",))  # type: ignore[attr-defined]
+    for name in ("memset_d16", "memset_d32"):
+        drv.__dict__[name] = lambda *a, _n=name: calls.log.append((_n, *a))
+
+    gpuarray = types.ModuleType("pycuda.gpuarray")
+    gpuarray.GPUArray = FakeGPUArray  # type: ignore[attr-defined]
+    tools = types.ModuleType("pycuda.tools")
+
+    class DeviceMemoryPool:
+        def allocate(self, nbytes: int) -> int:
+            return 0
+
+        def stop_holding(self) -> None:
+            pass
+
+    tools.DeviceMemoryPool = DeviceMemoryPool  # type: ignore[attr-defined]
+    tools.clear_context_caches = lambda: None  # type: ignore[attr-defined]
+    pkg = types.ModuleType("pycuda")
+    pkg.driver, pkg.gpuarray, pkg.tools = drv, gpuarray, tools  # type: ignore[attr-defined]
+    return {"pycuda": pkg, "pycuda.driver": drv, "pycuda.gpuarray": gpuarray, "pycuda.tools": tools}
+
+
+def install_pycuda(monkeypatch: pytest.MonkeyPatch) -> Calls:
+    """A fake PyCUDA on a fake sm_90 GPU, a fresh runtime state, compiles recorded not run."""
+    rec = Calls()
+    for name, mod in fake_pycuda(rec).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(runtime, "_gpu", None)
+    monkeypatch.setattr(runtime, "_pool", None)
+    monkeypatch.setattr(runtime, "_pushed", threading.local())
+    monkeypatch.setattr(runtime, "_functions", {})
+    monkeypatch.setattr(runtime.atexit, "register", lambda fn: None)
+    monkeypatch.delenv("FLASHGEN_ARCH", raising=False)
+
+    def fake_compile(spec: KernelSpec, arch: str) -> CompiledKernel:
+        rec.log.append(("compile", spec.name, arch))
+        return CompiledKernel(
+            spec, arch, b"cubin:" + spec.name.encode(), ResourceReport(arch, 1, 0, 0, 0, 0), False
+        )
+
+    monkeypatch.setattr(runtime, "compile_kernel", fake_compile)
+    return rec
+
+
+def kinds(log: list[tuple[Any, ...]], name: str) -> list[tuple[Any, ...]]:
+    return [c for c in log if c[0] == name]
+
+
+def abi_size() -> int:
+    return struct.calcsize(runtime.ABI_FORMAT)
