@@ -144,7 +144,9 @@ class FakeLibcuda:
         n = len(self.prefix_sizes)
         addrs = [int(a) for a in params]
         assert len(addrs) == n + launch.N_COMMON_ARGS
-        prefix = [ctypes.string_at(a, size) for a, size in zip(addrs, self.prefix_sizes)]
+        prefix = [
+            ctypes.string_at(a, size) for a, size in zip(addrs[:n], self.prefix_sizes, strict=True)
+        ]
         common = addrs[n:]
         self.launches.append(
             Launch(
@@ -181,22 +183,28 @@ class FakeGPUArray:
 
     _next = 0x7000_0000
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any, allocator: Any = None,
-                 gpudata: int | None = None, strides: tuple[int, ...] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        allocator: Any = None,
+        gpudata: int | None = None,
+        strides: tuple[int, ...] | None = None,
+    ) -> None:
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
-        if strides is None:
-            out, step = [], self.dtype.itemsize
-            for n in reversed(self.shape):
-                out.append(step)
-                step *= n
-            strides = tuple(reversed(out))
-        self.strides = strides
+        out, step = [], self.dtype.itemsize
+        for n in reversed(self.shape):
+            out.append(step)
+            step *= n
+        dense = tuple(reversed(out))
+        self.strides = dense if strides is None else strides
         if gpudata is None:
             FakeGPUArray._next += 1 << 20
             gpudata = FakeGPUArray._next
         self.gpudata = gpudata
         self.pooled = allocator is not None
+        self.flags = types.SimpleNamespace(c_contiguous=self.strides == dense)
 
 
 def fake_pycuda(calls: Calls) -> dict[str, types.ModuleType]:
@@ -241,6 +249,8 @@ def fake_pycuda(calls: Calls) -> dict[str, types.ModuleType]:
     drv.init = lambda: calls.log.append(("init",))  # type: ignore[attr-defined]
     for name in ("memset_d16", "memset_d32"):
         drv.__dict__[name] = lambda *a, _n=name: calls.log.append((_n, *a))
+    drv.memcpy_htod = lambda dst, src: calls.log.append(("htod", dst, len(src)))  # type: ignore[attr-defined]
+    drv.memcpy_dtoh = lambda dst, src: calls.log.append(("dtoh", src, len(dst)))  # type: ignore[attr-defined]
 
     gpuarray = types.ModuleType("pycuda.gpuarray")
     gpuarray.GPUArray = FakeGPUArray  # type: ignore[attr-defined]

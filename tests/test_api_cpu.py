@@ -105,3 +105,75 @@ def test_mixed_host_and_device_arrays_are_rejected():
 
     with pytest.raises(ValueError, match=r"q=ndarray, k=ndarray, v=Dev: mixed host and device"):
         flashgen.attention(q, k, Dev())
+
+
+# ---- with a (fake) GPU: the signature cache of the device-array path -------------------------
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from _fakecuda import install_libcuda, install_pycuda
+
+    from flashgen import api
+
+    calls = install_pycuda(monkeypatch)
+    cuda = install_libcuda(monkeypatch)
+    monkeypatch.setattr(api, "_entries", {})
+    selected: list[tuple] = []
+    real_select = api.select
+
+    def counting_select(*args, **kw):
+        selected.append((args, kw))
+        return real_select(*args, **kw)
+
+    monkeypatch.setattr(api, "select", counting_select)
+    return calls, cuda, selected
+
+
+def gpuarrays(dtype=np.float16, tq=70, tk=45, base=0x1000_0000, step=0x100_0000):
+    from _fakecuda import FakeGPUArray
+
+    shapes = ((2, 3, tq, 64), (2, 3, tk, 64), (2, 3, tk, 64))
+    return tuple(FakeGPUArray(s, dtype, gpudata=base + i * step) for i, s in enumerate(shapes))
+
+
+def test_a_repeated_gpuarray_signature_is_not_validated_or_selected_again(fake_gpu, monkeypatch):
+    from flashgen import api
+
+    calls, cuda, selected = fake_gpu
+    o1, lse1 = flashgen.attention(*gpuarrays(), causal=True, return_lse=True)
+    layouts: list[int] = []
+    monkeypatch.setattr(api, "check_layout", lambda *a, **k: layouts.append(1))
+    o2 = flashgen.attention(*gpuarrays(base=0x2000_0000), causal=True)
+    assert len(selected) == 1 and layouts == []
+    first, second = cuda.launches
+    assert first.ptrs[:3] == (0x1000_0000, 0x1100_0000, 0x1200_0000)
+    assert second.ptrs[:3] == (0x2000_0000, 0x2100_0000, 0x2200_0000)
+    assert first.ptrs[3:] == (o1.gpudata, lse1.gpudata) and second.ptrs[3] == o2.gpudata
+    assert o1.shape == (2, 3, 70, 64) and lse1.shape == (2, 3, 70) and o1.pooled
+    assert first.strides == second.strides and (second.tq, second.tk) == (70, 45)
+    assert kinds_of(calls, "synchronize") == []  # stream-ordered, nothing waits
+
+
+def kinds_of(calls, name):
+    return [c for c in calls.log if c[0] == name]
+
+
+def test_a_changed_argument_or_pointer_alignment_is_validated_and_selected_again(fake_gpu):
+    calls, cuda, selected = fake_gpu
+    flashgen.attention(*gpuarrays(), causal=True)
+    flashgen.attention(*gpuarrays(), causal=False)
+    flashgen.attention(*gpuarrays(), causal=False, scale=0.5)
+    assert len(selected) == 3
+    assert cuda.launches[-1].scale_log2 == pytest.approx(0.5 * runtime.LOG2E)
+    flashgen.attention(*gpuarrays(base=0x1000_0002), causal=False, scale=0.5)  # 2-byte aligned
+    assert len(selected) == 4 and selected[-1][1]["alignment"] == 1
+    with pytest.raises(ValueError, match=r"causal=1: must be True or False"):
+        flashgen.attention(*gpuarrays(), causal=1)  # type: ignore[arg-type]  # 1 == True
+
+
+def test_the_numpy_path_copies_in_launches_waits_and_copies_out(fake_gpu):
+    calls, cuda, _ = fake_gpu
+    o, lse = flashgen.attention(*qkv(), causal=True, return_lse=True)
+    assert isinstance(o, np.ndarray) and o.shape == (2, 3, 10, 64) and lse.shape == (2, 3, 10)
+    names = [c[0] for c in calls.log]
+    assert names.count("htod") == 3 and names.count("dtoh") == 2
+    assert names.index("synchronize") < names.index("dtoh") and len(cuda.launches) == 1

@@ -1,0 +1,214 @@
+"""`flashgen.torch` without a GPU: registration, the fake implementation's shapes and layouts,
+torch.compile tracing, and the errors (the same ValueErrors as the NumPy path).
+
+Runs on the CPU build of torch (CI installs torch==2.13.0); skipped when torch is absent,
+except the test that `import flashgen` needs no torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import flashgen
+from flashgen.generator.spec import KernelSpec
+
+
+def test_flashgen_imports_without_torch_and_flashgen_torch_says_what_is_missing():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # as if torch were not installed
+        import flashgen
+        try:
+            import flashgen.torch
+        except ImportError as exc:
+            print(exc)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    assert lines[0].startswith("flashgen.torch needs PyTorch, which cannot be imported")
+    assert "install torch" in lines[0]
+
+
+torch = pytest.importorskip("torch")
+fgt = pytest.importorskip("flashgen.torch")
+FakeTensorMode = pytest.importorskip("torch._subclasses.fake_tensor").FakeTensorMode
+
+OP = torch.ops.flashgen.attention.default
+
+
+def meta(*shape: int, dtype=None):
+    return torch.empty(*shape, device="meta", dtype=dtype or torch.bfloat16)
+
+
+def test_the_op_is_registered_with_its_schema_and_cuda_cpu_and_meta_kernels():
+    assert str(OP._schema) == "flashgen::" + fgt.SCHEMA
+    for key in ("CUDA", "CPU", "Meta"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("flashgen::attention", key), key
+
+
+def test_the_fake_gives_o_like_q_and_float32_lse():
+    q, k = meta(2, 3, 70, 64), meta(2, 3, 45, 64)
+    o, lse = OP(q, k, k, True, None, None)
+    assert o.shape == q.shape and o.dtype == q.dtype and o.stride() == q.stride()
+    assert lse.shape == (2, 3, 70) and lse.dtype == torch.float32 and lse.is_contiguous()
+
+
+def test_a_model_layout_view_gives_an_output_in_model_layout():
+    b, t, h, d = 2, 33, 4, 64
+    x = meta(b, t, h, d)
+    o = fgt.attention(x.transpose(1, 2), x.transpose(1, 2), x.transpose(1, 2))
+    assert o.shape == (b, h, t, d)
+    assert o.transpose(1, 2).is_contiguous()  # (B, T, H, d) memory again: reshape is free
+    fused = meta(b, t, 3, h, d)  # a fused QKV projection: q, k, v are strided views
+    q, k, v = (y.transpose(1, 2) for y in fused.unbind(2))
+    o = fgt.attention(q, k, v, causal=True)
+    assert o.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize(
+    "shape,stride,want",
+    [
+        ((2, 3, 5, 8), (120, 40, 8, 1), (120, 40, 8, 1)),  # contiguous BHTD
+        ((2, 3, 5, 8), (120, 8, 24, 1), (120, 8, 24, 1)),  # BTHD viewed as BHTD
+        ((2, 3, 5, 8), (360, 8, 72, 1), (120, 8, 24, 1)),  # fused QKV: dense in the same order
+        ((2, 3, 5, 8), (200, 60, 12, 1), (120, 40, 8, 1)),  # padded rows: dense BHTD
+    ],
+)
+def test_output_strides_are_dense_in_qs_axis_order(shape, stride, want):
+    assert fgt.out_strides(shape, stride) == want
+
+
+def numpy_error(q_shape, k_shape, v_shape, dtype=np.float16, **kw):
+    arrays = [np.zeros(s, dtype) for s in (q_shape, k_shape, v_shape)]
+    with pytest.raises(ValueError) as info:
+        flashgen.attention(*arrays, **kw)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "shapes,kw",
+    [
+        (((2, 3, 10, 64), (2, 3, 12, 64), (2, 3, 11, 64)), {}),  # v length != k length
+        (((2, 3, 10, 64), (2, 4, 12, 64), (2, 4, 12, 64)), {}),  # heads differ
+        (((3, 10, 64), (2, 3, 12, 64), (2, 3, 12, 64)), {}),  # 3-D q
+        (((2, 3, 10, 64), (2, 3, 12, 32), (2, 3, 12, 32)), {}),  # head dims differ
+        (((2, 3, 10, 64), (2, 3, 12, 64), (2, 3, 12, 64)), {"scale": -1.0}),
+        (((2, 3, 10, 64), (2, 3, 12, 64), (2, 3, 12, 64)), {"causal": 1}),
+    ],
+)
+def test_fake_cuda_tensors_raise_the_numpy_paths_errors(shapes, kw):
+    want = numpy_error(*shapes, **kw)
+    with FakeTensorMode():
+        q, k, v = (torch.empty(s, device="cuda", dtype=torch.float16) for s in shapes)
+        with pytest.raises(ValueError) as info:
+            fgt.attention(q, k, v, **kw)
+    assert str(info.value) == want
+
+
+def test_unsupported_dtypes_and_mixed_dtypes_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"q.dtype=torch.float64: unsupported"):
+        fgt.attention(*(meta(1, 2, 3, 64, dtype=torch.float64) for _ in range(3)))
+    with pytest.raises(ValueError, match=r"q/k/v dtypes bfloat16/float16/bfloat16: must be equal"):
+        fgt.attention(meta(1, 2, 3, 64), meta(1, 2, 3, 64, dtype=torch.float16), meta(1, 2, 3, 64))
+
+
+def test_a_non_contiguous_head_dim_is_refused_as_in_the_numpy_path():
+    x = meta(1, 2, 3, 128)[..., ::2]
+    with pytest.raises(ValueError, match=r"q.strides\[3\]=4 bytes: the d axis must be contiguous"):
+        fgt.attention(x, x, x)
+
+
+def test_cpu_tensors_are_refused_with_the_fix():
+    x = torch.zeros(1, 2, 3, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"q: a CPU tensor; move it to the GPU"):
+        fgt.attention(x, x, x)
+    with pytest.raises(ValueError, match=r"q: a CPU tensor; move it to the GPU"):
+        OP(x, x, x, False, None, None)  # the dispatcher's CPU kernel says the same
+
+
+def test_flashgen_attention_passes_torch_tensors_to_flashgen_torch():
+    x = torch.zeros(1, 2, 3, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"q: a CPU tensor; move it to the GPU"):
+        flashgen.attention(x, x, x)
+    with pytest.raises(ValueError, match=r"q=Tensor, k=ndarray, v=Tensor: mixed torch tensors"):
+        flashgen.attention(x, np.zeros((1, 2, 3, 64), np.float16), x)
+
+
+def test_a_spec_is_passed_by_name_and_must_fit_the_call():
+    spec = KernelSpec(family="simt", d=64, dtype="bf16", causal=True)
+    q = meta(1, 2, 3, 64)
+    o = fgt.attention(q, q, q, causal=True, spec=spec)
+    assert o.shape == q.shape
+    with pytest.raises(ValueError, match=r"spec='simt': must be a KernelSpec"):
+        fgt.attention(q, q, q, spec="simt")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"not a flashgen kernel name"):
+        OP(q, q, q, True, None, "flash_nonsense")
+
+
+def test_backward_through_the_op_says_it_has_none():
+    q = meta(1, 2, 3, 64).requires_grad_()
+    o = fgt.attention(q, q, q)
+    assert o.requires_grad
+    with pytest.raises(NotImplementedError, match=r"has no backward pass yet"):
+        o.sum().backward()
+
+
+def test_the_eager_shortcut_is_never_taken_off_cuda_or_with_autograd_or_fake_tensors():
+    x = torch.zeros(1, 2, 3, 64)
+    assert not fgt._direct(x, x, x)  # CPU: the dispatcher's CPU kernel answers
+    assert not fgt._direct(meta(1, 2, 3, 64), meta(1, 2, 3, 64), meta(1, 2, 3, 64))
+    with FakeTensorMode():
+        f = torch.empty(1, 2, 3, 64, device="cuda")
+        assert not fgt._direct(f, f, f)
+
+
+class Attention(torch.nn.Module):
+    """A model-layout attention block: fused QKV projection, flashgen, output projection."""
+
+    def __init__(self, dim: int, heads: int, spec: KernelSpec | None = None) -> None:
+        super().__init__()
+        self.heads, self.spec = heads, spec
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads)
+        q, k, v = (y.transpose(1, 2) for y in qkv.unbind(2))
+        o = fgt.attention(q, k, v, causal=True, spec=self.spec)
+        return self.out(o.transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.mark.parametrize("with_spec", [False, True])
+def test_torch_compile_fullgraph_traces_the_op_as_one_node(with_spec):
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    spec = KernelSpec(family="simt", d=64, dtype="fp32", causal=True) if with_spec else None
+    model = Attention(256, 4, spec)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    with torch.no_grad(), pytest.raises(ValueError, match=r"a CPU tensor; move it to the GPU"):
+        compiled(torch.zeros(2, 10, 256))  # traced, then the real (CPU) kernel refuses
+    [gm] = graphs
+    nodes = [n for n in gm.graph.nodes if n.target is OP]
+    assert len(nodes) == 1
+    node = nodes[0]
+    assert node.args[3] is True and node.args[4] is None
+    assert node.args[5] == (spec.name if spec else None)
+    o_meta = node.meta["example_value"][0]
+    assert tuple(o_meta.shape) == (2, 4, 10, 64)
+    assert o_meta.transpose(1, 2).is_contiguous()
