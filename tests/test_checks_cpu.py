@@ -137,7 +137,8 @@ def test_pinned_cases_cover_single_tokens_empty_rows_and_ragged_tiles():
     assert any(c.tq > c.tk for c in pins)  # under causal: rows that see no key
     assert any(c.tq < c.tk for c in pins)
     assert any(c.tq == c.tk == 3 * MMA_FP16.br + 1 for c in pins)
-    assert all(c.logit_max == 60.0 for c in pins)
+    assert all(c.logit_max == 60.0 for c in pins if c.layouts == ("bhtd",) * 4)
+    assert any(c.layouts[1] != c.layouts[2] != "bhtd" != c.layouts[3] and c.v_dof for c in pins)
 
 
 def test_tile_lengths_are_multiples_and_neighbours_within_the_limit():
@@ -228,7 +229,7 @@ def test_a_bug_in_every_problem_fails_on_the_first_pinned_example():
 
     result = property_check(SIMT_BF16, examples=5, profile="ci", execute=last_row_unwritten)
     assert not result.passed and result.failure is not None
-    assert re.search(r"Case\(b=1, h=1, tq=1, tk=1,", result.failure), result.failure
+    assert re.search(r"Case\(b=1,\s*h=1,\s*tq=1,\s*tk=1,", result.failure), result.failure
 
 
 def test_property_check_shrinks_a_failure_to_a_minimal_problem():
@@ -242,7 +243,7 @@ def test_property_check_shrinks_a_failure_to_a_minimal_problem():
         SIMT_BF16, examples=40, profile="ci", execute=wrong_second_head_on_long_queries
     )
     assert not result.passed and result.failure is not None
-    shrunk = re.search(r"Case\(b=1, h=2, tq=(\d+), tk=1, scale=None", result.failure)
+    shrunk = re.search(r"Case\(b=1,\s*h=2,\s*tq=(\d+),\s*tk=1,\s*scale=None", result.failure)
     assert shrunk and 50 <= int(shrunk[1]) <= 64, result.failure  # 50, or a special length
 
 
@@ -377,3 +378,60 @@ def test_the_launch_format_matches_the_kernel_abi():
     types = "|".join(re.escape(t) for t in code)
     params = re.findall(rf"({types}) (?:__restrict__ )?\w+", sig)
     assert "".join(code[p] for p in params) == runtime.ABI_FORMAT
+
+
+# ---- per-tensor layouts and V distributions (issue 9) -----------------------------------------
+@pytest.mark.parametrize("layout", checks.LAYOUTS)
+def test_every_layout_holds_the_tensor_and_d_stays_contiguous(layout):
+    x = np.arange(2 * 3 * 5 * 16, dtype=np.float32).reshape(2, 3, 5, 16)
+    backing = checks.layout_backing(x, layout)
+    view = checks.layout_view(backing, layout, 16)
+    assert backing.flags.c_contiguous and np.shares_memory(view, backing)
+    assert np.array_equal(view, x) and view.strides[3] == 4
+    if layout == "pad":
+        assert np.isnan(backing[..., 16:]).all()
+
+
+def test_the_layouts_give_four_different_stride_patterns():
+    x = np.zeros((2, 3, 5, 16), np.float16)
+    strides = {
+        lay: checks.layout_view(checks.layout_backing(x, lay), lay, 16).strides
+        for lay in checks.LAYOUTS
+    }
+    assert len(set(strides.values())) == len(checks.LAYOUTS)
+
+
+def test_a_kernel_reading_v_with_ks_strides_fails_the_pinned_layout_case():
+    spec = SIMT_BF16
+    case = strategies.pinned_cases(spec)[-1]
+    _, lk, lv, lo = case.layouts
+    assert lk != lv and lo != "bhtd"
+    q, k, v = make_inputs(spec, case)
+    k_view = checks.layout_view(checks.layout_backing(k, lk), lk, spec.d)
+    v_buf = checks.layout_backing(v, lv, fill=0.0)
+    # the bug: V's memory stepped through with K's strides (in bounds: V's buffer is larger)
+    v_wrong = np.lib.stride_tricks.as_strided(v_buf, v.shape, k_view.strides)
+    assert v_buf.nbytes >= k_view.nbytes and not np.array_equal(v_wrong, v)
+    right = run_case(spec, case, execute=emulate)
+    wrong = run_case(spec, case, execute=lambda s, q_, k_, v_, sc: emulate(s, q_, k_, v_wrong, sc))
+    assert right.passed and not wrong.passed
+
+
+def test_cases_draw_distinct_layouts_per_tensor_and_off_centre_heavy_tailed_v():
+    spec = SIMT_BF16
+    found = find(
+        strategies.cases(spec),
+        lambda c: len(set(c.layouts)) == 4 and c.v_mean != 0 and c.v_dof is not None,
+    )
+    assert found.layouts[1] != found.layouts[2]
+
+
+def test_v_can_be_off_centre_and_heavy_tailed():
+    spec = SIMT_BF16
+    base = Case(1, 1, 4, 4096, None, None, 3)
+    _, _, v0 = make_inputs(spec, base)
+    _, _, v1 = make_inputs(spec, Case(1, 1, 4, 4096, None, None, 3, v_mean=30.0, v_dof=2.5))
+    v0, v1 = v0.astype(np.float64), v1.astype(np.float64)
+    assert abs(v0.mean()) < 0.05 and abs(v1.mean() - 30.0) < 0.5
+    # Student-t(2.5) has far heavier tails than a normal: many more entries beyond 5 sigma
+    assert (np.abs(v1 - 30.0) > 5).sum() > 100 * max(1, (np.abs(v0) > 5).sum())

@@ -27,6 +27,7 @@ from .spec import KernelSpec
 from .validate import check_scale
 
 __all__ = [
+    "LAYOUTS",
     "Case",
     "CheckResult",
     "GpuUnavailable",
@@ -37,6 +38,8 @@ __all__ = [
     "compile_all",
     "failure_text",
     "gpu_execute",
+    "layout_backing",
+    "layout_view",
     "make_inputs",
     "property_check",
     "run_case",
@@ -67,6 +70,48 @@ class Case:
     scale: float | None = None
     logit_max: float | None = None
     seed: int = 0
+    # memory layout of q, k, v and o on the GPU (LAYOUTS); each tensor its own strides
+    layouts: tuple[str, str, str, str] = ("bhtd", "bhtd", "bhtd", "bhtd")
+    # V = v_mean + noise; noise standard normal, or Student-t with v_dof degrees of freedom
+    # (heavy tails, clipped to +-V_CLIP so fp16 holds it)
+    v_mean: float = 0.0
+    v_dof: float | None = None
+
+
+# How one (B, H, T, d) tensor may sit in memory: its own order of axes or padded rows, so that
+# q, k, v and o each get strides of their own (a kernel that read V with K's strides, or wrote
+# O with Q's, fails). Every layout keeps d contiguous and 16-byte aligned rows.
+LAYOUTS = ("bhtd", "bthd", "hbtd", "pad")
+PAD_ELEMS = 8  # extra elements per padded row: 16 bytes in fp16/bf16, 32 in fp32
+V_CLIP = 1e4
+
+
+def layout_backing(x: np.ndarray, layout: str, fill: float | None = None) -> np.ndarray:
+    """The contiguous buffer that holds (B, H, T, d) `x` in `layout` (`fill`: pad value)."""
+    if layout == "bhtd":
+        return np.ascontiguousarray(x)
+    if layout == "bthd":
+        return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+    if layout == "hbtd":
+        return np.ascontiguousarray(x.transpose(1, 0, 2, 3))
+    if layout == "pad":
+        b, h, t, d = x.shape
+        out = np.full((b, h, t, d + PAD_ELEMS), np.nan if fill is None else fill, x.dtype)
+        out[..., :d] = x
+        return out
+    raise ValueError(f"layout={layout!r}: unknown; choose one of {', '.join(LAYOUTS)}")
+
+
+def layout_view(backing: np.ndarray, layout: str, d: int) -> np.ndarray:
+    """The (B, H, T, d) view of a buffer made by `layout_backing` (shares its memory)."""
+    if layout == "bhtd":
+        return backing
+    if layout in ("bthd", "hbtd"):
+        view: np.ndarray = backing.transpose((0, 2, 1, 3) if layout == "bthd" else (1, 0, 2, 3))
+        return view
+    if layout == "pad":
+        return backing[..., :d]
+    raise ValueError(f"layout={layout!r}: unknown; choose one of {', '.join(LAYOUTS)}")
 
 
 @dataclass(frozen=True)
@@ -127,7 +172,12 @@ def make_inputs(spec: KernelSpec, case: Case) -> Arrays:
     rng = np.random.default_rng(case.seed)
     q = rng.standard_normal((case.b, case.h, case.tq, spec.d))
     k = rng.standard_normal((case.b, case.h, case.tk, spec.d))
-    v = rng.standard_normal((case.b, case.h, case.tk, spec.d))
+    shape_v = (case.b, case.h, case.tk, spec.d)
+    if case.v_dof is None:
+        v = rng.standard_normal(shape_v)
+    else:
+        v = np.clip(rng.standard_t(case.v_dof, shape_v), -V_CLIP, V_CLIP)
+    v = v + case.v_mean
     if case.logit_max is not None:
         peak = max_abs_logit(q, k, check_scale(case.scale, spec.d))
         gain = math.sqrt(case.logit_max / peak) if peak > 0 else MAX_INPUT_GAIN
@@ -138,22 +188,57 @@ def make_inputs(spec: KernelSpec, case: Case) -> Arrays:
 
 
 def gpu_execute(
-    spec: KernelSpec, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float
+    spec: KernelSpec,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    layouts: tuple[str, str, str, str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run `spec` on the GPU with NaN-poisoned outputs; return host (O, LSE)."""
-    dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
+    """Run `spec` on the GPU with NaN-poisoned outputs; return host (O, LSE).
+
+    `layouts` (q, k, v, o; see LAYOUTS) places each tensor in its own memory layout; O's
+    whole buffer is poisoned, so a write outside O's view (into padding) is reported.
+    """
     b, h, tq, d = q.shape
-    o = runtime.empty((b, h, tq, d), spec.dtype)
+    lq, lk, lv, lo = layouts or ("bhtd",) * 4
+    dq, dk, dv = (_device_view(x, lay) for x, lay in ((q, lq), (k, lk), (v, lv)))
+    o_host = layout_backing(np.zeros((b, h, tq, d), q.dtype), lo)
+    o_buf = runtime.empty(o_host.shape, spec.dtype)
+    runtime.poison(int(o_buf.gpudata), o_host.size, spec.dtype)
+    o = _gpu_view(o_buf, layout_view(o_host, lo, d))
     lse = runtime.empty((b, h, tq), np.float32)
-    runtime.launch(spec, dq, dk, dv, o, lse, scale, poison_outputs=True)
-    return runtime.to_host(o), runtime.to_host(lse)
+    runtime.poison(int(lse.gpudata), b * h * tq, "fp32")
+    runtime.launch(spec, dq, dk, dv, o, lse, scale)
+    backing = runtime.to_host(o_buf)
+    out = np.array(layout_view(backing, lo, d))
+    if lo == "pad" and not np.isnan(backing[..., d:].astype(np.float32)).all():
+        raise AssertionError(f"{spec.name}: the kernel wrote into o's row padding (layout pad)")
+    return out, runtime.to_host(lse)
+
+
+def _gpu_view(buf: Any, view: np.ndarray) -> Any:
+    """A GPUArray with `view`'s shape and byte strides over the device buffer `buf`."""
+    from pycuda import gpuarray
+
+    return gpuarray.GPUArray(
+        view.shape, buf.dtype, gpudata=buf.gpudata, strides=view.strides, base=buf
+    )
+
+
+def _device_view(x: np.ndarray, layout: str) -> Any:
+    backing = layout_backing(x, layout, fill=0.0)
+    return _gpu_view(runtime.to_device(backing), layout_view(backing, layout, x.shape[3]))
 
 
 def run_case(spec: KernelSpec, case: Case, execute: Execute | None = None) -> CheckResult:
     """Generate the case's inputs, run the variant, and judge the outputs."""
     q, k, v = make_inputs(spec, case)
     scale = check_scale(case.scale, spec.d)
-    o, lse = (execute or gpu_execute)(spec, q, k, v, scale)
+    if execute is None:
+        o, lse = gpu_execute(spec, q, k, v, scale, case.layouts)
+    else:
+        o, lse = execute(spec, q, k, v, scale)
     out = check_outputs(
         np.asarray(o), np.asarray(lse), q, k, v, causal=spec.causal, scale=scale, dtype=spec.dtype
     )

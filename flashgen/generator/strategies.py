@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .checks import Case
+from .checks import LAYOUTS, Case
 from .spec import KernelSpec
 
 PROFILE_ENV = "FLASHGEN_HYPOTHESIS_PROFILE"
@@ -38,6 +38,7 @@ MAX_HEADS = 4
 SCORE_BUDGET = 1 << 18  # B*H*Tq*Tk: ~0.1 s of float64 oracle at d = 256
 SPECIAL_LENGTHS = (1, 2, 3, 5, 7, 13, 31, 61, 67, 127, 131, 257, 263, 509, 521, 599)
 LOGIT_MAX = 60.0
+V_MEAN_MAX = 100.0
 
 
 def register_profiles() -> None:
@@ -120,9 +121,29 @@ def cases(
         scale = draw(scales(), label="scale")
         logit_max = draw(logit_maxes(), label="logit_max")
         seed = draw(st.integers(min_value=0, max_value=2**32 - 1), label="seed")
-        return Case(b, h, tq, tk, scale, logit_max, seed)
+        layouts = draw(layout_tuples(), label="layouts")
+        v_mean, v_dof = draw(v_distributions(), label="v")
+        return Case(b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof)
 
     return draw_case()
+
+
+def layout_tuples() -> st.SearchStrategy[tuple[str, str, str, str]]:
+    """A memory layout for each of q, k, v and o, drawn independently (checks.LAYOUTS)."""
+    one = st.sampled_from(LAYOUTS)
+    return st.tuples(one, one, one, one)
+
+
+def v_distributions() -> st.SearchStrategy[tuple[float, float | None]]:
+    """V's mean and tails: (0, None) standard normal, or a mean up to +-V_MEAN_MAX and/or
+    Student-t noise with 2..5 degrees of freedom (heavy tails)."""
+    return st.one_of(
+        st.just((0.0, None)),
+        st.tuples(
+            st.one_of(st.just(0.0), st.floats(min_value=-V_MEAN_MAX, max_value=V_MEAN_MAX)),
+            st.one_of(st.none(), st.floats(min_value=2.0, max_value=5.0)),
+        ),
+    )
 
 
 # Problems that once failed, kept for every variant. Issue 9: under the `thorough` profile six
@@ -131,13 +152,16 @@ def cases(
 PINNED_FAILURES = (Case(1, 1, 1, 1, 0.5, LOGIT_MAX, 11242),)
 
 
+PINNED_LAYOUTS = ("hbtd", "bthd", "pad", "bthd")  # q, k, v, o
+
+
 def pinned_cases(spec: KernelSpec) -> list[Case]:
     """The problems every variant always runs, whatever Hypothesis draws.
 
     One token each; one query against a prime number of keys; Tq > Tk (under causal the first
     Tq - Tk rows see no key); Tq < Tk (bottom-right alignment); three full query tiles plus a
-    ragged one; every one at the extreme logit magnitude. Past failures follow
-    (PINNED_FAILURES).
+    ragged one; every one at the extreme logit magnitude. Past failures (PINNED_FAILURES) come
+    first; last, q, k, v and o each in its own layout, V of mean 30 with Student-t tails.
     """
     br, bc = spec.br, spec.bc
     return [
@@ -147,4 +171,6 @@ def pinned_cases(spec: KernelSpec) -> list[Case]:
         Case(2, 1, br + 37, bc // 2 + 1, None, LOGIT_MAX, 3),
         Case(1, 2, 37, 3 * bc + 5, None, LOGIT_MAX, 4),
         Case(1, 1, 3 * br + 1, 3 * br + 1, None, LOGIT_MAX, 5),
+        # every tensor its own strides (k and v differ, o strided), V off-centre, heavy tails
+        Case(2, 2, br + 5, 2 * bc + 3, None, 8.0, 6, PINNED_LAYOUTS, 30.0, 2.5),
     ]
