@@ -60,14 +60,17 @@ Examples:
 @click.option("--reps", type=click.IntRange(min=3), default=bench_mod.REPS, show_default=True)
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Extra peak memory at T=8192 vs naive attention.")  # fmt: skip
+@click.option("--overhead/--no-overhead", default=True, show_default=True,
+              help="Host overhead per call on small problems: flashgen.torch, GPUArray and "
+                   "NumPy paths vs torch SDPA.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
 @click.option("--plot", is_flag=True, help="Also write a PNG of TFLOP/s against T.")
 @friendly
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
-    masks: str | None, all_variants: bool, peers: bool, reps: int, memory: bool, out: Path,
-    plot: bool,
+    masks: str | None, all_variants: bool, peers: bool, reps: int, memory: bool,
+    overhead: bool, out: Path, plot: bool,
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU; write JSON."""
     from .generator.select import select
@@ -99,6 +102,8 @@ def bench(
     if memory:
         spec = select(64, "bf16", True, arch, gpu_name=gpu_name)
         result.memory = bench_mod.memory_comparison(spec)
+    if overhead:
+        result.overhead = bench_mod.host_overhead(causal=causal)
 
     lines = bench_mod.summary_table(result.rows)
     headers = ["dtype", "d", "causal", "T", "flashgen", "FA2", "cuDNN", "effic.", "x FA2",
@@ -119,6 +124,13 @@ def bench(
             f"{m['naive_mib']:.1f} MiB, sdpa-flash {m['sdpa_flash_mib']:.1f} MiB, "
             f"flashgen {m['flashgen_mib']:.1f} MiB"
         )
+    if result.overhead:
+        click.echo("host overhead: median wall time per call (us), bf16")
+        for line in format_table(*bench_mod.overhead_table(result.overhead)):
+            click.echo(line)
+        for o in result.overhead:
+            if o.error:
+                click.echo(f"note: overhead {o.impl} T={o.t}: {o.error}", err=True)
     errors = [r for r in result.rows if r.error]
     for r in errors:
         click.echo(f"note: {r.impl} {r.variant or ''} T={r.t}: {r.error}", err=True)

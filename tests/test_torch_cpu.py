@@ -212,3 +212,30 @@ def test_torch_compile_fullgraph_traces_the_op_as_one_node(with_spec):
     o_meta = node.meta["example_value"][0]
     assert tuple(o_meta.shape) == (2, 4, 10, 64)
     assert o_meta.transpose(1, 2).is_contiguous()
+
+
+# ---- the host-overhead benchmark's bookkeeping (the timing itself needs a GPU) -----------------
+def test_per_call_timing_synchronizes_every_batch_and_times_each_call():
+    from flashgen.generator.bench import _per_call_us
+
+    events: list[str] = []
+    samples = _per_call_us(lambda: events.append("call"), 7, 3, lambda: events.append("sync"))
+    assert len(samples) == 7 and all(s >= 0 for s in samples)
+    assert events == ["call"] * 3 + ["sync"] + ["call"] * 3 + ["sync"] + ["call", "sync"]
+
+
+def test_the_overhead_table_has_one_line_per_problem_and_flashgens_ratio_to_sdpa():
+    from flashgen.generator.bench import OverheadRow, overhead_table
+
+    rows = [
+        OverheadRow("flashgen.torch", "bf16", 1, 8, 1, 128, False, 18.0, 20.0, 100, 0.9),
+        OverheadRow("sdpa", "bf16", 1, 8, 1, 128, False, 20.0, 21.0, 100, 1.0),
+        OverheadRow("numpy", "bf16", 1, 8, 1, 128, False, None, None, 0, None, "boom"),
+        OverheadRow("sdpa", "bf16", 1, 8, 128, 64, True, 25.0, 26.0, 100, 1.0),
+    ]
+    headers, lines = overhead_table(rows)
+    assert headers == ["problem", "causal", "flashgen.torch us", "sdpa us", "numpy us", "x SDPA"]
+    assert lines == [
+        ["B1 H8 T1 d128", "no", "18.0", "20.0", "-", "0.90"],
+        ["B1 H8 T128 d64", "yes", "-", "25.0", "-", "-"],
+    ]

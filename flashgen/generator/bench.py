@@ -4,7 +4,12 @@ Protocol: bf16 and fp16; d 64 and 128; H*d = 2048; B*T = 16384 tokens; T 512 ...
 causal and not. FLOPs = 4*B*H*Tq*Tk*d, halved for causal. Each time is the median of
 CUDA-event timings after warm-up, on random normal inputs. Peers (torch SDPA's FLASH, CUDNN
 and EFFICIENT backends) run in the same process when torch is importable. torch allocates
-every tensor, flashgen's kernels read them through `__cuda_array_interface__`.
+every tensor; flashgen's kernels read them in place, launched on torch's current stream.
+
+Host overhead (`host_overhead`): median wall time of one call, from the caller's side, for
+flashgen.torch.attention, torch SDPA (its default backend choice) on the same tensors, and
+flashgen.attention on GPUArrays and on NumPy arrays, on small problems (decode-like T = 1,
+T = 128, T = 1024), causal and not.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import re
 import statistics
 import subprocess
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -89,13 +95,16 @@ class BenchResult:
     env: dict[str, Any]
     rows: list[Row] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
+    overhead: list[OverheadRow] = field(default_factory=list)
 
     def to_json(self) -> str:
         """The run as indented JSON."""
-        return json.dumps(
-            {"env": self.env, "rows": [asdict(r) for r in self.rows], "memory": self.memory},
-            indent=1,
-        )
+        data: dict[str, Any] = {
+            "env": self.env, "rows": [asdict(r) for r in self.rows], "memory": self.memory,
+        }  # fmt: skip
+        if self.overhead:
+            data["overhead"] = [asdict(r) for r in self.overhead]
+        return json.dumps(data, indent=1)
 
 
 def cases(
@@ -147,19 +156,22 @@ def _inputs(case: Case, seed: int = 0) -> tuple[Any, Any, Any]:
 
 
 def flashgen_runner(spec: KernelSpec, q: Any, k: Any, v: Any) -> tuple[Callable[[], None], Any]:
-    """A closure launching `spec` on torch tensors (validated once), and its output tensor."""
+    """A closure launching `spec` on torch tensors (validated once, bound once) on torch's
+    current stream, and its output tensor."""
     torch = _torch()
     from . import runtime
-    from .validate import check_scale, validate_inputs
+    from .validate import LOG2E, check_scale, validate_inputs
 
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
     problem = validate_inputs(spec, q, k, v, o=o, lse=lse)
     scale = check_scale(None, spec.d)
-    func = runtime.get_function(spec)
+    bound = runtime.get_function(spec).bind(problem, scale * LOG2E)
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+    stream = int(torch.cuda.current_stream().cuda_stream)
 
     def run() -> None:
-        runtime.launch_problem(spec, func, problem, scale, None, sync=False)
+        bound(*ptrs, stream)
 
     return run, o
 
@@ -377,3 +389,151 @@ def plot(rows: list[Row], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ---- host overhead ----------------------------------------------------------------------------
+# (B, H, T, d): decode-like, short and medium sequences (Tq = Tk = T)
+OVERHEAD_PROBLEMS: tuple[tuple[int, int, int, int], ...] = (
+    (1, 8, 1, 128),
+    (1, 8, 128, 64),
+    (4, 16, 1024, 128),
+)
+OVERHEAD_CALLS = 2000  # timed calls per implementation and problem (NumPy: a tenth)
+OVERHEAD_BATCH = 50  # calls between (untimed) synchronizations: the launch queue never fills
+OVERHEAD_IMPLS = ("flashgen.torch", "sdpa", "flashgen.torch-op", "gpuarray", "numpy", "alloc-floor")
+OVERHEAD_BAR = 1.2  # flashgen.torch's median over SDPA's: the bar of issue #11
+
+
+@dataclass
+class OverheadRow:
+    """Median host wall time of one call of one implementation on one problem."""
+
+    impl: str
+    dtype: str
+    b: int
+    h: int
+    t: int
+    d: int
+    causal: bool
+    us: float | None  # median microseconds per call
+    p90_us: float | None
+    calls: int
+    x_sdpa: float | None = None  # us / SDPA's us on the same problem
+    error: str | None = None
+
+
+def _per_call_us(
+    fn: Callable[[], Any], calls: int, batch: int, sync: Callable[[], None]
+) -> list[float]:
+    """Wall microseconds of each of `calls` calls, synchronizing (untimed) every `batch`."""
+    samples: list[float] = []
+    clock = time.perf_counter_ns
+    while len(samples) < calls:
+        for _ in range(min(batch, calls - len(samples))):
+            t0 = clock()
+            fn()
+            samples.append((clock() - t0) / 1e3)
+        sync()
+    return samples
+
+
+def overhead_runners(
+    b: int, h: int, t: int, d: int, causal: bool, dtype: str = "bf16", seed: int = 0
+) -> dict[str, Callable[[], Any]]:
+    """The implementations timed by `host_overhead`, as closures on one set of inputs."""
+    torch = _torch()
+    from .. import api
+    from .. import torch as fg_torch
+    from . import runtime
+    from .dtypes import DTYPES as STORAGE
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=dt, generator=g) for _ in range(3))
+    host = [x.float().cpu().numpy().astype(STORAGE[dtype].numpy) for x in (q, k, v)]
+    dev = [runtime.to_device(x) for x in host]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    op = torch.ops.flashgen.attention.default
+    lse_shape = (b, h, t)
+    return {
+        "flashgen.torch": lambda: fg_torch.attention(q, k, v, causal=causal),
+        "sdpa": lambda: sdpa(q, k, v, is_causal=causal),
+        "flashgen.torch-op": lambda: op(q, k, v, causal, None, None),  # through the dispatcher
+        "gpuarray": lambda: api.attention(dev[0], dev[1], dev[2], causal=causal),
+        "numpy": lambda: api.attention(host[0], host[1], host[2], causal=causal),
+        # the two allocations every call makes (O and LSE): the part no launch path avoids
+        "alloc-floor": lambda: (
+            torch.empty_like(q),
+            torch.empty(lse_shape, device="cuda", dtype=torch.float32),
+        ),
+    }
+
+
+def host_overhead(
+    problems: Iterable[tuple[int, int, int, int]] = OVERHEAD_PROBLEMS,
+    causal: Iterable[bool] = (False, True),
+    dtype: str = "bf16",
+    calls: int = OVERHEAD_CALLS,
+    impls: Iterable[str] = OVERHEAD_IMPLS,
+    batch: int = OVERHEAD_BATCH,
+    rounds: int = 4,
+) -> list[OverheadRow]:
+    """Median wall time per call of each implementation, SDPA's ratio alongside.
+
+    Each problem's implementations are warmed up (compile, load, validate), then timed in
+    `rounds` interleaved rounds of calls/rounds calls each, so drift hits all alike.
+    """
+    torch = _torch()
+    chosen = list(impls)
+    rows: list[OverheadRow] = []
+    for b, h, t, d in problems:
+        for c in causal:
+            runners = overhead_runners(b, h, t, d, c, dtype)
+            samples: dict[str, list[float]] = {name: [] for name in chosen}
+            errors: dict[str, str] = {}
+            for name in chosen:
+                try:
+                    for _ in range(3):
+                        runners[name]()
+                    torch.cuda.synchronize()
+                except Exception as exc:  # an implementation that fails is a row, not a crash
+                    errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+            for _ in range(rounds):
+                for name in chosen:
+                    if name in errors:
+                        continue
+                    n = max(1, calls // rounds // (10 if name == "numpy" else 1))
+                    samples[name] += _per_call_us(runners[name], n, batch, torch.cuda.synchronize)
+            group = []
+            for name in chosen:
+                xs = sorted(samples[name])
+                med = statistics.median(xs) if xs else None
+                p90 = xs[int(0.9 * (len(xs) - 1))] if xs else None
+                group.append(
+                    OverheadRow(
+                        name, dtype, b, h, t, d, c, med, p90, len(xs), None, errors.get(name)
+                    )
+                )
+            base = next((r.us for r in group if r.impl == "sdpa"), None)
+            for r in group:
+                if r.us is not None and base:
+                    r.x_sdpa = r.us / base
+            rows += group
+            del runners
+    return rows
+
+
+def overhead_table(rows: list[OverheadRow]) -> tuple[list[str], list[list[str]]]:
+    """Headers and lines: one line per (problem, causal), microseconds per implementation."""
+    impls = [i for i in OVERHEAD_IMPLS if any(r.impl == i for r in rows)]
+    keys = sorted({(r.b, r.h, r.t, r.d, r.causal) for r in rows}, key=lambda k: (k[2], k[4]))
+    headers = ["problem", "causal", *[f"{i} us" for i in impls], "x SDPA"]
+    lines = []
+    for key in keys:
+        by = {r.impl: r for r in rows if (r.b, r.h, r.t, r.d, r.causal) == key}
+        cells = [f"{by[i].us:.1f}" if i in by and by[i].us is not None else "-" for i in impls]
+        ours = by.get("flashgen.torch")
+        ratio = "-" if ours is None or ours.x_sdpa is None else f"{ours.x_sdpa:.2f}"
+        b, h, t, d, c = key
+        lines.append([f"B{b} H{h} T{t} d{d}", "yes" if c else "no", *cells, ratio])
+    return headers, lines
