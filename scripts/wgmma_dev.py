@@ -23,8 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flashgen.generator import runtime, tma
-from flashgen.generator.arch import STATIC_SMEM_LIMIT
+from flashgen.generator import launch, runtime
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.oracle import check_outputs
 from flashgen.generator.spec import KernelSpec
@@ -40,36 +39,33 @@ PROBLEMS = [  # (b, h, tq, tk)
 
 
 def load(spec: KernelSpec) -> Any:
-    """The loaded kernel for `spec` on this GPU (its function handle for wgmma)."""
-    arch = "sm_90a" if spec.family == "wgmma" else runtime.kernel_arch(spec)
+    """The launch plan for `spec` on GPU 0 (compiled for it)."""
+    arch = runtime.kernel_arch(spec)
     ck = compile_kernel(spec, arch)
     print(f"{spec.name}: {ck.report.registers} regs, spills {ck.report.spill_stores}", flush=True)
-    drv = runtime.gpu().drv
-    if spec.family == "wgmma":
-        return tma.load_function(ck.cubin, spec.name, spec.smem_bytes)
-    module = drv.module_from_buffer(ck.cubin)
-    func = module.get_function(spec.name)
-    if spec.smem_bytes > STATIC_SMEM_LIMIT:
-        func.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes)
-    if spec.family != "wgmma":
-        func.prepare(runtime.ABI_FORMAT)
-    return module, func
+    return None, launch.plan(spec, ck.cubin, arch, 0)
+
+
+_bound: dict[Any, Any] = {}
 
 
 def strides(t: torch.Tensor) -> tuple[int, int, int]:
     return (t.stride(0), t.stride(1), t.stride(2))
 
 
-def run(spec: KernelSpec, func: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float) -> None:
+def run(
+    spec: KernelSpec, func: Any, q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float
+) -> None:
     b, h, tq, d = q.shape
     p = Problem(b, h, tq, k.shape[2], d, spec.dtype, strides(q), strides(k), strides(v),
                 strides(o), q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                 lse.data_ptr())  # fmt: skip
     stream = torch.cuda.current_stream().cuda_stream
-    if spec.family == "wgmma":
-        tma.launch(spec, func, p, scale * LOG2E, stream)
-    else:
-        runtime.launch_problem(spec, func, p, scale, None, sync=False)  # legacy stream
+    key = (spec, p)
+    bound = _bound.get(key)
+    if bound is None:
+        bound = _bound[key] = func.bind(p, scale * LOG2E)
+    bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream)
 
 
 def to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
@@ -84,7 +80,9 @@ def check(spec: KernelSpec, func: Any, seed: int = 0) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     for b, h, tq, tk in PROBLEMS:
         shape_q, shape_k = (b, h, tq, spec.d), (b, h, tk, spec.d)
-        qn, kn, vn = (rng.standard_normal(s).astype(NUMPY[spec.dtype]) for s in (shape_q, shape_k, shape_k))
+        qn, kn, vn = (
+            rng.standard_normal(s).astype(NUMPY[spec.dtype]) for s in (shape_q, shape_k, shape_k)
+        )
         # a strided o and a BTHD view for k: the kernel must honour each tensor's strides
         q = torch.from_numpy(qn.view(np.int16) if spec.dtype == "bf16" else qn).cuda()
         q = q.view(TORCH[spec.dtype]) if spec.dtype == "bf16" else q
@@ -93,7 +91,9 @@ def check(spec: KernelSpec, func: Any, seed: int = 0) -> list[dict[str, Any]]:
         k = kt.transpose(1, 2).contiguous().transpose(1, 2)  # (B, T, H, d) storage
         v = torch.from_numpy(vn.view(np.int16) if spec.dtype == "bf16" else vn).cuda()
         v = v.view(TORCH[spec.dtype]) if spec.dtype == "bf16" else v
-        o_big = torch.full((b, h, tq, spec.d + 64), float("nan"), dtype=TORCH[spec.dtype], device="cuda")
+        o_big = torch.full(
+            (b, h, tq, spec.d + 64), float("nan"), dtype=TORCH[spec.dtype], device="cuda"
+        )
         o = o_big[..., : spec.d]
         lse = torch.full((b, h, tq), float("nan"), dtype=torch.float32, device="cuda")
         scale = 1.0 / math.sqrt(spec.d)
@@ -137,16 +137,24 @@ def bench(specs: list[tuple[KernelSpec, Any]], ts: list[int]) -> list[dict[str, 
             lse = torch.empty(b, h, t, dtype=torch.float32, device="cuda")
             flops = 4 * b * h * t * t * d / (2 if causal else 1)
             row: dict[str, Any] = {"d": d, "dtype": dtype, "causal": causal, "t": t, "b": b, "h": h}
-            for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            for name, backend in (
+                ("flash", SDPBackend.FLASH_ATTENTION),
+                ("cudnn", SDPBackend.CUDNN_ATTENTION),
+            ):
                 try:
                     with sdpa_kernel(backend):
-                        ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                        ms = timed(
+                            lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(
+                                q, k, v, is_causal=c
+                            )
+                        )
                     row[name] = flops / ms / 1e9
                 except Exception as exc:  # a backend that refuses the shape
                     row[name] = None
                     print(f"{name}: {exc}", file=sys.stderr)
             for spec, func in group:
-                ms = timed(lambda s=spec, f=func: run(s, f, q, k, v, o, lse, 1.0 / math.sqrt(d)))
+                args = (q, k, v, o, lse, 1.0 / math.sqrt(d))
+                ms = timed(lambda s=spec, f=func, a=args: run(s, f, *a))
                 row[spec.name] = flops / ms / 1e9
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -183,9 +191,12 @@ def main() -> None:
         ours = {k: v for k, v in row.items() if k.startswith("flash_")}
         best = max(ours.values()) if ours else 0
         peer = max(x for x in (row.get("flash"), row.get("cudnn"), 0) if x is not None)
-        print(f"d{row['d']} {row['dtype']} {'causal' if row['causal'] else 'full  '} T={row['t']:5d}: "
-              f"ours {best:6.1f}  fa2 {row.get('flash') or 0:6.1f}  cudnn {row.get('cudnn') or 0:6.1f}  "
-              f"x{best / peer if peer else 0:.2f}")  # fmt: skip
+        mask = "causal" if row["causal"] else "full  "
+        fa2, cudnn = row.get("flash") or 0, row.get("cudnn") or 0
+        print(
+            f"d{row['d']} {row['dtype']} {mask} T={row['t']:5d}: ours {best:6.1f}  "
+            f"fa2 {fa2:6.1f}  cudnn {cudnn:6.1f}  x{best / peer if peer else 0:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,11 +12,28 @@ from flashgen.generator.spec import KernelSpec
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tensor_core_dtypes_on_sm80_and_newer_get_mma_128x64_two_stages(dtype, causal):
-    for arch in ("sm_80", "sm_90", "sm_90a"):
+    for arch in ("sm_80", "sm_86", "sm_100"):
         spec = select(64, dtype, causal, arch)
         assert (spec.family, spec.d, spec.dtype, spec.causal) == ("mma", 64, dtype, causal)
         assert (spec.br, spec.bc, spec.stages) == (128, 64, 2)
         assert spec in shipped("mma")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_hopper_gets_wgmma_128x128_two_stages(dtype, causal, d):
+    for arch in ("sm_90", "sm_90a"):
+        spec = select(d, dtype, causal, arch)
+        assert (spec.family, spec.d, spec.dtype, spec.causal) == ("wgmma", d, dtype, causal)
+        assert spec in shipped("wgmma")
+        if d < 256:  # d=256 ships bc=64 only (registers)
+            assert (spec.br, spec.bc, spec.stages) == (128, 128, 2)
+
+
+def test_head_dims_wgmma_does_not_ship_fall_back_to_mma_on_hopper():
+    assert 96 not in {s.d for s in shipped("wgmma")}
+    assert select(96, "bf16", False, "sm_90").family == "mma"
 
 
 def test_fp32_gets_simt_32x32():
@@ -45,7 +62,8 @@ def test_head_dims_only_simt_ships_fall_back_to_simt():
 def test_inputs_too_misaligned_for_mma_get_simt():
     spec = select(64, "bf16", False, "sm_90", alignment=1)
     assert spec.family == "simt" and spec.align_elems == 1
-    assert select(64, "bf16", False, "sm_90", alignment=8).family == "mma"
+    assert select(64, "bf16", False, "sm_80", alignment=8).family == "mma"
+    assert select(64, "bf16", False, "sm_90", alignment=8).family == "wgmma"
 
 
 def test_the_nearest_tile_wins_when_the_preferred_one_is_not_shipped():
@@ -113,4 +131,4 @@ def test_a_tuning_table_entry_wins_when_the_gpu_is_named(monkeypatch):
 def test_no_tuning_table_falls_back_to_the_default(monkeypatch):
     monkeypatch.setattr("flashgen.generator.tuning.lookup", lambda *a: None)
     spec = select(64, "bf16", False, "sm_90", gpu_name="Some GPU")
-    assert (spec.br, spec.bc, spec.stages) == (128, 64, 2)
+    assert (spec.family, spec.br, spec.bc, spec.stages) == ("wgmma", 128, 128, 2)

@@ -32,7 +32,7 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
     ({"causal": 1}, "causal=1", "must be True or False", "True or False"),
     ({"causal": "yes"}, "causal='yes'", "must be True or False", "True or False"),
     ({"dtype": "fp8"}, "dtype='fp8'", "unknown dtype", "choose one of fp32, fp16, bf16"),
-    ({"family": "wgmmx"}, "family='wgmmx'", "unknown family", "choose one of simt, mma"),
+    ({"family": "wgmmx"}, "family='wgmmx'", "unknown family", "choose one of simt, mma, wgmma"),
     # ---- simt -----------------------------------------------------------------------------
     ({"d": 12}, "d=12", "must be a multiple of 8 in [8, 256] for family simt", "try 64"),
     ({"d": 0}, "d=0", "must be a multiple of 8 in [8, 256] for family simt", "try 64"),
@@ -130,6 +130,56 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
         {"family": "mma", "dtype": "bf16", "br": 256, "warps": 16, "d": 128, "bc": 128},
         "smem=208896 B",
         f"exceeds the {SM80_SMEM} B per block of sm_80",
+        "lower bc or stages",
+    ),
+    # ---- wgmma ----------------------------------------------------------------------------
+    (
+        {"family": "wgmma", "dtype": "fp32", "br": 128, "bc": 128},
+        "dtype=fp32",
+        "needs a tensor-core dtype",
+        "fp16",
+    ),
+    (
+        {"family": "wgmma", "dtype": "bf16", "d": 96, "br": 128, "bc": 128},
+        "d=96",
+        "must be 64, 128, 192 or 256 for family wgmma",
+        "or family mma",
+    ),
+    (
+        {"family": "wgmma", "dtype": "bf16", "br": 96, "bc": 128},
+        "br=96",
+        "must be 64, 128 or 192 for family wgmma",
+        "try 128",
+    ),
+    (
+        {"family": "wgmma", "dtype": "bf16", "br": 128, "bc": 72},
+        "bc=72",
+        "multiple of 16 in [16, 256] for family wgmma",
+        "try 128",
+    ),
+    (
+        {"family": "wgmma", "dtype": "bf16", "br": 128, "bc": 128, "warps": 8},
+        "warps=8",
+        "derives warps from br (4 * (br/64 + 1) = 12)",
+        "leave warps unset",
+    ),
+    (
+        {"family": "wgmma", "dtype": "bf16", "br": 128, "bc": 128, "stages": 1},
+        "stages=1",
+        "K/V ring depth must be 2, 3 or 4",
+        "try 2",
+    ),
+    (
+        # three consumers get 160 registers each: O (64) + S (64) + P (32) + 32 is 192
+        {"family": "wgmma", "dtype": "bf16", "d": 128, "br": 192, "bc": 128},
+        "d=128, bc=128, br=192: ~192 registers per consumer thread",
+        "exceed the 160 that 3 consumer warpgroups get",
+        "lower bc or br",
+    ),
+    (
+        {"family": "wgmma", "dtype": "bf16", "d": 256, "br": 128, "bc": 64, "stages": 4},
+        "smem=",
+        "B per block of sm_90a",
         "lower bc or stages",
     ),
 ]

@@ -295,7 +295,9 @@ class WgmmaFamily(Family):
                 "warpgroup); try 128"
             )
         if spec.bc % 16 or not 16 <= spec.bc <= 256:
-            p.append(f"bc={spec.bc}: must be a multiple of 16 in [16, 256] for family wgmma; try 128")
+            p.append(
+                f"bc={spec.bc}: must be a multiple of 16 in [16, 256] for family wgmma; try 128"
+            )
         if spec.br in (64, 128, 192) and spec.warps != self.default_warps(spec):
             p.append(
                 f"warps={spec.warps}: family wgmma derives warps from br (4 * (br/64 + 1) = "
@@ -374,11 +376,11 @@ FAMILIES: dict[str, Family] = {
         axes={
             "d": (64, 128, 256),
             "br": (128, 192),
-            "bc": (64, 128),
+            "bc": (64, 128, 176),
             "dtype": ("fp16", "bf16"),
             "causal": (False, True),
             "warps": (0,),
-            "stages": (2,),
+            "stages": (2, 3),
         },
     ),
 }

@@ -2,6 +2,8 @@
 
 A tuning table for the GPU (`tuning.lookup`, by GPU name) wins when it has an entry. Otherwise
 the default preference:
+- the `wgmma` family on Hopper (sm_90) when the dtype is fp16/bf16 and `wgmma` ships that d:
+  br=128, bc=128, stages=2, else the nearest shipped `wgmma` variant;
 - the `mma` family when the dtype is fp16/bf16, the GPU is sm_80 or newer and `mma` ships
   that d: br=128, bc=64, stages=2, else the shipped `mma` variant nearest to that;
 - otherwise the `simt` family: br=32, bc=32, else the nearest shipped tile.
@@ -31,10 +33,12 @@ class Preference:
     stages: int
     min_major: int  # oldest GPU generation the family runs on (compute capability major)
     tensor_core_only: bool
+    max_major: int = 99  # newest generation (wgmma is Hopper-only: sm_90a code runs on 9.0)
 
 
 # In order: the first family that applies and ships the head dim wins.
 PREFERENCES: tuple[Preference, ...] = (
+    Preference("wgmma", br=128, bc=128, stages=2, min_major=9, tensor_core_only=True, max_major=9),
     Preference("mma", br=128, bc=64, stages=2, min_major=8, tensor_core_only=True),
     Preference("simt", br=32, bc=32, stages=1, min_major=0, tensor_core_only=False),
 )
@@ -85,7 +89,8 @@ def select(
             return tuned
     pool = list(shipped()) if candidates is None else list(candidates)
     for pref in PREFERENCES:
-        if major < pref.min_major or (pref.tensor_core_only and not DTYPES[dtype].tensor_core):
+        runs_here = pref.min_major <= major <= pref.max_major
+        if not runs_here or (pref.tensor_core_only and not DTYPES[dtype].tensor_core):
             continue
         fits = [
             s

@@ -1,4 +1,4 @@
-"""Tensor maps for the `wgmma` family's TMA loads, and its launch through `cuLaunchKernel`.
+"""Tensor maps for the `wgmma` family's TMA loads (its kernels' leading launch arguments).
 
 A `wgmma` kernel takes three `CUtensorMap`s by value (`__grid_constant__`) before the C ABI
 every family shares: Q with boxes of BR rows, K and V with boxes of BC rows, each box 64
@@ -6,9 +6,9 @@ columns (128 bytes) wide and 128-byte swizzled. They are encoded on the host wit
 `cuTensorMapEncodeTiled` (ctypes on libcuda, which PyCUDA has loaded already) and cached by
 everything they depend on, so a repeated call re-encodes nothing.
 
-PyCUDA's `prepared_call` cannot pass them (its packed parameter buffer gave "illegal
-instruction" on the H200), so these kernels are launched with `cuLaunchKernel` and an array
-of pointers to each argument, in PyCUDA's current context.
+The maps go ahead of the common arguments through launch.py's prefix-args hook (launch.py
+calls `cuLaunchKernel` with an array of pointers to each argument; PyCUDA's `prepared_call`
+cannot pass them: its packed parameter buffer gave "illegal instruction" on the H200).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections import OrderedDict
 from functools import cache
 from typing import Any
 
+from .launch import register_prefix_args
 from .spec import KernelSpec
 from .validate import Problem
 
@@ -47,17 +48,6 @@ def _libcuda() -> Any:
         ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
-    lib.cuLaunchKernel.restype = ctypes.c_int
-    lib.cuLaunchKernel.argtypes = [
-        ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-        ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-    ]  # fmt: skip
-    lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-    lib.cuModuleGetFunction.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p,
-    ]  # fmt: skip
-    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.cuGetErrorString.restype = ctypes.c_int
     lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     return lib
@@ -67,34 +57,6 @@ def _error_text(code: int) -> str:
     text = ctypes.c_char_p()
     _libcuda().cuGetErrorString(code, ctypes.byref(text))
     return f"CUDA error {code}" + (f" ({text.value.decode()})" if text.value else "")
-
-
-CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-
-def load_function(cubin: bytes, name: str, smem_bytes: int) -> tuple[int, int]:
-    """Load `cubin` into the current context; return (module, function) driver handles.
-
-    PyCUDA's Function does not expose its CUfunction, and these kernels are launched with
-    cuLaunchKernel, so they are loaded through the driver directly (the module stays loaded
-    for the life of the process, like PyCUDA's).
-    """
-    lib = _libcuda()
-    module, func = ctypes.c_void_p(), ctypes.c_void_p()
-    for rc, what in (
-        (lambda: lib.cuModuleLoadData(ctypes.byref(module), cubin), "loading the cubin"),
-        (lambda: lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()), name),
-        (
-            lambda: lib.cuFuncSetAttribute(
-                func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes
-            ),
-            f"raising the shared-memory limit to {smem_bytes} B",
-        ),
-    ):
-        code = rc()
-        if code != 0:
-            raise RuntimeError(f"kernel {name}: {what} failed: {_error_text(code)}")
-    return int(module.value or 0), int(func.value or 0)
 
 
 def tma_strides(t: int, h: int, b: int, d: int, strides: tuple[int, int, int]) -> list[int]:
@@ -164,26 +126,9 @@ def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, Ten
     return maps
 
 
-def launch(
-    spec: KernelSpec, function_handle: int, p: Problem, scale_log2: float, stream_handle: int
-) -> None:
-    """Launch a validated `wgmma` problem with `cuLaunchKernel` (asynchronous; errors raise)."""
-    maps = tensor_maps(spec, p)
-    args: list[Any] = [
-        *maps,
-        *(ctypes.c_uint64(x or 0) for x in (p.q_ptr, p.k_ptr, p.v_ptr, p.o_ptr, p.lse_ptr)),
-        ctypes.c_int32(p.tq), ctypes.c_int32(p.tk),
-        *(ctypes.c_int64(s) for s in p.kernel_strides()),
-        ctypes.c_float(scale_log2),
-    ]  # fmt: skip
-    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args))
-    gx, gy, gz = spec.grid(p.b, p.h, p.tq)
-    rc = _libcuda().cuLaunchKernel(
-        ctypes.c_void_p(function_handle), gx, gy, gz, spec.threads, 1, 1, spec.smem_bytes,
-        ctypes.c_void_p(stream_handle), params, None,
-    )  # fmt: skip
-    if rc != 0:
-        raise RuntimeError(
-            f"kernel {spec.name} failed to launch (grid {(gx, gy, gz)}, block {spec.threads}, "
-            f"{spec.smem_bytes} B shared memory): {_error_text(rc)}"
-        )
+def prefix_args(spec: KernelSpec, problem: Problem) -> list[TensorMap]:
+    """The `wgmma` kernels' leading arguments (launch.py's prefix-args hook)."""
+    return list(tensor_maps(spec, problem))
+
+
+register_prefix_args("wgmma", prefix_args)

@@ -29,7 +29,8 @@ class Wgmma:
     @property
     def fn(self) -> str:
         """The C++ function name."""
-        return f"wgmma_m64n{self.n}k16_{'rs' if self.a_regs else 'ss'}{'_tb' if self.trans_b else ''}"
+        a_src = "rs" if self.a_regs else "ss"
+        return f"wgmma_m64n{self.n}k16_{a_src}{'_tb' if self.trans_b else ''}"
 
     def source(self) -> str:
         """The C++ definition: a forceinline device function around one asm statement."""
@@ -38,7 +39,7 @@ class Wgmma:
         regs = ", ".join(f"%{i}" for i in range(acc))
         tb = 1 if self.trans_b else 0
         if self.a_regs:
-            a_ops = f"{{%{acc}, %{acc + 1}, %{acc + 2}, %{acc + 3}}}"
+            a_ops = f"{{ %{acc}, %{acc + 1}, %{acc + 2}, %{acc + 3}}}"
             b_op, p_op = f"%{acc + 4}", f"%{acc + 5}"
             tail = f"p, 1, 1, {tb}"  # scale-d, imm-scale-a, imm-scale-b, imm-trans-b
             ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
@@ -57,7 +58,7 @@ class Wgmma:
             '      "{\\n.reg .pred p;\\n"\n'
             f'      "setp.ne.b32 p, {p_op}, 0;\\n"\n'
             f'      "wgmma.mma_async.sync.aligned.{shape} "\n'
-            f'      "{{{regs}}}, "\n'
+            f'      "{{ {regs}}}, "\n'
             f'      "{a_ops}, {b_op}, {tail};\\n}}\\n"\n'
             f"      : {outs}\n"
             f"      : {ins});\n"
