@@ -1,7 +1,8 @@
 """flashgen: generate, compile, prove and benchmark specialized FlashAttention CUDA kernels.
 
-The public API. `import flashgen` needs no GPU, driver or PyCUDA: `flashgen.attention` (which
-launches kernels through PyCUDA) is imported on first use.
+The public API. `import flashgen` needs no GPU, driver, PyCUDA or torch: `flashgen.attention`
+(which launches kernels through PyCUDA) is imported on first use. PyTorch users import
+`flashgen.torch` (the custom op `torch.ops.flashgen.attention`, on torch's current stream).
 """
 
 from __future__ import annotations
