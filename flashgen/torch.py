@@ -140,6 +140,7 @@ class _Entry:
 
 _entries: dict[tuple[Any, ...], _Entry] = {}
 _entries_lock = threading.Lock()
+MAX_SIGNATURES = 4096  # validated signatures kept; past this the dict starts over
 
 
 def _raw_stream_fn() -> Callable[[int], int]:
@@ -195,33 +196,52 @@ def _prepare(
             "move them with .to(q.device)"
         )
     dev = int(q.get_device())
-    spec = None
-    if variant is not None:
-        spec = KernelSpec.from_name(variant)
-        check_spec_fits_call(spec, problem, bool(causal))
-        check_spec(spec, problem, check_pointers=True)
-    arch = _device_arch(dev)
-    if spec is None:
-        spec = select(
-            problem.d, problem.dtype, bool(causal), arch,
-            alignment=problem.alignment(pointers=True),
-            gpu_name=torch.cuda.get_device_name(dev),
-        )  # fmt: skip
-    with runtime.for_device_arch(arch):
-        karch = runtime.kernel_arch(spec)
-    chosen = spec
-    plan = launch.plan(chosen, lambda: compile_kernel(chosen, karch).cubin, karch, dev)
+    chosen = _variant_for(problem, bool(causal), variant, dev)
     shape = tuple(int(n) for n in q.shape)
     o_stride = out_strides(shape, tuple(int(s) for s in q.stride()))
     o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
     lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
     full = check_layout(q, k, v, o=o, lse=lse)
-    check_spec(chosen, full, check_pointers=True)
-    bound = plan.bind(_without_pointers(full), value * LOG2E)
+    check_spec(chosen.spec, full, check_pointers=True)
+    bound = chosen.bind(_without_pointers(full), value * LOG2E)
     entry = _Entry(bound, q.device, q.dtype, shape, o_stride, (shape[0], shape[1], shape[2]))
     with _entries_lock:
+        if len(_entries) >= MAX_SIGNATURES:  # e.g. a decode loop whose Tk grows every step
+            _entries.clear()
         _entries[key] = entry
     return entry
+
+
+# (device, d, dtype, causal, alignment, variant) -> loaded plan: a new signature of a known
+# kind (another length) skips selection and loading
+_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
+
+
+def _variant_for(
+    problem: Problem, causal: bool, variant: str | None, dev: int
+) -> launch.LaunchPlan:
+    """The plan for this call's variant: the named one (checked against the call) or selected."""
+    align = problem.alignment(pointers=True)
+    key = (dev, problem.d, problem.dtype, causal, align, variant)
+    hit = _plans.get(key)
+    if variant is not None:
+        spec = hit.spec if hit is not None else KernelSpec.from_name(variant)
+        check_spec_fits_call(spec, problem, causal)
+        check_spec(spec, problem, check_pointers=True)
+    if hit is not None:
+        return hit
+    arch = _device_arch(dev)
+    if variant is None:
+        spec = select(
+            problem.d, problem.dtype, causal, arch, alignment=align,
+            gpu_name=torch.cuda.get_device_name(dev),
+        )  # fmt: skip
+    with runtime.for_device_arch(arch):
+        karch = runtime.kernel_arch(spec)
+    chosen = spec
+    made = launch.plan(chosen, lambda: compile_kernel(chosen, karch).cubin, karch, dev)
+    _plans[key] = made
+    return made
 
 
 def _without_pointers(p: Problem) -> Problem:
@@ -341,6 +361,7 @@ def attention(
 
 
 def clear_cache() -> None:
-    """Forget every validated signature (the loaded kernels stay cached)."""
+    """Forget every validated signature and selection (the loaded kernels stay cached)."""
     with _entries_lock:
         _entries.clear()
+        _plans.clear()
