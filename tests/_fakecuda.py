@@ -207,7 +207,7 @@ class FakeGPUArray:
         self.flags = types.SimpleNamespace(c_contiguous=self.strides == dense)
 
 
-def fake_pycuda(calls: Calls) -> dict[str, types.ModuleType]:
+def fake_pycuda(calls: Calls, cc: tuple[int, int] = (9, 0)) -> dict[str, types.ModuleType]:
     """pycuda, pycuda.driver, pycuda.gpuarray and pycuda.tools stand-ins that record calls."""
     drv = types.ModuleType("pycuda.driver")
 
@@ -238,7 +238,7 @@ def fake_pycuda(calls: Calls) -> dict[str, types.ModuleType]:
             return Context()
 
         def compute_capability(self) -> tuple[int, int]:
-            return (9, 0)
+            return cc
 
         def name(self) -> str:
             return "Fake H200"
@@ -270,10 +270,11 @@ def fake_pycuda(calls: Calls) -> dict[str, types.ModuleType]:
     return {"pycuda": pkg, "pycuda.driver": drv, "pycuda.gpuarray": gpuarray, "pycuda.tools": tools}
 
 
-def install_pycuda(monkeypatch: pytest.MonkeyPatch) -> Calls:
-    """A fake PyCUDA on a fake sm_90 GPU, a fresh runtime state, compiles recorded not run."""
+def install_pycuda(monkeypatch: pytest.MonkeyPatch, cc: tuple[int, int] = (9, 0)) -> Calls:
+    """A fake PyCUDA on a fake GPU (sm_90 by default), a fresh runtime state, compiles
+    recorded not run."""
     rec = Calls()
-    for name, mod in fake_pycuda(rec).items():
+    for name, mod in fake_pycuda(rec, cc).items():
         monkeypatch.setitem(sys.modules, name, mod)
     monkeypatch.setattr(runtime, "_gpu", None)
     monkeypatch.setattr(runtime, "_pool", None)

@@ -114,7 +114,7 @@ def fake_gpu(monkeypatch):
 
     from flashgen import api
 
-    calls = install_pycuda(monkeypatch)
+    calls = install_pycuda(monkeypatch, cc=(8, 0))  # an A100: no tensor maps (wgmma) to encode
     cuda = install_libcuda(monkeypatch)
     monkeypatch.setattr(api, "_entries", {})
     selected: list[tuple] = []

@@ -251,7 +251,9 @@ def test_family_prefix_args_lead_the_kernel_params_and_are_rebuilt_only_when_poi
             blobs.append(b)
         return blobs
 
-    monkeypatch.setitem(launch._prefix_builders, "simt", builder)
+    monkeypatch.setattr(launch, "_prefix_builders", {})
+    monkeypatch.setattr(launch, "_prefix_uses", {})
+    launch.register_prefix_args("simt", builder)
     cuda.prefix_sizes = [128, 128, 128]
     q, k, v, o, lse = operands(SIMT)
     problem = runtime.launch(SIMT, q, k, v, o, lse, 0.3, sync=False)
@@ -279,3 +281,34 @@ def test_a_family_whose_provider_registers_no_builder_is_refused_before_loading(
     with pytest.raises(RuntimeError, match=r"family simt: its kernels take leading arguments"):
         runtime.get_function(SIMT)
     assert kinds(cuda.log, "load") == []
+
+
+def test_prefix_args_that_use_only_q_k_v_are_not_rebuilt_for_fresh_outputs(
+    monkeypatch, calls, cuda
+):
+    built: list[int | None] = []
+
+    def builder(spec: KernelSpec, problem: Any) -> list[Any]:
+        built.append(problem.q_ptr)
+        b = Blob()
+        b.bytes[0] = len(built)
+        return [b]
+
+    monkeypatch.setattr(launch, "_prefix_builders", {})
+    monkeypatch.setattr(launch, "_prefix_uses", {})
+    launch.register_prefix_args("simt", builder, uses=("q", "k", "v"))
+    cuda.prefix_sizes = [128]
+    q, k, v, o, lse = operands(SIMT)
+    problem = runtime.launch(SIMT, q, k, v, o, lse, 0.3, sync=False)
+    bound = runtime.get_function(SIMT).bind(problem, 1.0)
+    for out in range(5):  # a fresh O and LSE every call, as flashgen.torch allocates them
+        bound(0x10000, 0x20000, 0x30000, 0x90000 + out * 0x1000, 0xA0000 + out * 0x100)
+    bound(0x10000, 0x20000, 0x31000, 0x90000, 0xA0000)  # v moved: rebuilt
+    assert len(built) == 1 + 2  # runtime.launch's own bound, then two here
+    assert [c.prefix[0][0] for c in cuda.launches] == [1, 2, 2, 2, 2, 2, 3]
+    assert cuda.launches[-1].ptrs == (0x10000, 0x20000, 0x31000, 0x90000, 0xA0000)
+
+
+def test_prefix_uses_must_name_pointers():
+    with pytest.raises(ValueError, match=r"uses=\('q', 'x'\): name some of q, k, v, o, lse"):
+        launch.register_prefix_args("simt", lambda s, p: [], uses=("q", "x"))

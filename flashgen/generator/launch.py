@@ -21,23 +21,23 @@ tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_
 **Leading by-value arguments (family prefix args).** A family whose kernels take extra by-value
 parameters *before* the common ABI (the Hopper `wgmma` family: three 128-byte `CUtensorMap`s as
 `const __grid_constant__ CUtensorMap`, which PyCUDA's packed-buffer `prepared_call` cannot pass)
-registers a builder::
+registers a builder (`uses`: the pointers its arguments depend on)::
 
     from flashgen.generator import launch
 
     def wgmma_prefix(spec: KernelSpec, problem: Problem) -> list[ctypes.Structure]:
         return [encode_q_map(spec, problem), encode_k_map(...), encode_v_map(...)]
 
-    launch.register_prefix_args("wgmma", wgmma_prefix)
+    launch.register_prefix_args("wgmma", wgmma_prefix, uses=("q", "k", "v"))
 
 A builder returns ctypes objects of any size (a `c_ubyte * 128` or a 64-byte-aligned
 Structure); each becomes one `kernelParams` entry, in order, ahead of q. It receives the problem
-*with* its pointers (q_ptr ... lse_ptr) and is called again only when a pointer changes: a
-`Bound` remembers the last pointers and reuses the blobs while they repeat (as in a loop over
-one set of buffers, or a CUDA-graph capture). `PREFIX_PROVIDERS` maps a family to the module
-that registers its builder, imported on the family's first plan (add
-`"wgmma": "flashgen.generator.tma"` is there); a family listed there whose module does not
-register a builder is refused at plan time rather than launched with missing arguments.
+*with* its pointers (q_ptr ... lse_ptr) and is called again only when a pointer it `uses`
+changes: a `Bound` remembers them and reuses the blobs while they repeat (a loop over one set
+of inputs, fresh outputs each call; a CUDA-graph capture). `PREFIX_PROVIDERS` maps a family to
+the module that registers its builder, imported on the family's first plan
+(`"wgmma": "flashgen.generator.tma"` is there); a family listed there whose module registers
+no builder is refused at plan time rather than launched with missing arguments.
 """
 
 from __future__ import annotations
@@ -70,14 +70,25 @@ class GpuUnavailable(RuntimeError):
 
 
 PrefixArgs = Callable[[KernelSpec, Problem], Sequence[Any]]
+POINTERS = ("q", "k", "v", "o", "lse")
 _prefix_builders: dict[str, PrefixArgs] = {}
+_prefix_uses: dict[str, tuple[int, ...]] = {}  # family -> indices into POINTERS it reads
 # family -> module whose import registers that family's prefix builder
 PREFIX_PROVIDERS: dict[str, str] = {"wgmma": "flashgen.generator.tma"}
 
 
-def register_prefix_args(family: str, builder: PrefixArgs) -> None:
-    """Make `builder(spec, problem)` supply `family`'s leading by-value kernel arguments."""
+def register_prefix_args(family: str, builder: PrefixArgs, uses: Sequence[str] = POINTERS) -> None:
+    """Make `builder(spec, problem)` supply `family`'s leading by-value kernel arguments.
+
+    `uses` names the pointers the arguments depend on (of q, k, v, o, lse): the builder is
+    called again only when one of those changes (tensor maps of q, k and v need not be
+    re-encoded for every fresh output buffer).
+    """
+    bad = [u for u in uses if u not in POINTERS]
+    if bad or not uses:
+        raise ValueError(f"uses={tuple(uses)!r}: name some of {', '.join(POINTERS)}")
     _prefix_builders[family] = builder
+    _prefix_uses[family] = tuple(POINTERS.index(u) for u in uses)
 
 
 def prefix_builder(family: str) -> PrefixArgs | None:
@@ -221,6 +232,7 @@ class LaunchPlan:
     block: tuple[int, int, int]
     smem: int
     prefix: PrefixArgs | None = None
+    prefix_uses: tuple[int, ...] = tuple(range(len(POINTERS)))  # the pointers prefix reads
 
     def grid(self, problem: Problem) -> tuple[int, int, int]:
         """(query tiles, heads, batch) for `problem`."""
@@ -256,9 +268,10 @@ def plan(
             module, func = drv.load(device, binary, spec.name, spec.smem_bytes)
         except RuntimeError as exc:
             raise RuntimeError(f"kernel {spec.name} ({arch}): loading failed: {exc}") from exc
+        uses = _prefix_uses.get(spec.family, tuple(range(len(POINTERS))))
         made = LaunchPlan(
             spec, arch, device, drv.primary_context(device), module, func,
-            (spec.threads, 1, 1), spec.smem_bytes, prefix,
+            (spec.threads, 1, 1), spec.smem_bytes, prefix, uses,
         )  # fmt: skip
         _plans[key] = made
         return made
@@ -286,7 +299,7 @@ class Bound:
     """
 
     __slots__ = (
-        "_args", "_common", "_cur", "_cur_ref", "_drv", "_last_ptrs", "_launch", "_lock",
+        "_args", "_common", "_cur", "_cur_ref", "_drv", "_last_key", "_launch", "_lock",
         "_prefix_keep", "_ptrs", "block", "context", "function", "grid", "params", "plan",
         "problem", "smem",
     )  # fmt: skip
@@ -314,23 +327,27 @@ class Bound:
         self._common = [base + width * i for i in range(5)] + [c.addressof(a) for a in scalars]
         self.params = (c.c_void_p * N_COMMON_ARGS)(*self._common)
         self._lock = threading.Lock()
-        self._last_ptrs: tuple[int, ...] | None = None
+        self._last_key: tuple[int, ...] | None = None
         self._prefix_keep: Sequence[Any] = ()
 
     def scalar_args(self) -> tuple[int | float, ...]:
         """tq, tk, the twelve strides and scale_log2 as bound (for tests and reports)."""
         return tuple(a.value for a in self._args)
 
-    def _set_prefix(self, ptrs: tuple[int, ...]) -> None:
+    def _set_prefix(self, ptrs: tuple[int, int, int, int, int], key: tuple[int, ...]) -> None:
         builder = self.plan.prefix
         assert builder is not None
         q, k, v, o, lse = ptrs
         problem = dataclasses.replace(self.problem, q_ptr=q, k_ptr=k, v_ptr=v, o_ptr=o, lse_ptr=lse)
         blobs = list(builder(self.plan.spec, problem))
         addrs = [ctypes.addressof(b) for b in blobs]
-        self.params = (ctypes.c_void_p * (len(addrs) + N_COMMON_ARGS))(*addrs, *self._common)
+        if len(self.params) == len(addrs) + N_COMMON_ARGS:
+            for i, a in enumerate(addrs):
+                self.params[i] = a
+        else:
+            self.params = (ctypes.c_void_p * (len(addrs) + N_COMMON_ARGS))(*addrs, *self._common)
         self._prefix_keep = blobs
-        self._last_ptrs = ptrs
+        self._last_key = key
 
     def __call__(self, q: int, k: int, v: int, o: int, lse: int, stream: int = 0) -> None:
         """Launch on `stream` (a CUstream handle; 0 is the legacy default stream)."""
@@ -339,8 +356,9 @@ class Bound:
             p[0], p[1], p[2], p[3], p[4] = q, k, v, o, lse
             if self.plan.prefix is not None:
                 ptrs = (q, k, v, o, lse)
-                if ptrs != self._last_ptrs:
-                    self._set_prefix(ptrs)
+                key = tuple([ptrs[i] for i in self.plan.prefix_uses])
+                if key != self._last_key:
+                    self._set_prefix(ptrs, key)
             gx, gy, gz = self.grid
             drv = self._drv
             drv.cuCtxGetCurrent(self._cur_ref)
