@@ -1,12 +1,18 @@
-"""Shared test setup: Hypothesis profiles and the nvcc requirement.
+"""Shared test setup: a temporary cubin cache, Hypothesis profiles and the nvcc requirement.
 
-The cubin cache is deliberately *not* redirected here: the compile tests use the user's cache
-(FLASHGEN_CACHE_DIR or ~/.cache/flashgen) so that a warm rerun takes seconds; tests about the
-cache itself build their own `CubinCache` in a temporary directory.
+The suite never writes into the user's cubin cache: each session gets a fresh temporary
+FLASHGEN_CACHE_DIR, removed at the end. FLASHGEN_TEST_CACHE_DIR=<folder> uses that folder
+instead (kept; e.g. a warm cache for the GPU tier, which compiles every variant it runs).
+
+`compile_all` tests (every shipped variant through nvcc, minutes of CPU) are deselected by
+the default addopts in pyproject.toml; `python -m pytest -m compile_all` runs them.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +30,26 @@ try:
 except ValueError as exc:
     raise pytest.UsageError(str(exc)) from None
 settings.load_profile(_PROFILE)
+
+TEST_CACHE_ENV = "FLASHGEN_TEST_CACHE_DIR"
+_session_cache: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point FLASHGEN_CACHE_DIR at this session's cache before any test runs."""
+    global _session_cache
+    chosen = os.environ.get(TEST_CACHE_ENV)
+    if chosen:
+        os.environ["FLASHGEN_CACHE_DIR"] = chosen
+        return
+    _session_cache = tempfile.mkdtemp(prefix="flashgen-test-cache-")
+    os.environ["FLASHGEN_CACHE_DIR"] = _session_cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's temporary cache."""
+    if _session_cache is not None:
+        shutil.rmtree(_session_cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

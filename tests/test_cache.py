@@ -262,7 +262,7 @@ def test_a_symlinked_cache_folder_is_refused(tmp_path: Path) -> None:
 def test_someone_elses_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "theirs"
     d.mkdir(mode=0o700)
-    monkeypatch.setattr(os, "getuid", lambda: d.stat().st_uid + 4242)
+    monkeypatch.setattr(cache_mod, "_my_uid", lambda: d.stat().st_uid + 4242)
     with pytest.raises(UnsafeDirectory, match="belongs to uid"):
         ensure_private_dir(d)
 
@@ -283,10 +283,12 @@ def test_a_planted_fallback_cache_is_not_used(
     else:
         planted.mkdir(mode=0o700)
         CubinCache(planted).put(KEY, b"planted cubin", {})
-        uid = os.getuid()
-        monkeypatch.setattr(os, "getuid", lambda: uid + 4242)
-        # the per-user name stays the planted one: pretend it carries our (new) uid
-        monkeypatch.setattr(cache_mod, "shared_temp_dir", lambda name: tmp / f"{name}-{uid}")
+        real = cache_mod._why_unsafe  # someone else's folder: judged as if it belonged to them
+
+        def foreign(path: Path, st: os.stat_result, *, private: bool) -> str | None:
+            return "belongs to uid 4242" if path == planted else real(path, st, private=private)
+
+        monkeypatch.setattr(cache_mod, "_why_unsafe", foreign)
     blocker = tmp_path / "blocker"
     blocker.write_text("")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import stat
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from flashgen.generator import cache as cache_mod
+from flashgen.generator import compile as compile_mod
 from flashgen.generator import nvcc as nvcc_mod
-from flashgen.generator.cache import CubinCache
+from flashgen.generator.arch import ARCHS, ArchError, check_target, runs_on
+from flashgen.generator.cache import CubinCache, FlashgenWarning
 from flashgen.generator.compile import CompiledKernel, CompileError, compile_kernel
 from flashgen.generator.families import FAMILIES
 from flashgen.generator.nvcc import NvccNotFound, find_nvcc, have_nvcc
@@ -46,14 +52,15 @@ def _check_one(spec: KernelSpec, arch: str) -> tuple[CompiledKernel | None, str 
     return ck, None
 
 
+@pytest.mark.compile_all
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_shipped_variant_compiles_for_its_archs_without_spills(
     family: str, nvcc_required: Path
 ) -> None:
     """The headline guarantee: nvcc accepts every shipped variant and ptxas spills nothing.
 
-    Runs through the user's cubin cache, so a warm rerun takes seconds; nvcc runs as a
-    subprocess, so threads keep every core busy.
+    Marked `compile_all` (deselected by default; `python -m pytest -m compile_all`). Runs
+    through the session's cache; nvcc runs as a subprocess, so threads keep every core busy.
     """
     if not _has_template(family):
         pytest.skip(f"templates/{FAMILIES[family].template} has not landed yet")
@@ -251,3 +258,190 @@ def test_two_cold_builds_of_one_source_give_identical_cubins(
     two = compile_kernel(spec, "sm_90", cache=CubinCache(tmp_path / "b"))
     assert (one.cached, two.cached) == (False, False)
     assert one.cubin == two.cubin
+
+
+# ---- nvcc's work folder ----------------------------------------------------------------------
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A system temp folder of this test's own (other processes share the real one)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_nvcc_work_folders_are_private_and_removed_after_each_compile(
+    nvcc_required: Path, tmp_path: Path, private_tmp: Path
+) -> None:
+    cache = CubinCache(tmp_path / "cache")
+    compile_kernel(KernelSpec(family="simt", d=16, br=16, bc=16), "sm_90", cache=cache)
+    with pytest.raises(CompileError):
+        compile_kernel(RenderedKernel(KernelSpec(), "broken;"), "sm_90", cache=cache)
+    root = private_tmp / f"flashgen-nvcc-{os.getuid()}"
+    assert stat.S_IMODE(root.lstat().st_mode) == 0o700
+    left = sorted(p.name for p in root.iterdir())
+    assert all(name.startswith("lock-") for name in left), left
+    assert all((root / name).is_file() for name in left)
+
+
+@pytest.mark.parametrize("plant", ["symlink", "foreign"])
+def test_a_planted_nvcc_work_folder_is_never_used(
+    nvcc_required: Path,
+    tmp_path: Path,
+    private_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    plant: str,
+) -> None:
+    """The reported attack: a symlink planted at the work folder's guessable path made a
+    compile write through it. Now the folder is ours and private, or it is not used."""
+    planted = private_tmp / f"flashgen-nvcc-{os.getuid()}"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    if plant == "symlink":
+        planted.symlink_to(victim)
+    else:
+        planted.mkdir(mode=0o755)
+        real = cache_mod._why_unsafe  # someone else's folder: judged as if it belonged to them
+
+        def foreign(path: Path, st: os.stat_result, *, private: bool) -> str | None:
+            return "belongs to uid 4242" if path == planted else real(path, st, private=private)
+
+        monkeypatch.setattr(cache_mod, "_why_unsafe", foreign)
+    monkeypatch.setattr(compile_mod, "_work_fallback", None)
+    with pytest.warns(FlashgenWarning, match=f"nvcc work folder {planted} is not safe"):
+        ck = compile_kernel(
+            KernelSpec(family="simt", d=16, br=16, bc=16), "sm_90", cache=CubinCache(tmp_path / "c")
+        )
+    assert ck.cubin.startswith(ELF_MAGIC)
+    assert list(victim.iterdir()) == [] and sorted(planted.iterdir()) == []
+
+
+# ---- nvcc that hangs ---------------------------------------------------------------------------
+HANGING_NVCC = """\
+#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0
+fi
+sleep 300 &
+echo $! > "{pids}"
+sleep 300
+"""
+
+
+def test_a_hung_nvcc_is_stopped_reported_in_one_line_and_releases_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_tmp: Path
+) -> None:
+    fake = tmp_path / "nvcc"
+    pids = tmp_path / "child.pid"
+    fake.write_text(HANGING_NVCC.format(pids=pids))
+    fake.chmod(0o755)
+    monkeypatch.setenv("FLASHGEN_NVCC", str(fake))
+    monkeypatch.setenv("FLASHGEN_NVCC_TIMEOUT", "1.5")
+    nvcc_mod.nvcc_version.cache_clear()
+    cache = CubinCache(tmp_path / "cache")
+    spec = KernelSpec(family="simt", d=16, br=16, bc=16)
+    t0 = time.perf_counter()
+    with pytest.raises(CompileError) as info:
+        compile_kernel(spec, "sm_90", cache=cache)
+    assert time.perf_counter() - t0 < 30
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert f"nvcc did not finish {spec.name} for sm_90 within 1.5 s" in msg
+    assert "FLASHGEN_NVCC_TIMEOUT" in msg
+    # the lock is free again: a non-blocking attempt on every lock file succeeds
+    for lock in [*(tmp_path / "cache").rglob("*.lock"), *private_tmp.rglob("lock-*")]:
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    # nvcc's own children were stopped with it
+    child = int(pids.read_text())
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split()[2] == "Z":  # a zombie waiting for init: it is dead
+                break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"nvcc's child {child} still runs after the timeout")
+    assert cache.entries() == []
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf"])
+def test_a_bad_nvcc_timeout_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("FLASHGEN_NVCC_TIMEOUT", value)
+    with pytest.raises(ValueError, match=r"FLASHGEN_NVCC_TIMEOUT=.*positive number of seconds"):
+        nvcc_mod.nvcc_timeout()
+
+
+def test_nvcc_timeout_defaults_and_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("FLASHGEN_NVCC_TIMEOUT", raising=False)
+    assert nvcc_mod.nvcc_timeout() == nvcc_mod.DEFAULT_TIMEOUT_S
+    monkeypatch.setenv("FLASHGEN_NVCC_TIMEOUT", "42")
+    assert nvcc_mod.nvcc_timeout() == 42.0
+
+
+# ---- every GPU ---------------------------------------------------------------------------------
+NEW_ARCHS = ["sm_86", "sm_89", "sm_100", "sm_120"]
+
+
+@pytest.mark.parametrize("arch", NEW_ARCHS)
+def test_kernels_compile_for_gpus_beyond_sm80_and_sm90(
+    nvcc_required: Path, tmp_path: Path, arch: str
+) -> None:
+    cache = CubinCache(tmp_path)
+    for spec in (
+        KernelSpec(family="simt", d=16, br=16, bc=16),
+        KernelSpec(family="mma", d=32, br=16, bc=16, dtype="fp16"),
+    ):
+        ck = compile_kernel(spec, arch, cache=cache)
+        assert ck.arch == arch and ck.report.arch == arch
+        assert ck.cubin.startswith(ELF_MAGIC) and ck.report.spill_bytes == 0
+
+
+def test_the_default_arch_follows_flashgen_arch(
+    nvcc_required: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLASHGEN_ARCH", "sm_89")
+    ck = compile_kernel(KernelSpec(family="simt", d=16, br=16, bc=16), cache=CubinCache(tmp_path))
+    assert ck.arch == "sm_89"
+
+
+def test_a_variant_whose_smem_does_not_fit_the_arch_is_refused_in_one_line() -> None:
+    big = max(shipped("mma"), key=lambda s: s.smem_bytes)
+    assert big.smem_bytes > ARCHS["sm_86"].smem_per_block
+    with pytest.raises(ArchError) as info:
+        compile_kernel(big, "sm_86")
+    msg = str(info.value)
+    assert "\n" not in msg and big.name in msg and "sm_86 allows 101,376 B" in msg
+    assert "choose smaller tiles" in msg
+
+
+@pytest.mark.parametrize(
+    ("archs", "target", "ok"),
+    [
+        (("sm_80", "sm_90"), "sm_86", True),
+        (("sm_80", "sm_90"), "sm_120", True),
+        (("sm_80", "sm_90"), "sm_90a", True),
+        (("sm_90a",), "sm_90a", True),
+        (("sm_90a",), "sm_90", False),
+        (("sm_90a",), "sm_100", False),
+        (("sm_90",), "sm_86", False),
+    ],
+)
+def test_which_archs_a_family_runs_on(archs: tuple[str, ...], target: str, ok: bool) -> None:
+    assert runs_on(archs, target) is ok
+
+
+def test_a_family_that_cannot_run_on_the_arch_is_refused_in_one_line() -> None:
+    with pytest.raises(ArchError) as info:
+        check_target("flash_fwd_wgmma_x", "wgmma", ("sm_90a",), 0, "sm_90")
+    assert str(info.value) == (
+        "arch=sm_90: family wgmma runs on sm_90a only; choose another --arch or another --family"
+    )

@@ -42,13 +42,17 @@ class UnsafeDirectory(OSError):
 
 
 # ---- private folders ---------------------------------------------------------------------------
+def _my_uid() -> int:
+    return os.getuid()
+
+
 def _why_unsafe(path: Path, st: os.stat_result, *, private: bool) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         return "is a symlink"
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
-    if st.st_uid != os.getuid():
-        return f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    if st.st_uid != _my_uid():
+        return f"belongs to uid {st.st_uid}, not to this user (uid {_my_uid()})"
     mode = stat.S_IMODE(st.st_mode)
     if mode & (0o077 if private else 0o022):
         return f"has mode {mode:04o}; others may {'use' if private else 'write'} it"
