@@ -87,7 +87,7 @@ def bench(
 
     def specs_for(c: bench_mod.Case) -> list[KernelSpec]:
         if all_variants:
-            return candidates(c.d, c.dtype, c.causal)
+            return candidates(c.d, c.dtype, c.causal, arch)
         return [select(c.d, c.dtype, c.causal, arch, gpu_name=gpu_name)]
 
     result = bench_mod.BenchResult(env=bench_mod.environment())
@@ -163,7 +163,8 @@ def tune(
     dtypes: tuple[str, ...], head_dims: tuple[int, ...], seq_lens: tuple[int, ...], reps: int,
     table: Path | None,
 ) -> None:  # fmt: skip
-    """Time every shipped mma variant per (d, dtype, causal) and record the fastest."""
+    """Time every shipped tensor-core variant (mma; wgmma on Hopper) per (d, dtype, causal) and
+    record the fastest."""
     from .generator import tuning
 
     gpu_name, arch = _gpu_or_fail()
@@ -171,7 +172,7 @@ def tune(
     for dt in dtypes or bench_mod.DTYPES:
         for d in head_dims or bench_mod.HEAD_DIMS:
             for causal in (False, True):
-                cands = tuning.candidates(d, dt, causal)
+                cands = tuning.candidates(d, dt, causal, arch)
                 if not cands:
                     raise CliError(
                         f"d={d}, dtype={dt}: no shipped mma variant to tune; see `flashgen list`"

@@ -131,4 +131,4 @@ def prefix_args(spec: KernelSpec, problem: Problem) -> list[TensorMap]:
     return list(tensor_maps(spec, problem))
 
 
-register_prefix_args("wgmma", prefix_args)
+register_prefix_args("wgmma", prefix_args, uses=("q", "k", "v"))

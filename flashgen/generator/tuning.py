@@ -33,9 +33,18 @@ def entry_key(d: int, dtype: str, causal: bool) -> str:
     return f"d{d}_{dtype}_{'causal' if causal else 'noncausal'}"
 
 
-def candidates(d: int, dtype: str, causal: bool) -> list[KernelSpec]:
-    """Every shipped tensor-core variant that serves (d, dtype, causal)."""
-    return [s for s in shipped("mma") if s.d == d and s.dtype == dtype and s.causal == causal]
+def candidates(d: int, dtype: str, causal: bool, arch: str = "sm_80") -> list[KernelSpec]:
+    """Every shipped tensor-core variant that serves (d, dtype, causal) and runs on `arch`:
+    `mma` everywhere from sm_80, `wgmma` on Hopper (sm_90) only."""
+    from .select import arch_major
+
+    families = ("mma", "wgmma") if arch_major(arch) == 9 else ("mma",)
+    return [
+        s
+        for f in families
+        for s in shipped(f)
+        if s.d == d and s.dtype == dtype and s.causal == causal
+    ]
 
 
 def table_dir() -> Path:
