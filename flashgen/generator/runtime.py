@@ -191,28 +191,38 @@ def device_name() -> str:
 def kernel_arch(spec: KernelSpec) -> str:
     """The arch to compile `spec` for so that the cubin loads on this GPU.
 
-    FLASHGEN_ARCH wins when set. Otherwise the newest of the family's archs that this device
-    runs (same major, minor not above the device's; an `a` arch only on its exact GPU), else
-    the device's own arch when flashgen knows it.
+    FLASHGEN_ARCH wins when set. Otherwise the GPU's own arch: its `a` arch when the family
+    ships one (wgmma: sm_90a on an H100), else its plain arch when flashgen knows it and the
+    family runs there (sm_86, sm_89, sm_100, sm_120 ...). A GPU flashgen has no table entry for
+    gets the newest family arch of its major that is not newer than it. A family that cannot
+    run on this GPU raises GpuUnavailable in one line.
     """
+    from .arch import arch_number, runs_on
+
     env = os.environ.get("FLASHGEN_ARCH")
     if env:
         return env
     dev = device_arch()
-    dev_num = int(dev.removeprefix("sm_"))
-    runnable = []
-    for arch in spec.archs:
-        num = int(arch.removeprefix("sm_").rstrip("a"))
-        exact_only = arch.endswith("a")
-        if (num == dev_num) or (not exact_only and num // 10 == dev_num // 10 and num <= dev_num):
-            runnable.append((num, arch))
-    if runnable:
-        return max(runnable)[1]
+    if f"{dev}a" in spec.archs:
+        return f"{dev}a"
     if dev in ARCHS:
-        return dev
+        if runs_on(spec.archs, dev):
+            return dev
+    else:
+        dev_num = arch_number(dev)
+        same_major = [
+            a
+            for a in spec.archs
+            if not a.endswith("a") and arch_number(a) // 10 == dev_num // 10
+            and arch_number(a) <= dev_num
+        ]  # fmt: skip
+        if same_major:
+            return max(same_major, key=arch_number)
+    plain = [a for a in spec.archs if not a.endswith("a")]
+    where = f"{min(plain, key=arch_number)} or newer" if plain else " or ".join(spec.archs)
     raise GpuUnavailable(
-        f"arch={dev}: flashgen has no target for this GPU (family {spec.family} ships "
-        f"{', '.join(spec.archs)}); set FLASHGEN_ARCH to a compatible arch"
+        f"arch={dev}: family {spec.family} runs on {where} only, not on this GPU; choose "
+        "another family, or set FLASHGEN_ARCH to an arch this GPU runs"
     )
 
 
