@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .generator.compile import CompiledKernel, CompileError, compile_kernel
+from .generator.launch import GpuUnavailable
 from .generator.render import RenderedKernel, render
 from .generator.space import pruned, shipped
 from .generator.spec import KernelSpec, SpecError
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CompileError",
     "CompiledKernel",
+    "GpuUnavailable",
     "KernelSpec",
     "RenderedKernel",
     "SpecError",

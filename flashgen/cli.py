@@ -7,10 +7,12 @@ ends as ONE line `error: ...` on stderr and exit code 2 -- never a traceback. `c
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -21,7 +23,7 @@ import click
 import jinja2
 
 from ._version import __version__
-from .generator.arch import ARCHS, STATIC_SMEM_LIMIT, arch_info
+from .generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info
 from .generator.bundle import (
     BundleError,
     bundle_files,
@@ -29,11 +31,11 @@ from .generator.bundle import (
     stale_kernels,
     write_bundle,
 )
-from .generator.cache import CubinCache, atomic_write
-from .generator.compile import CompiledKernel, CompileError, compile_kernel
+from .generator.cache import CubinCache, FlashgenWarning, atomic_write
+from .generator.compile import CompiledKernel, CompileError, clear_work_root, compile_kernel
 from .generator.dtypes import DTYPES
 from .generator.families import FAMILIES
-from .generator.nvcc import NvccNotFound
+from .generator.nvcc import NvccNotFound, NvccSettingError
 from .generator.occupancy import occupancy
 from .generator.render import render
 from .generator.sass import INSTALL_HINT as SASS_HINT
@@ -56,6 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 USAGE_EXIT = 2  # bad input of any kind (click's own usage errors use 2 as well)
 FAIL_EXIT = 1  # a kernel gave a wrong answer
+INTERRUPTED_EXIT = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
 
 # Tile and dtype defaults when the user names only `--d`: the shipped, well-balanced choice of
 # each family (simt: one 32-row tile per 4 warps; mma: FlashAttention-2's 128x64 tiles).
@@ -98,10 +101,37 @@ KNOWN_ERRORS: tuple[type[BaseException], ...] = (
     SpecError,
     BundleError,
     NvccNotFound,
+    NvccSettingError,
     CompileError,
+    ArchError,
     jinja2.TemplateError,
-    OSError,
 )
+
+# What an OSError means to someone who asked flashgen to read or write a path.
+_OS_REASONS: dict[int, str] = {
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EISDIR: "it is a folder, not a file",
+    errno.EEXIST: "something else already exists there",
+    errno.ENOENT: "no such file or folder",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "not permitted",
+    errno.EROFS: "the file system is read-only",
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.ENAMETOOLONG: "the name is too long",
+    errno.ELOOP: "too many symlinks in the path",
+}
+
+
+def describe_os_error(exc: OSError) -> str:
+    """An OSError as `<path>: <what is wrong>; <fix>`, without Python's `[Errno N]` wording."""
+    path = exc.filename if exc.filename is not None else None
+    if path is None or exc.errno is None:  # flashgen's own OSErrors carry a full sentence
+        return one_line(str(exc)) or "an operating-system error"
+    reason = _OS_REASONS.get(exc.errno) or (exc.strerror or "failed").lower()
+    if exc.filename2 is not None:
+        path = f"{path} -> {exc.filename2}"
+    return f"{path}: {reason}; choose another path or fix its permissions"
 
 
 @contextmanager
@@ -115,6 +145,8 @@ def user_errors() -> Iterator[None]:
         raise CliError(f"template {exc.name} not found: this family cannot render yet") from exc
     except KNOWN_ERRORS as exc:
         raise CliError(one_line(str(exc)) or type(exc).__name__) from exc
+    except OSError as exc:
+        raise CliError(describe_os_error(exc)) from exc
 
 
 def friendly(fn: F) -> F:
@@ -149,62 +181,104 @@ class FlashgenGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
-            rv = super().main(args, prog_name, complete_var, False, **extra)
+            with one_line_warnings():
+                rv = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as exc:
             if isinstance(exc, _NO_ARGS_IS_HELP):  # bare `flashgen`: the help text, not one line
                 exc.show()
                 sys.exit(exc.exit_code)
             click.echo(f"error: {_error_message(exc)}", err=True)
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except (click.Abort, KeyboardInterrupt) as exc:
+            # click turns Ctrl-C into Abort (its cause); exit like an interrupted program
+            if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
+                click.echo("interrupted", err=True)
+                sys.exit(INTERRUPTED_EXIT)
             click.echo("aborted", err=True)
             sys.exit(1)
         # without standalone mode click returns the exit code of ctx.exit() / --help / --version
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Show flashgen's own warnings as `warning: <message>` lines on stderr (each once)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", FlashgenWarning)
+        original = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+            if issubclass(category, FlashgenWarning):
+                click.echo(f"warning: {one_line(str(message))}", err=True)
+            else:
+                original(message, category, *args, **kw)
+
+        warnings.showwarning = show
+        yield
+
+
+# ---- options given once -----------------------------------------------------------------------
+def _given_once(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Callback of a `multiple=True` option that must be given at most once: its one value."""
+    if not isinstance(value, tuple):
+        return value
+    if len(value) > 1:
+        shown = ", ".join(str(v) for v in value)
+        raise click.BadParameter(
+            f"given {len(value)} times ({shown}); give it once", ctx=ctx, param=param
+        )
+    return value[0] if value else None
+
+
+def once(*decls: str, **attrs: Any) -> Callable[[F], F]:
+    """`click.option` that refuses to be repeated (click would silently keep the last value)."""
+    attrs.setdefault("default", None)
+    if attrs["default"] is None:
+        attrs["default"] = ()
+    else:
+        attrs["default"] = (attrs["default"],)
+    return click.option(*decls, multiple=True, callback=_given_once, **attrs)
+
+
 # ---- the spec options every kernel command shares ---------------------------------------------
 def spec_options(fn: F) -> F:
     """Add --family/--d/--br/--bc/--dtype/--causal/--warps/--stages/--name to a command."""
     options = [
-        click.option(
+        once(
             "--name",
             "name",
-            default=None,
             metavar="KERNEL",
             help="A kernel name (from `flashgen list`) instead of the options below.",
         ),
-        click.option(
+        once(
             "--family",
             type=click.Choice(list(FAMILIES)),
-            default=None,
             help="Kernel family (default: simt).",
         ),
-        click.option("--d", "d", type=int, default=None, help="Head dimension, e.g. 64."),
-        click.option(
-            "--br", type=int, default=None, help="Query rows per block (default: simt 32, mma 128)."
+        once("--d", "d", type=int, help="Head dimension, e.g. 64."),
+        once(
+            "--br",
+            type=int,
+            help="Query rows per block (default: the family's shipped tile for this d).",
         ),
-        click.option(
-            "--bc", type=int, default=None, help="Keys per K/V tile (default: simt 32, mma 64)."
-        ),
-        click.option(
+        once("--bc", type=int, help="Keys per K/V tile (default: the family's shipped tile)."),
+        once(
             "--dtype",
             type=click.Choice(list(DTYPES)),
-            default=None,
             help="Storage dtype of Q, K, V, O (default: simt fp32, mma bf16).",
         ),
-        click.option(
+        once(
             "--causal/--no-causal",
-            default=None,
             help="Bottom-right aligned causal mask (default: off).",
         ),
-        click.option(
-            "--warps", type=int, default=None, help="Warps per block (default: the family's)."
+        once(
+            "--warps",
+            type=click.IntRange(min=1),
+            help="Warps per block (default: the family's).",
         ),
-        click.option(
+        once(
             "--stages",
-            type=int,
-            default=None,
+            type=click.IntRange(min=1),
             help="K/V pipeline stages (families with a pipeline; default: the family's).",
         ),
     ]
@@ -247,21 +321,68 @@ def spec_from_options(
             "--d is required (the head dimension, e.g. --d 64), or name a kernel with --name"
         )
     fam = family or "simt"
+    fields = _default_fields(fam, d, br, bc, dtype, bool(causal), warps, stages)
+    return KernelSpec(family=fam, d=d, causal=bool(causal), **fields)
+
+
+def _default_fields(
+    fam: str,
+    d: int,
+    br: int | None,
+    bc: int | None,
+    dtype: str | None,
+    causal: bool,
+    warps: int | None,
+    stages: int | None,
+) -> dict[str, Any]:
+    """br, bc, dtype, warps and stages, the unset ones filled in (0: the family's default).
+
+    When a tile is unset, from the family's shipped variants for this d (its usual tile when
+    that one is shipped, else the largest shipped tile: `--family mma --d 256` gets a variant
+    that fits, with its knobs), else from FAMILY_DEFAULTS, so the spec's own rules explain what
+    does not fit.
+    """
     defaults = FAMILY_DEFAULTS.get(fam, {})
-    fields: dict[str, Any] = {"br": br, "bc": bc, "dtype": dtype}
+    want_dtype = dtype or defaults.get("dtype")
+    fields: dict[str, Any] = {"br": br, "bc": bc, "dtype": want_dtype}
+    knobs: dict[str, Any] = {"warps": warps or 0, "stages": stages or 0}
+    if br is None or bc is None or want_dtype is None:
+        matches = [
+            s
+            for s in shipped(fam)
+            if s.d == d and s.causal == causal
+            and all(
+                want is None or getattr(s, key) == want
+                for key, want in (
+                    ("dtype", want_dtype), ("br", br), ("bc", bc), ("warps", warps),
+                    ("stages", stages),
+                )
+            )
+        ]  # fmt: skip
+        if matches:
+            usual = [s for s in matches if (s.br, s.bc) == (defaults.get("br"), defaults.get("bc"))]
+            others = sorted(matches, key=lambda s: (-s.br * s.bc, -s.br, s.name))
+            ordered = usual + [s for s in others if s not in usual]
+            keys = ("br", "bc", "dtype", "warps", "stages")
+            space = set(matches)
+            for cand in ordered:  # the family's default knobs when that variant is shipped
+                try:
+                    plain = KernelSpec(
+                        family=fam, d=d, br=cand.br, bc=cand.bc, dtype=cand.dtype,
+                        causal=causal, **knobs,
+                    )  # fmt: skip
+                except SpecError:
+                    continue
+                if plain in space:
+                    return {k: getattr(plain, k) for k in keys}
+            # else the shipped variant's own knobs: the default ones may not fit its tile
+            return {k: getattr(ordered[0], k) for k in keys}
     for key, value in fields.items():
         if value is None:
             if key not in defaults:
                 raise CliError(f"--{key} is required for family {fam} (it has no default)")
             fields[key] = defaults[key]
-    return KernelSpec(
-        family=fam,
-        d=d,
-        causal=bool(causal),
-        warps=warps or 0,
-        stages=stages or 0,
-        **fields,
-    )
+    return {**fields, **knobs}
 
 
 def _spec(kw: dict[str, Any]) -> KernelSpec:
@@ -345,29 +466,27 @@ Examples:
 """
 )
 @spec_options
-@click.option(
+@once(
     "--arch",
     type=click.Choice(list(ARCHS)),
-    default=None,
-    help="Target GPU (default: the local GPU's, else sm_90).",
+    help="Target GPU arch (default: FLASHGEN_ARCH, else the local GPU's, else sm_90).",
 )
-@click.option(
+@once(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("generated"),
     show_default=True,
     help="Directory for <name>.cu (nothing is written anywhere else).",
 )
-@click.option(
+@once(
     "--bundle",
     "bundle_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=None,
     metavar="DIR",
     help="Instead of OUT/<name>.cu, write a self-contained CMake bundle with a C ABI to DIR "
     "(several variants: `flashgen bundle`).",
 )
-@click.option("--compile/--no-compile", "do_compile", default=True, help="Compile with nvcc.")
+@once("--compile/--no-compile", "do_compile", default=True, help="Compile with nvcc (default: on).")
 @friendly
 def build(
     arch: str | None,
@@ -384,6 +503,12 @@ def build(
     """
     spec = _spec(kw)
     rendered = render(spec)
+    if spec not in set(shipped(spec.family)):
+        click.echo(
+            f"note: {spec.name} is not a shipped variant: the property suite has never run it "
+            "(`flashgen check` tests it on a GPU; `flashgen list` shows the shipped ones)",
+            err=True,
+        )
     if bundle_dir is not None:
         source = click.get_current_context().get_parameter_source("out")
         if source != click.core.ParameterSource.DEFAULT:
@@ -575,11 +700,10 @@ SASS needs cuobjdump + nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-n
 """
 )
 @spec_options
-@click.option(
+@once(
     "--arch",
     type=click.Choice(list(ARCHS)),
-    default=None,
-    help="Target GPU (default: the local GPU's, else sm_90).",
+    help="Target GPU arch (default: FLASHGEN_ARCH, else the local GPU's, else sm_90).",
 )
 @click.option(
     "--b", "b", type=click.IntRange(min=1, max=MAX_GRID_YZ), default=1, show_default=True,
@@ -722,11 +846,11 @@ Example:
 @friendly
 def cache_info() -> None:
     """Print the cache directory, its entries and their size."""
-    store = CubinCache()
-    size = sum(p.stat().st_size for p in store.root.rglob("*") if p.is_file())
-    click.echo(f"dir      {store.root}")
+    store = CubinCache()  # reads only: creates no folder
+    note = "" if store.root.is_dir() else "  (not created yet)"
+    click.echo(f"dir      {store.root}{note}")
     click.echo(f"entries  {len(store.entries())}")
-    click.echo(f"bytes    {size:,}")
+    click.echo(f"bytes    {store.size():,}")
 
 
 @cache.command(
@@ -738,9 +862,10 @@ Example:
 )
 @friendly
 def cache_clear() -> None:
-    """Remove every cached cubin."""
+    """Remove every cached cubin, the cache's lock files and folders, and nvcc's work folder."""
     store = CubinCache()
     n = store.clear()
+    clear_work_root()
     click.echo(f"removed {n} entries from {store.root}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,18 @@ from .generator.spec import KernelSpec
 DEFAULT_RESULTS = Path("bench/results")
 
 
-def _gpu_or_fail() -> tuple[str, str]:
-    """(GPU name, arch) of device 0, or a one-line CliError when torch/PyCUDA/GPU are missing."""
+def _gpu_or_fail(command: str) -> tuple[str, str]:
+    """(GPU name, arch) of device 0, or a one-line CliError naming `command` when torch,
+    PyCUDA or a GPU is missing."""
     from .generator import runtime
 
     try:
         torch = bench_mod._torch()
         return str(torch.cuda.get_device_name(0)), runtime.device_arch()
     except (bench_mod.BenchUnavailable, runtime.GpuUnavailable) as exc:
-        raise CliError(str(exc)) from exc
+        # the generator's message names `bench`; tune shares the requirement, not the name
+        msg = re.sub(r"\bbench\b", command, str(exc))
+        raise CliError(" ".join(msg.split())) from exc
 
 
 def _progress() -> Any:
@@ -51,13 +55,14 @@ Examples:
               help="Head dim(s) [default: 64 and 128].")  # fmt: skip
 @click.option("--t", "seq_lens", multiple=True, type=click.IntRange(min=16),
               help="Sequence length(s) [default: 512 ... 16384].")  # fmt: skip
-@click.option("--causal", "masks", flag_value="causal", help="Causal only.")
-@click.option("--no-causal", "masks", flag_value="noncausal", help="Non-causal only.")
+@click.option("--causal/--no-causal", "causal_only", default=None,
+              help="Causal only / non-causal only [default: both].")  # fmt: skip
 @click.option("--all-variants", is_flag=True,
               help="Time every shipped mma variant, not just the tuned one.")  # fmt: skip
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Time torch SDPA backends too.")  # fmt: skip
-@click.option("--reps", type=click.IntRange(min=3), default=bench_mod.REPS, show_default=True)
+@click.option("--reps", type=click.IntRange(min=3), default=bench_mod.REPS, show_default=True,
+              help="CUDA-event timings per row; the median is reported.")  # fmt: skip
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Extra peak memory at T=8192 vs naive attention.")  # fmt: skip
 @click.option("--overhead/--no-overhead", default=True, show_default=True,
@@ -69,15 +74,15 @@ Examples:
 @friendly
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
-    masks: str | None, all_variants: bool, peers: bool, reps: int, memory: bool,
+    causal_only: bool | None, all_variants: bool, peers: bool, reps: int, memory: bool,
     overhead: bool, out: Path, plot: bool,
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU; write JSON."""
     from .generator.select import select
     from .generator.tuning import candidates
 
-    gpu_name, arch = _gpu_or_fail()
-    causal = {None: (False, True), "causal": (True,), "noncausal": (False,)}[masks]
+    gpu_name, arch = _gpu_or_fail("bench")
+    causal = (False, True) if causal_only is None else (causal_only,)
     todo = bench_mod.cases(
         dtypes or bench_mod.DTYPES,
         [int(d) for d in head_dims] or bench_mod.HEAD_DIMS,
@@ -151,11 +156,14 @@ Example:
   flashgen tune --d 64 --d 128 --dtype bf16 --dtype fp16
 """,
 )
-@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES))
-@click.option("--d", "head_dims", multiple=True, type=click.IntRange(min=16))
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
+              help="Storage dtype(s) to tune [default: bf16 and fp16].")  # fmt: skip
+@click.option("--d", "head_dims", multiple=True, type=click.IntRange(min=16),
+              help="Head dim(s) to tune [default: 64 and 128].")  # fmt: skip
 @click.option("--t", "seq_lens", multiple=True, type=click.IntRange(min=16),
               help="Sequence lengths to time [default: 4096 and 16384].")  # fmt: skip
-@click.option("--reps", type=click.IntRange(min=3), default=15, show_default=True)
+@click.option("--reps", type=click.IntRange(min=3), default=15, show_default=True,
+              help="CUDA-event timings per variant and length (median compared).")  # fmt: skip
 @click.option("--table", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Table to update [default: the package's tuning/<gpu>.json].")  # fmt: skip
 @friendly
@@ -167,7 +175,7 @@ def tune(
     record the fastest."""
     from .generator import tuning
 
-    gpu_name, arch = _gpu_or_fail()
+    gpu_name, arch = _gpu_or_fail("tune")
     outcomes = []
     for dt in dtypes or bench_mod.DTYPES:
         for d in head_dims or bench_mod.HEAD_DIMS:

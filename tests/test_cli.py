@@ -524,7 +524,9 @@ def _oracle_execute(error: float) -> Callable[..., tuple[Any, Any]]:
     """A CPU stand-in for the GPU launch: the float64 oracle, rounded, plus `error` on O."""
     from flashgen.generator.oracle import reference
 
-    def execute(spec: KernelSpec, q: Any, k: Any, v: Any, scale: float) -> tuple[Any, Any]:
+    def execute(
+        spec: KernelSpec, q: Any, k: Any, v: Any, scale: float, *layouts: Any
+    ) -> tuple[Any, Any]:  # layouts: the case's tensor layouts (the oracle needs none)
         o, lse = reference(q, k, v, causal=spec.causal, scale=scale)
         return (o + error).astype(q.dtype), lse.astype("float32")
 

@@ -189,10 +189,13 @@ def _allowed_roots(command: str, argv: list[str]) -> list[str]:
         if not (isinstance(opt, click.Option) and isinstance(opt.type, click.Path)):
             continue
         given_values = [argv[i + 1] for i, tok in enumerate(argv[:-1]) if tok in opt.opts]
+        default = opt.default
+        if isinstance(default, tuple):  # an option given at most once keeps its default in a tuple
+            default = default[0] if default else None
         if given_values:
-            roots.append(given_values[-1])  # click keeps the last
-        elif opt.default is not None:
-            roots.append(str(opt.default))
+            roots.append(given_values[-1])  # a repeated one is refused; anyway the last
+        elif default is not None:
+            roots.append(str(default))
     return [Path(os.path.normpath(r)).as_posix() for r in roots]
 
 

@@ -126,6 +126,31 @@ def nvcc_work_root() -> Path:
             return _work_fallback
 
 
+def clear_work_root() -> int:
+    """Remove nvcc's shared work folder (its lock files and any folder a killed run left) when
+    it is ours; return how many entries were removed. Used by `flashgen cache clear`."""
+    root = shared_temp_dir("flashgen-nvcc")
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return 0
+    if (
+        not os.path.isdir(root) or os.path.islink(root) or st.st_uid != os.getuid()
+    ):  # not ours: leave it alone
+        return 0
+    n = 0
+    for entry in sorted(root.iterdir()):
+        n += 1
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+    return n
+
+
 @contextlib.contextmanager
 def _work_folder(digest: str) -> Iterator[Path]:
     """A fresh folder `<work root>/<digest>` for one nvcc run, removed afterwards.

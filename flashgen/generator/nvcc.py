@@ -14,6 +14,10 @@ class NvccNotFound(RuntimeError):
     """No usable nvcc; the message says where flashgen looked and how to get one."""
 
 
+class NvccSettingError(ValueError):
+    """An nvcc setting in the environment (FLASHGEN_NVCC_TIMEOUT) is not usable."""
+
+
 def _wheel_candidates() -> list[Path]:
     # nvidia-cuda-nvcc (13.x) installs nvcc into site-packages/nvidia/cu13/bin/
     out: list[Path] = []
@@ -64,7 +68,8 @@ TIMEOUT_ENV = "FLASHGEN_NVCC_TIMEOUT"
 
 
 def nvcc_timeout() -> float:
-    """Seconds one nvcc run may take (FLASHGEN_NVCC_TIMEOUT, default 600); ValueError if bad."""
+    """Seconds one nvcc run may take (FLASHGEN_NVCC_TIMEOUT, default 600); NvccSettingError
+    (a ValueError) when the variable is not a positive number."""
     raw = os.environ.get(TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_TIMEOUT_S
@@ -73,7 +78,7 @@ def nvcc_timeout() -> float:
     except ValueError:
         value = -1.0
     if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(
+        raise NvccSettingError(
             f"{TIMEOUT_ENV}={raw!r}: must be a positive number of seconds; e.g. {TIMEOUT_ENV}=900"
         )
     return value
