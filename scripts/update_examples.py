@@ -1,21 +1,33 @@
 #!/usr/bin/env python3
-"""Regenerate generated/examples/: one committed reference variant per kernel family.
+"""Regenerate generated/examples/ (one committed reference variant per kernel family) and the
+README's command examples (real output of the commands they show).
 
-    python scripts/update_examples.py          # rewrite the files that drifted
-    python scripts/update_examples.py --check  # exit 1 if any file drifted (what CI's test does)
+    python scripts/update_examples.py          # rewrite the files and README blocks that drifted
+    python scripts/update_examples.py --check  # exit 1 if any drifted (what the tests check)
 
-tests/test_examples.py fails when a committed example no longer matches its template; run this
-script, read the diff, and commit it with the template change.
+tests/test_examples.py fails when a committed example no longer matches its template, or a README
+example no longer matches what its command prints; run this script, read the diff, and commit it.
+
+A README example is a fenced block right after a line `<!-- example: flashgen ARGS -->`: the
+block holds `$ flashgen ARGS` and the command's output, run for sm_90 (FLASHGEN_ARCH) with a
+fresh cubin cache in an empty folder. nvcc's wall time (`nvcc 0.6 s`) is not compared. Without
+cuobjdump the SASS part of `inspect` output is neither compared nor rewritten.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_DIR = ROOT / "generated" / "examples"
+README = ROOT / "README.md"
 
 # Render from this checkout's templates, never from another installed copy of flashgen:
 # the examples must show what the templates next to them generate.
@@ -32,6 +44,7 @@ def example_specs() -> list[KernelSpec]:
     return [
         KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp32", causal=False),
         KernelSpec(family="mma", d=128, br=128, bc=64, dtype="bf16", causal=True),
+        KernelSpec.from_name("flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2"),
     ]
 
 
@@ -67,6 +80,99 @@ def stale() -> list[str]:
     return problems
 
 
+# ---- README examples ------------------------------------------------------------------------
+MARKER = re.compile(
+    r"^<!-- example: flashgen (?P<args>.+?) -->\n```\n(?P<body>.*?)^```$", re.M | re.S
+)
+_TIMING = re.compile(r"\(nvcc [\d.]+ s\)")
+_SASS = re.compile(r"^  SASS .*?(?=^  traffic model)", re.M | re.S)
+
+
+@contextmanager
+def _example_env() -> Iterator[Path]:
+    """An empty cwd, a fresh cache and FLASHGEN_ARCH=sm_90, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in ("FLASHGEN_ARCH", "FLASHGEN_CACHE_DIR")}
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="flashgen-readme-") as tmp:
+        os.environ["FLASHGEN_ARCH"] = "sm_90"
+        os.environ["FLASHGEN_CACHE_DIR"] = str(Path(tmp) / "cache")
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(cwd)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def run_example(args: str) -> str:
+    """`$ flashgen ARGS` and what the command prints (stdout), as a README block body."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from flashgen import cli
+
+    with _example_env():
+        result = CliRunner().invoke(cli.main, shlex.split(args), catch_exceptions=False)
+    if result.exit_code != 0:
+        raise RuntimeError(f"flashgen {args} exited {result.exit_code}: {result.output}")
+    return f"$ flashgen {args}\n{result.stdout}"
+
+
+def have_sass() -> bool:
+    """True when cuobjdump and nvdisasm are available (inspect prints the SASS mix)."""
+    from flashgen.generator.sass import SassUnavailable, find_cuobjdump
+
+    try:
+        find_cuobjdump()
+    except SassUnavailable:
+        return False
+    return True
+
+
+def comparable(body: str, sass: bool) -> str:
+    """A block body with what may differ between runs masked (nvcc's time; SASS if absent)."""
+    body = _TIMING.sub("(nvcc N s)", body)
+    return body if sass else _SASS.sub("", body)
+
+
+def readme_examples(text: str) -> list[tuple[str, str]]:
+    """(args, body) of every README example block."""
+    return [(m["args"], m["body"]) for m in MARKER.finditer(text)]
+
+
+def readme_stale(text: str | None = None) -> list[str]:
+    """README examples whose command prints something else now."""
+    text = README.read_text() if text is None else text
+    sass = have_sass()
+    return [
+        f"README.md: `flashgen {args}` prints something else now"
+        for args, body in readme_examples(text)
+        if comparable(body, sass) != comparable(run_example(args), sass)
+    ]
+
+
+def updated_readme(text: str) -> str:
+    """The README with every drifted example block rewritten from its command's output."""
+    sass = have_sass()
+
+    def block(m: re.Match[str]) -> str:
+        new = run_example(m["args"])
+        if comparable(m["body"], sass) == comparable(new, sass):
+            return m.group(0)
+        if not sass:  # keep the committed SASS part rather than drop it
+            old_sass = _SASS.search(m["body"])
+            if old_sass:
+                new = _SASS.sub(lambda _: old_sass.group(0), new)
+        return f"<!-- example: flashgen {m['args']} -->\n```\n{new}```"
+
+    return MARKER.sub(block, text)
+
+
 def update() -> list[str]:
     """Write every drifted or missing example and remove stray ones; return what changed."""
     EXAMPLES_DIR.mkdir(parents=True, exist_ok=True)
@@ -84,6 +190,12 @@ def update() -> list[str]:
     for s in example_specs():
         if not has_template(s):
             changed.append(f"skipped {s.name}: templates/{FAMILIES[s.family].template} is missing")
+    if README.exists():
+        text = README.read_text()
+        new = updated_readme(text)
+        if new != text:
+            README.write_text(new)
+            changed.append(f"wrote {README.relative_to(ROOT)}")
     return changed
 
 
@@ -93,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
     args = parser.parse_args(argv)
     if args.check:
-        problems = stale()
+        problems = stale() + (readme_stale() if README.exists() else [])
         for p in problems:
             print(p)
         if problems:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -93,3 +94,42 @@ def test_script_detects_and_repairs_drift(
     assert "removed examples/flash_fwd_old.cu" in changed
     assert update_examples.stale() == []
     assert simt.read_text() == render(EXAMPLES[0]).source
+
+
+# ---- README examples: real output of the commands they show ------------------------------------
+def test_readme_has_example_blocks_for_build_and_inspect() -> None:
+    args = [a for a, _ in update_examples.readme_examples(update_examples.README.read_text())]
+    assert "build --d 64 --bc 32" in args
+    assert any(a.startswith("inspect") for a in args)
+
+
+def test_readme_examples_are_what_the_commands_print(nvcc_required: Path) -> None:
+    problems = update_examples.readme_stale()
+    assert problems == [], f"{problems}; {FIX}"
+
+
+def test_readme_check_detects_a_stale_number(nvcc_required: Path) -> None:
+    text = update_examples.README.read_text()
+    [(args, body)] = [(a, b) for a, b in update_examples.readme_examples(text) if a.startswith("b")]
+    stale = text.replace(body, re.sub(r"\d+ registers", "999 registers", body), 1)
+    assert update_examples.readme_stale(stale) == [
+        f"README.md: `flashgen {args}` prints something else now"
+    ]
+    assert update_examples.updated_readme(stale) == update_examples.updated_readme(text)
+
+
+# ---- the license ---------------------------------------------------------------------------------
+def test_license_file_is_the_license_pyproject_declares() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'license = { text = "Apache-2.0" }' in pyproject
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
+def test_readme_points_at_the_design_document_inside_the_project() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "](docs/design.md)" in readme and "DESIGN.md" not in readme
+    design = (ROOT / "docs" / "design.md").read_text()
+    for section in ("## Architecture", "## Conventions", "## Correctness rule"):
+        assert section in design, section
