@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from .._version import __version__
-from .arch import DEFAULT_ARCH, check_target
+from .arch import DEFAULT_ARCH, arch_number, check_target, runs_on
 from .cache import (
     CubinCache,
     FlashgenWarning,
@@ -263,7 +263,16 @@ def compile_kernel(
     """
     rendered = kernel if isinstance(kernel, RenderedKernel) else render(kernel)
     spec = rendered.spec
-    arch = arch or local_arch() or DEFAULT_ARCH
+    if arch is None:
+        local = local_arch()
+        arch = local or DEFAULT_ARCH
+        # an arch-specific family (wgmma: sm_90a) takes the `a` twin of the GPU's arch; with no
+        # GPU to ask, a family that cannot run on the default arch gets its own first arch
+        twin = [a for a in spec.archs if a.endswith("a") and arch_number(a) == arch_number(arch)]
+        if twin:
+            arch = twin[0]
+        elif local is None and not runs_on(spec.archs, arch):
+            arch = spec.archs[0]
     info = check_target(spec.name, spec.family, spec.archs, spec.smem_bytes, arch)
     flags = [*BASE_FLAGS, "-cubin", info.gencode, *extra_flags]
     nvcc = find_nvcc()
