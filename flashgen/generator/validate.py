@@ -72,7 +72,7 @@ def unit_roundoff(dtype: str) -> float:
     """Half the machine epsilon of a storage dtype: 2**-24 fp32, 2**-11 fp16, 2**-8 bf16."""
     import ml_dtypes
 
-    return float(ml_dtypes.finfo(np.dtype(DTYPES[dtype].numpy)).eps) / 2
+    return float(ml_dtypes.finfo(np.dtype(DTYPES[dtype].numpy)).eps) / 2  # type: ignore[no-untyped-call]
 
 
 def accurate_length(spec: KernelSpec) -> int:
