@@ -34,7 +34,7 @@ from .generator.bundle import (
 from .generator.cache import CubinCache, FlashgenWarning, atomic_write
 from .generator.compile import CompiledKernel, CompileError, clear_work_root, compile_kernel
 from .generator.dtypes import DTYPES
-from .generator.families import FAMILIES
+from .generator.families import FAMILIES, family_of
 from .generator.nvcc import NvccNotFound, NvccSettingError
 from .generator.occupancy import occupancy
 from .generator.render import render
@@ -62,10 +62,14 @@ INTERRUPTED_EXIT = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
 
 # Tile and dtype defaults when the user names only `--d`: the shipped, well-balanced choice of
 # each family (simt: one 32-row tile per 4 warps; mma: FlashAttention-2's 128x64 tiles).
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "simt": {"br": 32, "bc": 32, "dtype": "fp32"},
-    "mma": {"br": 128, "bc": 64, "dtype": "bf16"},
-}
+def family_defaults(family: str, d: int) -> dict[str, Any]:
+    """The tiles and dtype a spec of `family` gets when the command names none (the family's)."""
+    try:
+        fam = family_of(family)
+    except KeyError:
+        return {}
+    br, bc = fam.default_tile(d)
+    return {"br": br, "bc": bc, "dtype": fam.default_dtype}
 
 NVCC_HINT = (
     'to compile, install the CUDA toolkit or nvcc from PyPI: pip install -e ".[nvcc]" '
@@ -339,10 +343,10 @@ def _default_fields(
 
     When a tile is unset, from the family's shipped variants for this d (its usual tile when
     that one is shipped, else the largest shipped tile: `--family mma --d 256` gets a variant
-    that fits, with its knobs), else from FAMILY_DEFAULTS, so the spec's own rules explain what
-    does not fit.
+    that fits, with its knobs), else from the family's defaults, so the spec's own rules
+    explain what does not fit.
     """
-    defaults = FAMILY_DEFAULTS.get(fam, {})
+    defaults = family_defaults(fam, d)
     want_dtype = dtype or defaults.get("dtype")
     fields: dict[str, Any] = {"br": br, "bc": bc, "dtype": want_dtype}
     knobs: dict[str, Any] = {"warps": warps or 0, "stages": stages or 0}

@@ -468,3 +468,31 @@ def test_spec_is_frozen_and_hashable() -> None:
     with pytest.raises(AttributeError):
         spec.d = 32  # type: ignore[misc]
     assert len({spec, KernelSpec(), KernelSpec(d=32)}) == 2
+
+
+# ---- family defaults -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({}, "flash_fwd_simt_d64_br32_bc32_fp32_noncausal"),
+        ({"family": "mma", "d": 128}, "flash_fwd_mma_d128_br128_bc64_bf16_noncausal_w8_s2"),
+        # two stages would spill at d=256: the default falls back to one
+        ({"family": "mma", "d": 256}, "flash_fwd_mma_d256_br128_bc64_bf16_noncausal_w8_s1"),
+        ({"family": "wgmma", "d": 128}, "flash_fwd_wgmma_d128_br128_bc128_bf16_noncausal_s2"),
+        ({"family": "wgmma", "d": 256}, "flash_fwd_wgmma_d256_br128_bc64_bf16_noncausal_s2"),
+        (
+            {"family": "mma", "d": 64, "dtype": "fp16", "bc": 32},
+            "flash_fwd_mma_d64_br128_bc32_fp16_noncausal_w8_s2",
+        ),
+    ],
+)
+def test_unset_tiles_and_dtype_take_the_familys_defaults(fields: dict[str, Any], name: str) -> None:
+    spec = KernelSpec(**fields)
+    assert spec.name == name
+    assert KernelSpec.from_name(name) == spec
+
+
+def test_an_unknown_family_is_the_one_problem_when_dtype_is_unset() -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family="nope")
+    assert info.value.problems == ["family='nope': unknown family; choose one of simt, mma, wgmma"]

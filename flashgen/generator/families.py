@@ -52,6 +52,13 @@ class Family:
     knobs: tuple[tuple[str, str], ...]
     axes: dict[str, tuple[Any, ...]]  # the shipped space: every axis of KernelSpec
     features: frozenset[str] = frozenset()  # the compile-time feature tokens it supports
+    default_dtype: str = "bf16"  # what a spec that names no dtype gets
+    default_br: int = 128  # ... and no tiles (see default_tile)
+    default_bc: int = 64
+
+    def default_tile(self, d: int) -> tuple[int, int]:
+        """(br, bc) for a spec that names no tiles: the family's usual tile for head dim d."""
+        return self.default_br, self.default_bc
 
     def default_warps(self, spec: KernelSpec) -> int:
         """The warps a spec gets when it does not name them."""
@@ -148,20 +155,24 @@ class MmaFamily(Family):
         return max(1, spec.br // 16)
 
     def default_stages(self, spec: KernelSpec) -> int:
-        return 2
+        # two stages unless their registers would spill (then one: e.g. d=256 at 128x64)
+        two = self.register_estimate(spec, stages=2)
+        return 2 if two <= MMA_REG_BUDGET[2] else 1
 
     def align_elems(self, spec: KernelSpec) -> int:
         # K/V/Q tiles move in 16-byte cp.async chunks
         return 16 // spec.dtype_info.itemsize
 
-    def register_estimate(self, spec: KernelSpec) -> int:
+    def register_estimate(self, spec: KernelSpec, stages: int | None = None) -> int:
         """Registers a thread needs for its live arrays: O (d/2 per 16 rows), fp32 S (bc/2),
         packed P (bc/4), plus the second stage's addresses. Calibrated on ptxas 13.0: every
-        variant at or under MMA_REG_BUDGET compiles without spills on sm_80 and sm_90."""
+        variant at or under MMA_REG_BUDGET compiles without spills on sm_80 and sm_90.
+        `stages` overrides the spec's (to choose a default)."""
         mt = self.rows_per_warp(spec) // 16
         chains = self.qk_chains(spec)
+        n_stages = spec.stages if stages is None else stages
         return mt * (spec.d // 2 + 3 * spec.bc // 4 + (chains - 1) * spec.bc // 2) + 16 * (
-            spec.stages - 1
+            n_stages - 1
         )
 
     def qk_chains(self, spec: KernelSpec) -> int:
@@ -264,6 +275,10 @@ class WgmmaFamily(Family):
     def default_stages(self, spec: KernelSpec) -> int:
         return 2
 
+    def default_tile(self, d: int) -> tuple[int, int]:
+        # 128 x 128 (two consumers); d = 256 has registers for bc = 64 only
+        return (128, 64) if d > 128 else (128, 128)
+
     def align_elems(self, spec: KernelSpec) -> int:
         # TMA: the base address and every stride of a tensor map are multiples of 16 bytes
         return 16 // spec.dtype_info.itemsize
@@ -343,6 +358,9 @@ FAMILIES: dict[str, Family] = {
         template="simt.cu.j2",
         archs=("sm_80", "sm_90"),
         knobs=(),
+        default_dtype="fp32",
+        default_br=32,
+        default_bc=32,
         axes={
             "d": (16, 32, 64, 96, 128),
             "br": (16, 32, 64),

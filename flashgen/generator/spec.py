@@ -26,6 +26,9 @@ class KernelSpec:
     """A kernel configuration: every size a compile-time constant of the generated source.
 
     `direction` is the pass the kernel computes (`fwd`; the backward pass will add `bwd`).
+    `br`, `bc` = 0 and `dtype` = "" mean the family's defaults (`Family.default_tile`,
+    `Family.default_dtype`: simt 32x32 fp32, mma 128x64 bf16, wgmma 128x128 bf16), so
+    `KernelSpec(family="mma", d=128)` is a valid mma kernel.
     `warps` and `stages` are performance knobs of families that have them; 0 means "the
     family's default" and is replaced by it on construction, so two specs that generate the
     same kernel compare equal. `features` are compile-time feature tokens (see `FEATURES`),
@@ -38,9 +41,9 @@ class KernelSpec:
 
     family: str = "simt"
     d: int = 64
-    br: int = 32
-    bc: int = 32
-    dtype: str = "fp32"
+    br: int = 0
+    bc: int = 0
+    dtype: str = ""
     causal: bool = False
     warps: int = 0
     stages: int = 0
@@ -51,6 +54,20 @@ class KernelSpec:
         from .families import FAMILIES, family_of  # families import KernelSpec for typing only
 
         problems: list[str] = []
+        try:
+            # a non-string (even an unhashable list) is reported like an unknown name
+            fam = family_of(self.family if isinstance(self.family, str) else "")
+        except KeyError:
+            fam = None
+        if fam is not None:  # the family's defaults first, so its rules judge the real values
+            if self.dtype == "":
+                object.__setattr__(self, "dtype", fam.default_dtype)
+            if isinstance(self.d, int) and (self.br == 0 or self.bc == 0):
+                br, bc = fam.default_tile(self.d)
+                if self.br == 0:
+                    object.__setattr__(self, "br", br)
+                if self.bc == 0:
+                    object.__setattr__(self, "bc", bc)
         for fname in ("d", "br", "bc", "warps", "stages"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -58,18 +75,16 @@ class KernelSpec:
         if not isinstance(self.causal, bool):
             problems.append(f"causal={self.causal!r}: must be True or False")
         # isinstance first: an unhashable value (a list) must be a SpecError, not a TypeError
-        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+        dtype_unset = fam is None and self.dtype == ""  # no family to take the default from
+        if not dtype_unset and (not isinstance(self.dtype, str) or self.dtype not in DTYPES):
             problems.append(
                 f"dtype={self.dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}"
             )
-        try:
-            # a non-string (even an unhashable list) is reported like an unknown name
-            fam = family_of(self.family if isinstance(self.family, str) else "")
-        except KeyError:
+        if fam is None:
             problems.append(
                 f"family={self.family!r}: unknown family; choose one of {', '.join(FAMILIES)}"
             )
-            raise SpecError(problems) from None
+            raise SpecError(problems)
         if not isinstance(self.direction, str) or self.direction not in DIRECTIONS:
             problems.append(
                 f"direction={self.direction!r}: unknown direction; choose one of "
