@@ -3,7 +3,7 @@
 The property suite keeps lengths under 600 so its float64 oracle stays cheap; production
 lengths are judged here instead, with `rowref.row_reference` on a sample of query rows (first,
 last, and random ones in between). Every tensor sits in its own layout (checks.LAYOUTS), V is
-drawn off-centre and heavy-tailed, and every length stays within `validate.accurate_length`,
+drawn off-centre and heavy-tailed, and every length is capped at `validate.accurate_length`,
 so DESIGN.md's rule applies without slack (LSE: `oracle.lse_bound` of the sampled rows).
 """
 
@@ -69,7 +69,8 @@ def test_long_kv_sampled_rows_meet_the_rule(
     spec: KernelSpec, long: tuple, compiled: dict[KernelSpec, CompiledKernel | Exception]
 ) -> None:
     tq, tk, layouts, v_mean, v_dof = long
-    assert tk <= accurate_length(spec), "a long test must stay within the accurate length"
+    # the rule is promised up to the accurate length (simt fp32: ~4.5k keys); test there
+    tk = min(tk, accurate_length(spec))
     _load(spec, compiled)
     case = Case(1, 2, tq, tk, None, 20.0, 7 + tk, layouts, v_mean, v_dof)
     q, k, v = make_inputs(spec, case)
