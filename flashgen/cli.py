@@ -34,9 +34,9 @@ from .generator.bundle import (
 from .generator.cache import CubinCache, FlashgenWarning, atomic_write
 from .generator.compile import CompiledKernel, CompileError, clear_work_root, compile_kernel
 from .generator.dtypes import DTYPES
-from .generator.families import FAMILIES, family_of
+from .generator.families import FAMILIES, WgmmaFamily, family_of
 from .generator.nvcc import NvccNotFound, NvccSettingError
-from .generator.occupancy import occupancy
+from .generator.occupancy import occupancy, register_split
 from .generator.render import render
 from .generator.sass import INSTALL_HINT as SASS_HINT
 from .generator.sass import (
@@ -750,6 +750,21 @@ def sass_section(ck: CompiledKernel) -> dict[str, Any]:
     return {"available": True, **mix.to_dict()}
 
 
+def register_split_section(ck: CompiledKernel) -> dict[str, Any] | None:
+    """The setmaxnreg split of a warp-specialized kernel (family wgmma), else None."""
+    fam = family_of(ck.spec.family)
+    if not isinstance(fam, WgmmaFamily):
+        return None
+    producer, consumer = fam.register_split(ck.spec)
+    split = register_split(
+        producer=producer,
+        consumer=consumer,
+        consumers=fam.consumers(ck.spec),
+        launch_registers=ck.report.registers,
+    )
+    return split.to_dict()
+
+
 def inspect_report(
     ck: CompiledKernel, *, b: int = 1, h: int = 16, tq: int = 8192, tk: int = 8192
 ) -> dict[str, Any]:
@@ -777,6 +792,7 @@ def inspect_report(
             "needs_opt_in": dynamic > STATIC_SMEM_LIMIT,
         },
         "occupancy": occ.to_dict(),
+        "register_split": register_split_section(ck),
         "sass": sass_section(ck),
         "traffic": traffic_report(ck.spec, b=b, h=h, tq=tq, tk=tk),
     }
@@ -795,7 +811,9 @@ def format_inspect(rep: dict[str, Any]) -> list[str]:
     lines = [
         f"{rep['name']}  ({rep['arch']}, {'cache hit' if rep['cache_hit'] else 'compiled'})",
         f"  threads        {rep['threads']} ({occ['warps_per_block']} warps) per block",
-        f"  registers      {rep['registers']} per thread",
+        f"  registers      {rep['registers']} per thread"
+        + (" (ptxas; every thread at launch)" if rep.get("register_split") else ""),
+        *_format_split(rep.get("register_split")),
         f"  shared memory  {_fmt_bytes(smem['static'])} static + {_fmt_bytes(smem['dynamic'])} "
         f"dynamic = {_fmt_bytes(smem['total'])} of {_fmt_bytes(smem['limit_per_block'])} "
         f"per block ({smem['total'] / smem['limit_per_block']:.0%}){opt_in}",
@@ -817,6 +835,25 @@ def format_inspect(rep: dict[str, Any]) -> list[str]:
             f"    for the instruction mix: {sass['hint']}",
         ]
     return lines + format_traffic(rep["traffic"])
+
+
+def _format_split(split: dict[str, Any] | None) -> list[str]:
+    """The setmaxnreg line of a warp-specialized kernel (none for the other families)."""
+    if not split:
+        return []
+    n, wg = split["consumers"], split["warpgroup_threads"]
+    groups = "1 consumer warpgroup" if n == 1 else f"{n} consumer warpgroups"
+    verdict = (
+        f"{split['split_total']:,} of the {split['launch_total']:,} the launch holds"
+        if split["fits"]
+        else f"{split['split_total']:,} > the {split['launch_total']:,} the launch holds: "
+        "setmaxnreg.inc would wait forever; lower the consumer count"
+    )
+    return [
+        f"    setmaxnreg   producer warpgroup {split['producer']}, {groups} "
+        f"{split['consumer']} each (registers per thread)",
+        f"      {wg}*({split['producer']} + {n}*{split['consumer']}) = {verdict}",
+    ]
 
 
 def _mix_from_dict(d: dict[str, Any]) -> InstructionMix:

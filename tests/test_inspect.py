@@ -143,3 +143,76 @@ def test_real_sass_tells_tensor_cores_from_cuda_cores(args: list[str], tensor_co
         assert groups["HMMA"] == groups["HGMMA"] == 0 and groups["FFMA"] > 0
         assert sass["verdict"].startswith("tensor-core math: no: CUDA-core FFMA")
     assert groups["MUFU.EX2"] > 0  # exp2 on the SFU in both families
+
+
+# ---- wgmma: the setmaxnreg split between the producer and the consumer warpgroups -----------
+WGMMA = ["--family", "wgmma", "--d", "64", "--br", "128", "--bc", "64", "--stages", "2"]
+WGMMA_SPEC = KernelSpec(family="wgmma", d=64, br=128, bc=64, dtype="bf16", stages=2)
+
+
+@requires_nvcc
+def test_wgmma_report_shows_the_register_split_next_to_the_ptxas_count(tmp_path: Path) -> None:
+    from flashgen.generator.families import WGMMA_REGS, WgmmaFamily, family_of
+
+    fam = family_of("wgmma")
+    assert isinstance(fam, WgmmaFamily)
+    assert fam.register_split(WGMMA_SPEC) == WGMMA_REGS[2] == (24, 240)
+    no_sass = {"FLASHGEN_CUOBJDUMP": str(tmp_path / "missing")}
+    result = run("inspect", *WGMMA, "--json", env=no_sass)
+    assert result.exit_code == 0, result.output
+    rep = json.loads(result.stdout)
+    assert rep["arch"] == "sm_90a" and KernelSpec(**rep["spec"]) == WGMMA_SPEC
+    regs = rep["registers"]
+    assert 0 < regs <= 65536 // 384  # launch_bounds(384, 1)
+    split = rep["register_split"]
+    assert split == {
+        "producer": 24, "consumer": 240, "consumers": 2, "warpgroup_threads": 128,
+        "launch_registers": regs, "split_total": 128 * (24 + 2 * 240),
+        "launch_total": 384 * regs, "fits": 384 * regs >= 128 * (24 + 2 * 240),
+    }  # fmt: skip
+    assert split["fits"], "the consumers' setmaxnreg.inc could never be granted"
+    lines = run("inspect", *WGMMA, env=no_sass).stdout.splitlines()
+    i = lines.index(f"  registers      {regs} per thread (ptxas; every thread at launch)")
+    assert lines[i + 1] == (
+        "    setmaxnreg   producer warpgroup 24, 2 consumer warpgroups 240 each "
+        "(registers per thread)"
+    )
+    assert lines[i + 2] == f"      128*(24 + 2*240) = 64,512 of the {384 * regs:,} the launch holds"
+
+
+@requires_nvcc
+def test_other_families_have_no_register_split(tmp_path: Path) -> None:
+    result = run("inspect", *MMA, "--json", env={"FLASHGEN_CUOBJDUMP": str(tmp_path / "x")})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["register_split"] is None
+    text = run("inspect", *MMA, env={"FLASHGEN_CUOBJDUMP": str(tmp_path / "x")}).stdout
+    assert "setmaxnreg" not in text and "(ptxas; every thread at launch)" not in text
+
+
+def test_a_split_larger_than_the_launch_is_flagged() -> None:
+    from flashgen.cli import _format_split
+    from flashgen.generator.occupancy import register_split
+
+    ok = register_split(producer=24, consumer=240, consumers=2, launch_registers=168)
+    assert ok.fits and ok.split_total == ok.launch_total == 64512
+    short = register_split(producer=24, consumer=240, consumers=2, launch_registers=160)
+    assert not short.fits and short.launch_total == 61440
+    (_, verdict) = _format_split(short.to_dict())
+    assert "64,512 > the 61,440 the launch holds: setmaxnreg.inc would wait forever" in verdict
+    with pytest.raises(ValueError, match="consumer registers=250: setmaxnreg takes a multiple"):
+        register_split(producer=24, consumer=250, consumers=2, launch_registers=168)
+    with pytest.raises(ValueError, match="producer registers=16"):
+        register_split(producer=16, consumer=240, consumers=2, launch_registers=168)
+
+
+@requires_nvcc
+def test_real_sass_of_a_wgmma_kernel_counts_hgmma() -> None:
+    _real_cuobjdump()
+    result = run("inspect", *WGMMA, "--json")
+    assert result.exit_code == 0, result.output
+    rep = json.loads(result.stdout)
+    sass = rep["sass"]
+    assert sass["available"] and sass["archs"] == ["sm_90a"], sass
+    assert sass["groups"]["HGMMA"] > 0 and sass["groups"]["HMMA"] == 0
+    assert sass["verdict"] == f"tensor-core math: yes ({sass['groups']['HGMMA']} HGMMA)"
+    assert rep["register_split"]["consumer"] == 240

@@ -272,6 +272,10 @@ class WgmmaFamily(Family):
     def default_warps(self, spec: KernelSpec) -> int:
         return 4 * (self.consumers(spec) + 1)
 
+    def register_split(self, spec: KernelSpec) -> tuple[int, int]:
+        """(producer, consumer) registers per thread after setmaxnreg (WGMMA_REGS)."""
+        return WGMMA_REGS[self.consumers(spec)]
+
     def default_stages(self, spec: KernelSpec) -> int:
         return 2
 

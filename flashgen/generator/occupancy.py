@@ -140,3 +140,66 @@ def occupancy(arch: str | ArchInfo, *, threads: int, registers: int, smem_bytes:
         by_threads=max_warps // warps,
         by_block_limit=info.max_blocks_per_sm,
     )
+
+
+# A warpgroup: 4 warps that issue one wgmma together and share one setmaxnreg.
+WARPGROUP_THREADS = 128
+
+
+@dataclass(frozen=True)
+class RegisterSplit:
+    """How a warp-specialized block redistributes its registers with `setmaxnreg`.
+
+    The block is launched with ptxas' count for every thread; then the producer warpgroup
+    gives registers back (`setmaxnreg.dec`) and each consumer warpgroup takes more
+    (`setmaxnreg.inc`, which waits until the block's pool has them). The split can only work
+    when it fits in what the launch allocated: `split_total <= launch_total`.
+    """
+
+    producer: int  # registers per thread after setmaxnreg.dec
+    consumer: int  # registers per thread after setmaxnreg.inc
+    consumers: int  # consumer warpgroups
+    launch_registers: int  # ptxas' count: what every thread gets at launch
+
+    @property
+    def split_total(self) -> int:
+        """Registers of the block after the split."""
+        return WARPGROUP_THREADS * (self.producer + self.consumers * self.consumer)
+
+    @property
+    def launch_total(self) -> int:
+        """Registers the launch allocates for the block (every thread at ptxas' count)."""
+        return WARPGROUP_THREADS * (1 + self.consumers) * self.launch_registers
+
+    @property
+    def fits(self) -> bool:
+        """Whether the consumers' setmaxnreg.inc can be granted from the block's pool."""
+        return self.split_total <= self.launch_total
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain dict for JSON, derived values included."""
+        return {
+            "producer": self.producer,
+            "consumer": self.consumer,
+            "consumers": self.consumers,
+            "warpgroup_threads": WARPGROUP_THREADS,
+            "launch_registers": self.launch_registers,
+            "split_total": self.split_total,
+            "launch_total": self.launch_total,
+            "fits": self.fits,
+        }
+
+
+def register_split(
+    *, producer: int, consumer: int, consumers: int, launch_registers: int
+) -> RegisterSplit:
+    """The setmaxnreg split of a block with one producer and `consumers` consumer warpgroups;
+    raise ValueError for values setmaxnreg cannot take (24 to 256, multiples of 8)."""
+    for label, regs in (("producer", producer), ("consumer", consumer)):
+        if not 24 <= regs <= 256 or regs % 8:
+            raise ValueError(
+                f"{label} registers={regs}: setmaxnreg takes a multiple of 8 in [24, 256]"
+            )
+    if consumers < 1:
+        raise ValueError(f"consumers={consumers}: a warp-specialized block has at least one")
+    return RegisterSplit(producer, consumer, consumers, launch_registers)
