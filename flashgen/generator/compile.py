@@ -128,7 +128,13 @@ def nvcc_work_root() -> Path:
 
 def clear_work_root() -> int:
     """Remove nvcc's shared work folder (its lock files and any folder a killed run left) when
-    it is ours; return how many entries were removed. Used by `flashgen cache clear`."""
+    it is ours; return how many entries were removed. Used by `flashgen cache clear`.
+
+    Another flashgen process may be compiling right now: a folder (or lock file) whose content
+    lock is held is in use and stays, so a `cache clear` never pulls a folder from under nvcc.
+    """
+    import fcntl
+
     root = shared_temp_dir("flashgen-nvcc")
     try:
         st = os.lstat(root)
@@ -140,14 +146,34 @@ def clear_work_root() -> int:
         return 0
     n = 0
     for entry in sorted(root.iterdir()):
-        n += 1
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
+        lock = entry if entry.name.startswith("lock-") else root / f"lock-{entry.name[:2]}"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a compile holds it: in use, leave it
+                continue
+            n += 1
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+        finally:
+            os.close(fd)
+    for entry in sorted(root.glob("lock-*")):  # locks recreated above for removed folders
+        with contextlib.suppress(OSError):
+            fd = os.open(entry, os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 entry.unlink()
+            finally:
+                os.close(fd)
     with contextlib.suppress(OSError):
-        root.rmdir()
+        root.rmdir()  # only when empty: nothing in use was left
     return n
 
 
@@ -160,6 +186,8 @@ def _work_folder(digest: str) -> Iterator[Path]:
     planted can be in it.
     """
     root = nvcc_work_root()
+    if not root.is_dir():  # removed by a concurrent `cache clear` since it was checked
+        root = nvcc_work_root()
     with locked(root / f"lock-{digest[:2]}"):  # digest is hex: at most 256 lock files
         work = root / digest
         if work.is_symlink() or work.exists():  # left by a killed run of ours: start clean
