@@ -9,10 +9,11 @@ import re
 import sys
 import threading
 from pathlib import Path
+from random import Random
 
 import numpy as np
 import pytest
-from hypothesis import find, given
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from flashgen.generator import checks, runtime, strategies
@@ -418,9 +419,13 @@ def test_a_kernel_reading_v_with_ks_strides_fails_the_pinned_layout_case():
 
 def test_cases_draw_distinct_layouts_per_tensor_and_off_centre_heavy_tailed_v():
     spec = SIMT_BF16
+    # about 2% of draws qualify: search wide, with our own random source, so the outcome does
+    # not hang on the active profile's derandomized seed (CI's Hypothesis found none in 2000)
     found = find(
         strategies.cases(spec),
         lambda c: len(set(c.layouts)) == 4 and c.v_mean != 0 and c.v_dof is not None,
+        settings=settings(max_examples=20000, database=None, derandomize=False),
+        random=Random(20261130),
     )
     assert found.layouts[1] != found.layouts[2]
 
