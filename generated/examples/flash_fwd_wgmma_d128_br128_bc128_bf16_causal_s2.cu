@@ -159,6 +159,7 @@ __device__ __forceinline__ void bar_arrive(int id, int count) {
 }
 constexpr bool PINGPONG = CONSUMERS > 1;
 constexpr int TURN_BARRIER = 1;  // consumer c waits for its turn at barrier TURN_BARRIER + c
+constexpr int EPILOGUE_BARRIER = TURN_BARRIER + 4;  // consumer c's own, for the O staging
 
 // Keep the compiler from moving reads/writes of accumulators across the asynchronous window.
 template <int N>
@@ -241,8 +242,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
-      mbar_init(&k_empty[s], 128 * CONSUMERS);  // every consumer thread arrives
-      mbar_init(&v_empty[s], 128 * CONSUMERS);
+      mbar_init(&k_empty[s], 4 * CONSUMERS);  // lane 0 of every consumer warp arrives
+      mbar_init(&v_empty[s], 4 * CONSUMERS);
     }
     // make the initialised barriers visible to the async proxy (the TMA unit)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -362,6 +363,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
         for (int h = 0; h < 2; ++h)
           p_frag[nt / 2][(nt % 2) * 2 + h] = pack2(s_acc[4 * nt + 2 * h], s_acc[4 * nt + 2 * h + 1]);
     };
+    // A slot is released once per warp: `wgmma.wait_group` is warp-wide, so when it returns
+    // every lane's reads of the slot are done and lane 0 can speak for the warp.
+    auto release = [&](uint64_t* bar) {
+      if (lane == 0) mbar_arrive(bar);
+    };
     // Ping-pong: wait until the previous consumer passed the turn; pass it to the next one
     // (the last consumer's last pass would have nobody to take it, so it is skipped).
     auto my_turn = [&]() {
@@ -385,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
       pass_turn(false);
       wgmma_wait<0>();
       fence_regs(s_acc);
-      mbar_arrive(&k_empty[0]);
+      release(&k_empty[0]);
       float alpha[2];
       if (needs_mask(0)) softmax(0, Flag<true>{}, alpha); else softmax(0, Flag<false>{}, alpha);
       pack_p();
@@ -402,12 +408,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
         pass_turn(false);
         wgmma_wait<1>();  // S(it) has landed; O += P V may still run
         fence_regs(s_acc);
-        mbar_arrive(&k_empty[s]);
+        release(&k_empty[s]);
         float a[2];
         softmax(it, masked, a);
         wgmma_wait<0>();
         fence_regs(o_acc);
-        mbar_arrive(&v_empty[sp]);
+        release(&v_empty[sp]);
         pack_p();
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i % 4) / 2];
@@ -422,29 +428,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
       pass_turn(true);
       wgmma_wait<0>();
       fence_regs(o_acc);
-      mbar_arrive(&v_empty[sl]);
+      release(&v_empty[sl]);
     }
 
     // ---- epilogue: normalise once, write O (storage dtype) and LSE (natural log) ----------
+    // O goes through this warpgroup's rows of the Q slabs (free: its last S = Q K^T is done),
+    // 16-byte chunks XOR-swizzled by row so the 8 rows a warp writes hit 8 different bank
+    // groups; then each thread copies whole 16-byte chunks out: every warp stores 4 full
+    // 128-byte row segments instead of 4-byte pieces.
     elem_t* ob = o + batch * o_sb + head * o_sh;
+    elem_t* os = Qs + 64 * c * CHUNK;  // row r, column x: os[(x / 64) * BR * 64 + r * 64 + x % 64]
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l = l_run[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key writes zeros
-      const int row = q0 + row0 + h * 8;
-      if (row < tq) {
-        elem_t* orow = ob + (long long)row * o_st + (lane % 4) * 2;
+      const int r = row0 - 64 * c + h * 8;              // row within this warpgroup's 64
 #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
-          *reinterpret_cast<uint32_t*>(orow + nt * 8) =
-              l == 0.0f ? 0u : pack2(o_acc[4 * nt + 2 * h] * inv_l, o_acc[4 * nt + 2 * h + 1] * inv_l);
-        if (lane % 4 == 0) {
-          const long long lse_idx = ((long long)batch * gridDim.y + head) * tq + row;
-          lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[h] + log2f(l)) * LN2;
-        }
+      for (int nt = 0; nt < D / 8; ++nt) {  // no key seen: exact zeros, even if V held inf/NaN
+        const int chunk = (nt % 8) ^ (r % 8);
+        *reinterpret_cast<uint32_t*>(os + (nt / 8) * BR * CHUNK + r * CHUNK + chunk * 8 + (lane % 4) * 2) =
+            l == 0.0f ? 0u : pack2(o_acc[4 * nt + 2 * h] * inv_l, o_acc[4 * nt + 2 * h + 1] * inv_l);
       }
+      const int row = q0 + row0 + h * 8;
+      if (row < tq && lane % 4 == 0) {
+        const long long lse_idx = ((long long)batch * gridDim.y + head) * tq + row;
+        lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[h] + log2f(l)) * LN2;
+      }
+    }
+    bar_sync(EPILOGUE_BARRIER + c, 128);  // this warpgroup's O is in shared memory
+#pragma unroll
+    for (int i = threadIdx.x % 128; i < 64 * (D / 8); i += 128) {
+      const int r = i / (D / 8), k = i % (D / 8);
+      const int row = q0 + 64 * c + r;
+      if (row < tq)
+        *reinterpret_cast<uint4*>(ob + (long long)row * o_st + k * 8) =
+            *reinterpret_cast<const uint4*>(os + (k / 8) * BR * CHUNK + r * CHUNK + ((k % 8) ^ (r % 8)) * 8);
     }
   }
 }
