@@ -28,6 +28,7 @@ from flashgen.generator.bundle import (
     HEADER,
     LAUNCHER,
     BundleError,
+    arch_specific_gencode,
     bundle_files,
     cuda_architectures,
     select_variants,
@@ -38,6 +39,7 @@ from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.render import render
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
+from flashgen.generator.tma import TMA_DTYPE
 from flashgen.generator.tuning import lookup
 
 TEMPLATES = Path(bundle_mod.__file__).resolve().parents[1] / "templates" / "bundle"
@@ -45,6 +47,10 @@ TEMPLATES = Path(bundle_mod.__file__).resolve().parents[1] / "templates" / "bund
 SIMT = KernelSpec(family="simt", d=32, br=32, bc=32, dtype="fp32")
 MMA = KernelSpec(family="mma", d=32, br=64, bc=32, dtype="bf16", causal=True, warps=4, stages=1)
 PAIR = [SIMT, MMA]
+# the smallest shipped wgmma variant (sm_90a: TMA tensor maps ahead of the common ABI)
+WGMMA = KernelSpec(family="wgmma", d=64, br=128, bc=64, dtype="fp16", causal=False, stages=2)
+TRIO = [SIMT, MMA, WGMMA]
+INVALID_DEVICE_FUNCTION, INSUFFICIENT_DRIVER = 98, 35  # cudaError_t values
 FIXED_FILES = {"CMakeLists.txt", "README.md", "example.cu", HEADER, LAUNCHER}
 PARAM_FIELDS = [
     "q", "k", "v", "o", "lse", "B", "H", "Tq", "Tk", "d", "scale",
@@ -149,13 +155,110 @@ def test_cmake_builds_a_static_library_for_sm80_sm90_and_ptx() -> None:
     for s in PAIR:
         assert f"  kernels/{s.name}.cu\n" in cmake
     assert cuda_architectures(PAIR) == "80-real;90-real;90-virtual"
+    assert "FLASHGEN_WGMMA_GENCODE" not in cmake and "sm90a" not in cmake  # no wgmma: no 90a
+
+
+def test_cmake_compiles_the_wgmma_kernel_for_sm90a_alone() -> None:
+    cmake = bundle_files(TRIO)["CMakeLists.txt"]
+    wg = f"kernels/{WGMMA.name}.cu"
+    assert (
+        'set(FLASHGEN_WGMMA_GENCODE "-gencode=arch=compute_90a,code=sm_90a" CACHE STRING' in cmake
+    )
+    obj = cmake[cmake.index("add_library(flashgen_kernels_sm90a OBJECT") :]
+    assert obj[: obj.index(")")].split()[2:] == [wg]
+    assert "CUDA_ARCHITECTURES OFF" in obj and "${_flashgen_wgmma_gencode}" in obj
+    lib = cmake[cmake.index("add_library(flashgen_kernels STATIC") :]
+    lib = lib[: lib.index("\n)\n")]
+    assert wg not in lib and "$<TARGET_OBJECTS:flashgen_kernels_sm90a>" in lib
+    assert all(f"kernels/{s.name}.cu" in lib for s in PAIR)
+    # the plain archs come from the plain variants only; a wgmma-only bundle's host code: 90
+    assert '"80-real;90-real;90-virtual" CACHE STRING' in cmake
+    assert cuda_architectures([WGMMA]) == "90-real"
+    assert arch_specific_gencode(TRIO) == "-gencode=arch=compute_90a,code=sm_90a"
+    assert arch_specific_gencode(PAIR) == ""
+    assert "-lcuda" not in cmake and "CUDA::cuda_driver" not in cmake
+
+
+def test_wgmma_launcher_encodes_three_tensor_maps_then_launches_them_first() -> None:
+    text = bundle_files(TRIO)[LAUNCHER]
+    decl = re.search(rf'extern "C" __global__ void {WGMMA.name}\((.*?)\);', text, re.S)
+    assert decl is not None
+    assert decl.group(1).split()[:8] == [
+        "const", "__grid_constant__", "TensorMap", "tm_q,",
+        "const", "__grid_constant__", "TensorMap", "tm_k,",
+    ]  # fmt: skip
+    # cuTensorMapEncodeTiled from the driver at run time, through the runtime (no -lcuda)
+    assert (
+        'cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &entry, 12000,' in text
+        and 'cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &entry, cudaEnableDefault,' in text
+    )
+    assert "#include <cuda.h>" in text
+    for enum, value in (
+        ("CU_TENSOR_MAP_SWIZZLE_128B", 3),
+        ("CU_TENSOR_MAP_L2_PROMOTION_L2_128B", 2),
+    ):
+        assert f"static_assert({enum} == {value}," in text
+    assert "static_assert(static_cast<int>(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) == 9," in text
+    assert "constexpr long long kTmaStrideLimit = 1099511627776LL;" in text
+    body = fwd_body(text, WGMMA)
+    order = [
+        f"{symbol(WGMMA)}_check(p, nullptr)",
+        f"{symbol(WGMMA)}_device_check(device, nullptr)",
+        "encode_tiled()",
+        "&maps[0], p->q, CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+        "&maps[1], p->k,",
+        "&maps[2], p->v,",
+        "cudaFuncSetAttribute(",
+        f"{WGMMA.name}<<<grid, THREADS, SMEM_BYTES, stream>>>(\n      maps[0], maps[1], maps[2],",
+    ]
+    assert [body.index(s) for s in order] == sorted(body.index(s) for s in order)
+    assert "BR);" in body and body.count("BC);") == 2  # Q boxes of BR rows, K/V of BC rows
+    assert f"constexpr int BC = {WGMMA.bc};" in body
+    assert "return cudaErrorInsufficientDriver;" in body
+    # device rule: exactly 9.0 for wgmma, 8.0 or newer for the others
+    assert f'return device_rule(device, 9, 0, true,\n                     "{WGMMA.name} ' in text
+    assert f'return device_rule(device, 8, 0, false,\n                     "{MMA.name} ' in text
+    # a bundle without wgmma has none of it
+    plain = bundle_files(PAIR)[LAUNCHER]
+    assert "cuda.h" not in plain and "TensorMap" not in plain and "EntryPoint" not in plain
+
+
+def test_header_and_readme_document_the_wgmma_rules() -> None:
+    files = bundle_files(TRIO)
+    h, readme = files[HEADER], files["README.md"]
+    assert (
+        f"cudaError_t {symbol(WGMMA)}_device_check(int device, const char** why);" in h
+        and "cudaError_t flashgen_fwd_supported(int d, flashgen_dtype dtype, int causal, "
+        "int device,\n"
+        in h
+    )
+    for needle in (
+        "cudaErrorInvalidDeviceFunction",
+        "cudaErrorInsufficientDriver",
+        "positive multiples of 16 bytes",
+        "below 2^40",
+        "runs on compute capability 9.0 only",
+    ):
+        assert needle in h, needle  # fmt: skip
+    row = next(ln for ln in readme.splitlines() if ln.startswith(f"| `{WGMMA.name}`"))
+    assert "sm_90a: H100/H200 only" in row
+    for needle in (
+        "FLASHGEN_WGMMA_GENCODE",
+        "`-gencode=arch=compute_90a,code=sm_90a`",
+        "cudaErrorInvalidDeviceFunction",
+        "--family mma",
+        "no `-lcuda` needed",
+    ):
+        assert needle in readme, needle  # fmt: skip
+    assert "cudaErrorInsufficientDriver" not in bundle_files(PAIR)[HEADER]
 
 
 def test_example_covers_every_variant_and_a_causal_tall_problem() -> None:
-    ex = bundle_files(PAIR)["example.cu"]
-    assert f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 1e-4, true, 1}},' in ex
-    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 2e-2, false, 8}},' in ex
-    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 2e-2, false, 8}},' in ex
+    ex = bundle_files(TRIO)["example.cu"]
+    assert f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 1e-4, true, 1, false}},' in ex
+    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 2e-2, false, 8, false}},' in ex
+    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 2e-2, false, 8, false}},' in ex
+    assert f'{{"{WGMMA.name}", FLASHGEN_FP16, 0, 64, 2, 3, 77, 131, 2e-2, false, 8, true}},' in ex
     assert "return pass ? 0 : 1;" in ex and "kSeed" in ex
 
 
@@ -195,6 +298,24 @@ def test_select_fp32_falls_to_simt_and_family_filters_apply() -> None:
     assert [(s.family, s.d, s.causal) for s in simt] == [("simt", 128, True), ("simt", 64, True)]
     with pytest.raises(BundleError, match="d=64 fp32 non-causal: no shipped variant of family mma"):
         select_variants(families=["mma"], ds=[64], dtypes=["fp32"], causal=False)
+
+
+def test_select_takes_wgmma_when_the_family_is_named() -> None:
+    picked = select_variants(families=["wgmma"], ds=[64, 128])
+    assert {(s.family, s.d, s.causal) for s in picked} == {
+        ("wgmma", d, c) for d in (64, 128) for c in (False, True)
+    }
+    assert picked == sorted(
+        [select(d, "bf16", c, "sm_90") for d in (64, 128) for c in (False, True)],
+        key=lambda s: s.name,
+    )
+    # with mma named too, wgmma serves what it ships and mma the rest (d=32)
+    both = select_variants(families=["wgmma", "mma"], ds=[32, 64], causal=True)
+    assert [(s.family, s.d) for s in both] == [("mma", 32), ("wgmma", 64)]
+    # the default stays portable (sm_80+): no arch-specific family
+    assert {s.family for s in select_variants(ds=[64, 128])} == {"mma"}
+    with pytest.raises(BundleError, match="d=32 bf16 causal: no shipped variant of family wgmma"):
+        select_variants(families=["wgmma"], ds=[32], causal=True)
 
 
 def test_select_with_a_tuning_table_uses_its_winners() -> None:
@@ -259,6 +380,16 @@ def test_cli_bundle_writes_the_selected_variants(tmp_path: Path) -> None:
     )
     again = run("bundle", str(out), "--d", "64", "--dtype", "fp32", "--dtype", "bf16", "--causal")
     assert again.stdout.count("unchanged ") == len(files)
+
+
+def test_cli_bundle_family_wgmma(tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    result = run("bundle", str(out), "--family", "wgmma", "--d", "64", "--no-causal")
+    assert result.exit_code == 0, result.output
+    (spec,) = select_variants(families=["wgmma"], ds=[64], causal=False)
+    assert spec.family == "wgmma"
+    assert (out / "kernels" / f"{spec.name}.cu").read_text() == render(spec).source
+    assert "add_library(flashgen_kernels_sm90a OBJECT" in (out / "CMakeLists.txt").read_text()
 
 
 def test_cli_build_bundle_writes_one_variant_and_not_generated(
@@ -350,9 +481,9 @@ def test_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> N
     translation unit with the kernel's definition and the launcher's declaration proves them
     equal (the linker would not: C symbols carry no types)."""
     nvcc = require_nvcc()
-    files = bundle_files(PAIR)
+    files = bundle_files(TRIO)
     write_bundle(files, tmp_path)
-    for s in PAIR:
+    for s in TRIO:
         decl = re.search(rf'extern "C" __global__ void {s.name}\(.*?\);', files[LAUNCHER], re.S)
         assert decl is not None, s.name
         for label, text in (
@@ -361,9 +492,10 @@ def test_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> N
         ):
             src = tmp_path / f"sig_{label}_{s.family}.cu"
             src.write_text(f'#include "kernels/{s.name}.cu"\n{text}\n')
+            arch = "compute_90a" if s.family == "wgmma" else "compute_90"
             proc = subprocess.run(
                 [str(nvcc), "-std=c++17", f"-I{tmp_path}", "-x", "cu", "--cuda",
-                 "-gencode=arch=compute_90,code=compute_90", str(src), "-o", str(src) + ".ii"],
+                 f"-gencode=arch={arch},code={arch}", str(src), "-o", str(src) + ".ii"],
                 capture_output=True, text=True, check=False, timeout=300,
             )  # fmt: skip
             if label == "same":
@@ -374,11 +506,12 @@ def test_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> N
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One bundle (a simt and an mma variant) configured and built with CMake for sm_90."""
+    """One bundle (a simt, an mma and a wgmma variant) configured and built with CMake: sm_90
+    for simt/mma, sm_90a for wgmma (its own -gencode)."""
     nvcc = require_nvcc()
     cmake = _tool("cmake")
     root = tmp_path_factory.mktemp("bundle")
-    write_bundle(bundle_files(PAIR), root)
+    write_bundle(bundle_files(TRIO), root)
     build = root / "build"
     configure = [
         cmake, "-S", str(root), "-B", str(build), f"-DCMAKE_CUDA_COMPILER={nvcc}",
@@ -404,10 +537,35 @@ def test_cmake_builds_the_library_and_the_example(built: Path) -> None:
     for name in [
         "flashgen_fwd",
         "flashgen_fwd_variant",
-        *(f"{symbol(s)}_{f}" for s in PAIR for f in ("fwd", "check")),
-        *(s.name for s in PAIR),
+        "flashgen_fwd_supported",
+        *(f"{symbol(s)}_{f}" for s in TRIO for f in ("fwd", "check", "device_check")),
+        *(s.name for s in TRIO),
     ]:
         assert re.search(rf" T {name}$", symbols, re.M), name
+    # no driver API symbol: the launcher gets cuTensorMapEncodeTiled at run time
+    undefined = subprocess.run(
+        [nm, "-u", str(lib)], capture_output=True, text=True, check=True
+    ).stdout
+    assert not re.search(r"\bcu[A-Z]\w+", undefined), undefined
+
+
+def test_cmake_builds_the_wgmma_kernel_for_sm90a_and_the_others_for_sm90(built: Path) -> None:
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        from flashgen.generator.sass import SassUnavailable, find_cuobjdump
+
+        try:
+            cuobjdump = str(find_cuobjdump())
+        except SassUnavailable as exc:
+            pytest.skip(f"needs cuobjdump to list the cubins: {exc}")
+    objs = built / "build" / "CMakeFiles"
+    for s in TRIO:
+        (obj,) = objs.rglob(f"{s.name}.cu.o")
+        listing = subprocess.run(
+            [cuobjdump, "--list-elf", str(obj)], capture_output=True, text=True, check=True
+        ).stdout
+        archs = set(re.findall(r"\.(sm_\w+)\.cubin", listing))
+        assert archs == ({"sm_90a"} if s.family == "wgmma" else {"sm_90"}), (s.name, listing)
 
 
 # The launcher's checks, called from a host-only program: no kernel runs and, since every call
@@ -466,11 +624,19 @@ static void cases(const char* v, int d, check_fn check, fwd_fn fwd) {
   CASE("k_batch_stride_4", p.k_batch_stride = 4);
   CASE("negative_q_stride_8", p.q_token_stride = -8);
   CASE("odd_token_strides_Tq1", (p.Tq = 1, p.q_token_stride = 3, p.o_token_stride = 5));
+  CASE("k_head_stride_zero", p.k_head_stride = 0);
+  CASE("v_batch_stride_2_40_bytes", p.v_batch_stride = 1LL << 39);
+  CASE("q_strides_zero_B1_H1", (p.B = 1, p.H = 1, p.q_batch_stride = 0, p.q_head_stride = 0));
+  CASE("k_token_stride_zero_Tk1", (p.Tk = 1, p.k_token_stride = 0, p.v_token_stride = 0));
+  CASE("q_head_stride_2_40_bytes_H1", (p.H = 1, p.q_head_stride = 1LL << 39));
+  CASE("packed_k_batch_stride_too_big_B1_H1",
+       (p.B = 1, p.H = 1, p.k_token_stride = 1LL << 30, p.Tk = 1024));
 }
 
 int main(void) {
   cases("simt", 32, SIMT_CHECK, SIMT_FWD);
   cases("mma", 32, MMA_CHECK, MMA_FWD);
+  cases("wgmma", 64, WGMMA_CHECK, WGMMA_FWD);
   flashgen_fwd_params p;
   base(&p, 32);
   printf("dispatch|null|%d\n", (int)flashgen_fwd(NULL, FLASHGEN_FP32, 0, 0));
@@ -490,33 +656,45 @@ int main(void) {
 """
 
 INVALID, NOT_SUPPORTED = 1, 801  # cudaErrorInvalidValue, cudaErrorNotSupported
-# label -> (refused by simt (4-byte alignment), refused by mma (16-byte), word in the reason)
+TMA = "stride is not a positive multiple of 16 bytes below 2^40 (family wgmma loads q, k and v"
+# label -> (refused by simt (4-byte alignment), by mma (16-byte), by wgmma (16-byte, and TMA:
+# q/k/v strides positive, below 2^40 bytes, an extent-1 axis' stride replaced by the packed
+# one), word in the reason)
 EXPECTED = {
-    "ok": (False, False, "NULL"),
-    "null_q": (True, True, "q is NULL"),
-    "null_lse": (True, True, "lse is NULL"),
-    "B0": (True, True, "B < 1"),
-    "Tk0": (True, True, "Tk < 1"),
-    "B_grid": (True, True, "grid z"),
-    "H_grid": (True, True, "grid y"),
-    "d": (True, True, "head dimension"),
-    "scale0": (True, True, "scale"),
-    "scale_neg": (True, True, "scale"),
-    "scale_nan": (True, True, "scale"),
-    "scale_inf": (True, True, "scale"),
-    "scale_huge": (True, True, "log2(e) overflows"),
-    "scale_subnormal_product": (True, True, "smallest normal float"),
-    "scale_small_normal_product": (False, False, "NULL"),  # 1.44e-38 > FLT_MIN
-    "lse_misaligned": (True, True, "lse is not 4-byte aligned"),
-    "q_plus_1_byte": (True, True, "q is not"),
-    "q_plus_4_bytes": (False, True, "q is not 16-byte aligned"),
-    "v_token_stride_odd": (False, True, "v stride is not a multiple of 8"),
-    "o_token_stride_zero": (True, True, "overlap"),
-    "o_batch_stride_zero_B1": (False, False, "NULL"),  # an axis of extent 1 is never stepped
-    "k_batch_stride_4": (False, True, "k stride"),
-    "negative_q_stride_8": (False, False, "NULL"),  # any sign, as long as it is aligned
-    "odd_token_strides_Tq1": (False, False, "NULL"),  # one query: its stride is never used
+    "ok": (False, False, False, "NULL"),
+    "null_q": (True, True, True, "q is NULL"),
+    "null_lse": (True, True, True, "lse is NULL"),
+    "B0": (True, True, True, "B < 1"),
+    "Tk0": (True, True, True, "Tk < 1"),
+    "B_grid": (True, True, True, "grid z"),
+    "H_grid": (True, True, True, "grid y"),
+    "d": (True, True, True, "head dimension"),
+    "scale0": (True, True, True, "scale"),
+    "scale_neg": (True, True, True, "scale"),
+    "scale_nan": (True, True, True, "scale"),
+    "scale_inf": (True, True, True, "scale"),
+    "scale_huge": (True, True, True, "log2(e) overflows"),
+    "scale_subnormal_product": (True, True, True, "smallest normal float"),
+    "scale_small_normal_product": (False, False, False, "NULL"),  # 1.44e-38 > FLT_MIN
+    "lse_misaligned": (True, True, True, "lse is not 4-byte aligned"),
+    "q_plus_1_byte": (True, True, True, "q is not"),
+    "q_plus_4_bytes": (False, True, True, "q is not 16-byte aligned"),
+    "v_token_stride_odd": (False, True, True, "v stride is not a multiple of 8"),
+    "o_token_stride_zero": (True, True, True, "overlap"),
+    "o_batch_stride_zero_B1": (False, False, False, "NULL"),  # extent 1 is never stepped
+    "k_batch_stride_4": (False, True, True, "k stride"),
+    # any sign as long as it is aligned, but a tensor map takes positive strides only
+    "negative_q_stride_8": (False, False, True, f"a q {TMA}"),
+    "odd_token_strides_Tq1": (False, False, False, "NULL"),  # one query: stride never used
+    "k_head_stride_zero": (False, False, True, f"a k {TMA}"),  # heads sharing K: no TMA
+    "v_batch_stride_2_40_bytes": (False, False, True, f"a v {TMA}"),
+    "q_strides_zero_B1_H1": (False, False, False, "NULL"),  # packed strides replace them
+    "k_token_stride_zero_Tk1": (False, False, False, "NULL"),
+    "q_head_stride_2_40_bytes_H1": (False, False, False, "NULL"),  # replaced: never used
+    # the packed batch stride (token stride * Tk = 2^40 elements) is past the TMA limit
+    "packed_k_batch_stride_too_big_B1_H1": (False, False, True, f"a k {TMA}"),
 }
+COLUMN = {"simt": 0, "mma": 1, "wgmma": 2}
 
 
 def test_launchers_refuse_bad_parameters_without_touching_the_gpu(built: Path) -> None:
@@ -527,6 +705,7 @@ def test_launchers_refuse_bad_parameters_without_touching_the_gpu(built: Path) -
     defines = {
         "SIMT_CHECK": f"{symbol(SIMT)}_check", "SIMT_FWD": f"{symbol(SIMT)}_fwd",
         "MMA_CHECK": f"{symbol(MMA)}_check", "MMA_FWD": f"{symbol(MMA)}_fwd",
+        "WGMMA_CHECK": f"{symbol(WGMMA)}_check", "WGMMA_FWD": f"{symbol(WGMMA)}_fwd",
     }  # fmt: skip
     cmd = [
         str(nvcc), "-std=c++17", f"-I{built}", *(f"-D{k}={v}" for k, v in defines.items()),
@@ -538,13 +717,13 @@ def test_launchers_refuse_bad_parameters_without_touching_the_gpu(built: Path) -
     assert run_.returncode == 0, run_.stderr
     rows = [line.split("|") for line in run_.stdout.splitlines()]
     seen = set()
-    for variant, label, check, fwd, why in (r for r in rows if r[0] in ("simt", "mma")):
-        refused = EXPECTED[label][0 if variant == "simt" else 1]
+    for variant, label, check, fwd, why in (r for r in rows if r[0] in COLUMN):
+        refused = EXPECTED[label][COLUMN[variant]]
         want = INVALID if refused else 0
         assert (int(check), int(fwd)) == (want, want), (variant, label, check, fwd, why)
-        assert EXPECTED[label][2] in why if refused else why == "NULL", (variant, label, why)
+        assert EXPECTED[label][3] in why if refused else why == "NULL", (variant, label, why)
         seen.add((variant, label))
-    assert len(seen) == 2 * len(EXPECTED)
+    assert len(seen) == 3 * len(EXPECTED)
     dispatch = {r[1]: int(r[2]) for r in rows if r[0] == "dispatch"}
     assert dispatch == {
         "null": INVALID, "d64": NOT_SUPPORTED, "fp16": NOT_SUPPORTED,
@@ -562,8 +741,10 @@ def test_launchers_refuse_bad_parameters_without_touching_the_gpu(built: Path) -
 # launcher passes (pointers, lengths, twelve strides, scale*log2(e)) and the grid (B, H).
 # MOCK_BUG=skip|perturb|lse breaks one output so that the example must say FAIL.
 MOCK_CPP = r"""
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -574,6 +755,11 @@ static dim3 g_grid, g_block;
 static size_t g_smem;
 static bool g_configured;
 static std::map<const void*, int> g_smem_attr;
+
+static void die(const char* what) {
+  std::fprintf(stderr, "stand-in: %s\n", what);
+  std::exit(9);
+}
 
 extern "C" {
 void** __cudaRegisterFatBinary(void*) { static void* handle; return &handle; }
@@ -601,7 +787,11 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-const char* cudaGetErrorString(cudaError_t) { return "stand-in error"; }
+const char* cudaGetErrorString(cudaError_t e) {
+  static char buf[32];
+  std::snprintf(buf, sizeof buf, "stand-in error %d", (int)e);
+  return buf;
+}
 const char* cudaGetErrorName(cudaError_t e) {
   static char buf[32];
   std::snprintf(buf, sizeof buf, "error %d", (int)e);
@@ -611,13 +801,80 @@ cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int value) 
   if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) g_smem_attr[f] = value;
   return cudaSuccess;
 }
+cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
+// MOCK_CC=86 plays an sm_86 GPU (default: 90, an H100/H200)
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  const char* cc = std::getenv("MOCK_CC");
+  const int n = cc ? std::atoi(cc) : 90;
+  if (attr == cudaDevAttrComputeCapabilityMajor) *value = n / 10;
+  else if (attr == cudaDevAttrComputeCapabilityMinor) *value = n % 10;
+  else return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// ---- the driver's cuTensorMapEncodeTiled, played on the CPU: it checks its arguments the way
+// the driver documents them and records them in the map's 128 bytes, so that the kernel
+// stand-in can read Q, K and V through the maps alone. MOCK_ENCODE=fail refuses every map;
+// MOCK_ENCODE=missing plays a driver without the entry point.
+struct FakeMap {
+  const void* addr;
+  cuuint64_t dims[4];
+  cuuint64_t strides[3];
+  cuuint32_t box[4];
+  int dtype, swizzle, l2, oob, interleave;
+  cuuint32_t rank;
+  cuuint32_t estrides[4];
+};
+static_assert(sizeof(FakeMap) <= sizeof(CUtensorMap), "the record fits in a map");
+static int g_encoded;
+
+static CUresult fake_encode(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
+                            void* addr, const cuuint64_t* dims, const cuuint64_t* strides,
+                            const cuuint32_t* box, const cuuint32_t* estrides,
+                            CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                            CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  const char* mode = std::getenv("MOCK_ENCODE");
+  if (mode && !std::strcmp(mode, "fail")) return CUDA_ERROR_INVALID_VALUE;
+  if (rank < 1 || rank > 5 || (reinterpret_cast<uintptr_t>(addr) % 16) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i + 1 < rank; ++i)
+    if (strides[i] == 0 || strides[i] % 16 || strides[i] >= (1ull << 40))
+      return CUDA_ERROR_INVALID_VALUE;
+  FakeMap m{};
+  m.addr = addr;
+  m.rank = rank;
+  for (cuuint32_t i = 0; i < rank; ++i)
+    m.dims[i] = dims[i], m.box[i] = box[i], m.estrides[i] = estrides[i];
+  for (cuuint32_t i = 0; i + 1 < rank; ++i) m.strides[i] = strides[i];
+  m.dtype = dtype, m.swizzle = swizzle, m.l2 = l2, m.oob = oob, m.interleave = interleave;
+  std::memset(map, 0, sizeof *map);
+  std::memcpy(map, &m, sizeof m);
+  ++g_encoded;
+  return CUDA_SUCCESS;
+}
+
+static cudaError_t entry_point(const char* symbol, void** fn,
+                               cudaDriverEntryPointQueryResult* status) {
+  const char* mode = std::getenv("MOCK_ENCODE");
+  const bool found = !(mode && !std::strcmp(mode, "missing")) &&
+                     !std::strcmp(symbol, "cuTensorMapEncodeTiled");
+  *fn = found ? reinterpret_cast<void*>(&fake_encode) : nullptr;
+  if (status) *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (version < 12000) die("cuTensorMapEncodeTiled asked for a CUDA version before 12.0");
+  return entry_point(symbol, fn, status);
+}
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long,
+                                    cudaDriverEntryPointQueryResult* status) {
+  return entry_point(symbol, fn, status);
+}
 
 @CONVERT@
 
-static void die(const char* what) {
-  std::fprintf(stderr, "stand-in: %s\n", what);
-  std::exit(9);
-}
 
 template <class T, int D, int BR, int THREADS, int SMEM, bool CAUSAL>
 static void attend(const void* self, const T* q, const T* k, const T* v, T* o, float* lse,
@@ -674,6 +931,57 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
     attend<T, D, BR, THREADS, SMEM, CAUSAL>((const void*)&NAME, q, k, v, o, lse, tq, tk, a, b, \
                                             c, d, e, f, g, h, i, j, k2, l, s);                \
   }
+
+// A wgmma kernel: three tensor maps, then the common ABI. The maps must be what the launcher
+// documents (4-d over (d, t, head, batch), boxes of 64 x BR or BC rows, 128-byte swizzle, L2
+// promotion 128B, no OOB fill, dense element strides, this dtype), and Q, K and V are read
+// through them: the pointer and stride arguments are only compared with them.
+struct alignas(64) TensorMap { unsigned long long opaque[16]; };
+
+static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h, int b, int rows,
+                      int dtype, long long sb, long long sh, long long st, long long item,
+                      long long out[3]) {
+  FakeMap m;
+  std::memcpy(&m, &tm, sizeof m);
+  if (m.addr != ptr || m.rank != 4) die("tensor map: base address or rank");
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)t, (cuuint64_t)h, (cuuint64_t)b};
+  const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
+  for (int i = 0; i < 4; ++i) {
+    if (m.dims[i] != dims[i]) die("tensor map: dims are not (d, t, heads, batch)");
+    if (m.box[i] != box[i]) die("tensor map: box is not (64, rows, 1, 1)");
+    if (m.estrides[i] != 1) die("tensor map: element strides");
+  }
+  if (m.dtype != dtype) die("tensor map: data type");
+  if (m.swizzle != CU_TENSOR_MAP_SWIZZLE_128B || m.l2 != CU_TENSOR_MAP_L2_PROMOTION_L2_128B ||
+      m.oob != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE || m.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
+    die("tensor map: swizzle, L2 promotion, OOB fill or interleave");
+  const long long given[3] = {st, sh, sb};
+  const int extent[3] = {t, h, b};
+  for (int i = 0; i < 3; ++i) {
+    if (m.strides[i] % item) die("tensor map: a stride is not whole elements");
+    out[2 - i] = (long long)(m.strides[i] / item);  // (batch, head, token) in elements
+    // an axis longer than 1 keeps the caller's stride; one of extent 1 is never stepped
+    if (extent[i] > 1 && out[2 - i] != given[i])
+      die("tensor map: a stride differs from the caller's");
+  }
+}
+
+#define STAND_IN_TMA(NAME, T, D, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                        \
+  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, const T* q, const T* k,  \
+                       const T* v, T* o, float* lse, int tq, int tk, long long a, long long b,  \
+                       long long c, long long d, long long e, long long f, long long g,         \
+                       long long h, long long i, long long j, long long k2, long long l,        \
+                       float s) {                                                               \
+    const int H = (int)g_grid.y, B = (int)g_grid.z;                                              \
+    long long sq[3], sk[3], sv[3];                                                               \
+    check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
+    check_map(tm_k, k, D, tk, H, B, BC, DTYPE, d, e, f, sizeof(T), sk);                          \
+    check_map(tm_v, v, D, tk, H, B, BC, DTYPE, g, h, i, sizeof(T), sv);                          \
+    attend<T, D, BR, THREADS, SMEM, CAUSAL>(                                                     \
+        (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
+        (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
+        sv[0], sv[1], sv[2], j, k2, l, s);                                                       \
+  }
 @STAND_INS@
 """
 
@@ -692,8 +1000,11 @@ def _stand_in_source(specs: list[KernelSpec]) -> str:
             f"template <> {info.ctype} from_f32<{info.ctype}>(float x) {{ return {back}; }}"
         )
     stand_ins = "\n".join(
-        f"STAND_IN({s.name}, {s.dtype_info.ctype}, {s.d}, {s.br}, {s.threads}, {s.smem_bytes}, "
-        f"{'true' if s.causal else 'false'})"
+        f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {s.d}, {s.br}, {s.bc}, {s.threads}, "
+        f"{s.smem_bytes}, {'true' if s.causal else 'false'}, {TMA_DTYPE[s.dtype]})"
+        if s.family == "wgmma"
+        else f"STAND_IN({s.name}, {s.dtype_info.ctype}, {s.d}, {s.br}, {s.threads}, "
+        f"{s.smem_bytes}, {'true' if s.causal else 'false'})"
         for s in specs
     )
     return (
@@ -710,7 +1021,7 @@ def stand_in_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nvcc = require_nvcc()
     gxx = _tool("g++")
     includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
-    specs = [*PAIR, BIG]
+    specs = [*PAIR, BIG, WGMMA]
     root = tmp_path_factory.mktemp("stand_in")
     write_bundle(bundle_files(specs), root)
     (root / "example.cpp").write_text((root / "example.cu").read_text())
@@ -736,9 +1047,10 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     proc = subprocess.run([str(stand_in_example)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("PASS: 4 of 4 problems and 3 of 3 variants' parameter checks")
+    assert lines[-1].startswith("PASS: 5 of 5 problems and 4 of 4 variants' parameter checks")
     assert "bounds: O max abs error 2e-2 for bf16/fp16" in lines[-1]
-    assert sum(ln.endswith("  ok") for ln in lines) == 4 + 3
+    assert sum(ln.endswith("  ok") for ln in lines) == 5 + 4
+    assert f"  {WGMMA.name}: 14 of 14 invalid parameter sets refused before launch  ok" in lines
     assert f"  {MMA.name} B=2 H=3 Tq=131 Tk=77" in lines  # the causal Tq > Tk problem
 
 
@@ -845,3 +1157,47 @@ def test_launchers_refuse_lengths_the_kernels_tile_loops_cannot_take(
         else:
             with pytest.raises(ValueError, match=rf"Tk={tk}: .*\({MAX_LENGTH}.*split the sequence"):
                 check_layout(q, kv, kv)
+
+
+def _stand_in_run(exe: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+
+
+def test_example_on_another_gpu_refuses_the_wgmma_variant_with_the_reason(
+    stand_in_example: Path,
+) -> None:
+    proc = _stand_in_run(stand_in_example, MOCK_CC="86")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    why = (
+        f"{WGMMA.name} (family wgmma) needs compute capability 9.0 only (sm_90a code: H100, "
+        "H200); generate a bundle with --family mma for this GPU"
+    )
+    assert (
+        f"    not runnable on this GPU: {why}; flashgen_fwd returned error "
+        f"{INVALID_DEVICE_FUNCTION} (refused, as it must)  FAIL"
+    ) in lines
+    # the sm_80+ families still run on sm_86
+    assert lines[-1].startswith("FAIL: 4 of 5 problems and 4 of 4 variants' parameter checks")
+    old = _stand_in_run(stand_in_example, MOCK_CC="75")  # and nothing runs on a Turing GPU
+    assert "needs compute capability 8.0 or newer" in old.stdout
+    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 5 problems")
+
+
+@pytest.mark.parametrize(("mode", "code"), [("fail", INVALID), ("missing", INSUFFICIENT_DRIVER)])
+def test_wgmma_launcher_reports_a_refused_map_or_a_driver_without_the_encoder(
+    stand_in_example: Path, mode: str, code: int
+) -> None:
+    proc = _stand_in_run(stand_in_example, MOCK_ENCODE=mode)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131")
+    assert lines[i + 1] == f"    flashgen_fwd: stand-in error {code}"
+    # the other variants need no tensor map
+    assert lines[-1].startswith("FAIL: 4 of 5 problems and 4 of 4 variants' parameter checks")

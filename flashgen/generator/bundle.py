@@ -10,6 +10,13 @@ reference, and a README. Every file is rendered from `templates/bundle/*.j2`.
 `write_bundle(files, out)` writes them, only inside `out`. `select_variants(...)` turns the
 `flashgen bundle` filters into one variant per (d, dtype, causal), the key the dispatch
 function `flashgen_fwd` picks a variant by.
+
+Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI. Its C
+launcher builds them itself with the driver's `cuTensorMapEncodeTiled`, fetched at run time
+through the CUDA runtime (`cudaGetDriverEntryPoint*`), so the library still links without
+`-lcuda`; the maps follow `tma.py` (the Python path) field for field. Its kernels are compiled
+for sm_90a only, in an object library of their own (`FLASHGEN_WGMMA_GENCODE`), and its
+launcher refuses any GPU other than compute capability 9.0 with `cudaErrorInvalidDeviceFunction`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,13 @@ from .render import environment, render
 from .select import select
 from .space import shipped
 from .spec import KernelSpec
+from .tma import (
+    BOX_COLS,
+    L2_PROMOTION_128B,
+    SWIZZLE_128B,
+    TMA_DTYPE,
+    TMA_STRIDE_LIMIT,
+)
 from .validate import MAX_LENGTH
 
 HEADER = "flashgen_attention.h"
@@ -53,6 +67,15 @@ EXAMPLE_CAUSAL_TALL = (2, 3, 131, 77)
 # (Frobenius) of O for fp32, max abs error of the natural-log LSE.
 EXAMPLE_O_BOUND = {"fp32": "1e-4", "fp16": "2e-2", "bf16": "2e-2"}
 EXAMPLE_LSE_BOUND = "1e-3"
+# Families whose kernels take the TMA tensor maps of Q, K and V ahead of the common ABI.
+TMA_FAMILIES = frozenset({"wgmma"})
+# cuda.h's names of tma.TMA_DTYPE (the launcher static_asserts that they agree)
+TMA_DTYPE_ENUM = {
+    "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+    "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+}
+# Tensor-map strides must be multiples of this many bytes (cuTensorMapEncodeTiled's rule).
+TMA_STRIDE_ALIGN = 16
 
 
 class BundleError(ValueError):
@@ -107,10 +130,45 @@ class Variant:
             ),
             "archs": ", ".join(s.archs),
             "tensor_cores": info.tensor_core and s.family != "simt",
+            "math": _math_text(s),
+            "tma": s.family in TMA_FAMILIES,
+            "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
+            # the device rule its launcher enforces: oldest compute capability, and exact for
+            # an arch-specific family (sm_90a code runs on 9.0 only)
+            "min_cc": _min_cc(s),
+            "exact_cc": _arch_specific(s),
+            "cc_text": _cc_text(s),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "o_relative": s.dtype == "fp32",
             "problems": [EXAMPLE_PROBLEM, *([EXAMPLE_CAUSAL_TALL] if s.causal else [])],
         }
+
+
+def _arch_specific(spec: KernelSpec) -> bool:
+    """True for a family built for an `a` arch (sm_90a): its code runs on that arch only."""
+    return any(a.endswith("a") for a in spec.archs)
+
+
+def _min_cc(spec: KernelSpec) -> tuple[int, int]:
+    """(major, minor) of the oldest arch the variant ships for: sm_90a -> (9, 0)."""
+    n = min(int(a.removeprefix("sm_").rstrip("a")) for a in spec.archs)
+    return (n // 10, n % 10)
+
+
+def _cc_text(spec: KernelSpec) -> str:
+    major, minor = _min_cc(spec)
+    if _arch_specific(spec):
+        return f"compute capability {major}.{minor} only"
+    return f"compute capability {major}.{minor} or newer"
+
+
+def _math_text(spec: KernelSpec) -> str:
+    """The README's 'math' column."""
+    if spec.family in TMA_FAMILIES:
+        return "tensor cores (wgmma, TMA loads), sm_90a: H100/H200 only"
+    if spec.dtype_info.tensor_core and spec.family != "simt":
+        return "tensor cores (mma.sync), sm_80+"
+    return "CUDA cores, fp32"
 
 
 def dtype_enum(dtype: str) -> str:
@@ -119,10 +177,23 @@ def dtype_enum(dtype: str) -> str:
 
 
 def cuda_architectures(specs: Iterable[KernelSpec]) -> str:
-    """CMake CUDA_ARCHITECTURES for the variants: SASS for every arch they ship for, plus PTX
-    of the newest so that later GPUs can JIT-compile it ("80-real;90-real;90-virtual")."""
-    nums = sorted({int(a.removeprefix("sm_").rstrip("a")) for s in specs for a in s.archs})
+    """CMake CUDA_ARCHITECTURES for the variants of plain-arch families (and the launcher):
+    SASS for every arch they ship for, plus PTX of the newest so that later GPUs can
+    JIT-compile it ("80-real;90-real;90-virtual"). Arch-specific families (wgmma) are built
+    apart (`arch_specific_gencode`); a bundle of only those builds its host code for 90-real."""
+    nums = sorted(
+        {int(a.removeprefix("sm_")) for s in specs if not _arch_specific(s) for a in s.archs}
+    )
+    if not nums:
+        return "90-real"
     return ";".join([*(f"{n}-real" for n in nums), f"{nums[-1]}-virtual"])
+
+
+def arch_specific_gencode(specs: Iterable[KernelSpec]) -> str:
+    """nvcc flags for the arch-specific variants: SASS for exactly their arch, no PTX (sm_90a
+    code runs on compute capability 9.0 only): "-gencode=arch=compute_90a,code=sm_90a"."""
+    archs = sorted({a for s in specs if _arch_specific(s) for a in s.archs})
+    return " ".join(f"-gencode=arch=compute_{a.removeprefix('sm_')},code={a}" for a in archs)
 
 
 def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
@@ -146,13 +217,17 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     unique = _check_unique(specs)
     variants = [Variant(s) for s in unique]
+    contexts = [v.context() for v in variants]
     headers = sorted({h for s in unique if (h := s.dtype_info.header)})
     names = " ".join(f"--name {s.name}" for s in unique)
     return {
         "version": __version__,
         "header": HEADER,
         "launcher": LAUNCHER,
-        "variants": [v.context() for v in variants],
+        "variants": contexts,
+        "plain_variants": [c for c in contexts if not c["exact_cc"]],
+        "arch_specific_variants": [c for c in contexts if c["exact_cc"]],
+        "has_tma": any(c["tma"] for c in contexts),
         "num_variants": len(variants),
         "dtype_headers": headers,
         # the example converts every dtype of the enum on the host
@@ -170,6 +245,18 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
             for i, (name, info) in enumerate(DTYPES.items())
         ],
         "cuda_architectures": cuda_architectures(unique),
+        "arch_specific_gencode": arch_specific_gencode(unique),
+        "tma": {
+            "dtypes": [
+                {"name": n, "value": v, "enum": TMA_DTYPE_ENUM[n]} for n, v in TMA_DTYPE.items()
+            ],
+            "swizzle_128b": SWIZZLE_128B,
+            "l2_promotion_128b": L2_PROMOTION_128B,
+            "box_cols": BOX_COLS,
+            "stride_limit": TMA_STRIDE_LIMIT,
+            "stride_limit_text": f"2^{TMA_STRIDE_LIMIT.bit_length() - 1}",
+            "stride_align": TMA_STRIDE_ALIGN,
+        },
         "regenerate": f"flashgen bundle DIR {names}",
         "log2e": LOG2E,
         "max_length": MAX_LENGTH,
@@ -278,6 +365,12 @@ def select_variants(
         )
     fams = list(dict.fromkeys(families)) or list(FAMILIES)
     pool = [s for f in fams for s in shipped(f)]
+    # Without --family the bundle is portable: chosen as for sm_80, the oldest arch every
+    # plain family runs on (so never an arch-specific family). Naming an arch-specific family
+    # (--family wgmma) asks for a bundle of its arch: chosen as for sm_90, where wgmma is
+    # preferred and the other named families serve what it does not.
+    named_specific = [f for f in dict.fromkeys(families) if _family_arch_specific(f)]
+    arch = "sm_90" if named_specific else "sm_80"
     picked: list[KernelSpec] = []
     missing: list[str] = []
     masks = [False, True] if causal is None else [causal]
@@ -287,8 +380,7 @@ def select_variants(
         spec = _tuned(gpu_name, d, dtype, mask, fams)
         if spec is None:
             try:
-                # sm_80: the oldest arch every family ships for, so any family may be chosen
-                spec = select(d, dtype, mask, "sm_80", candidates=pool)
+                spec = select(d, dtype, mask, arch, candidates=pool)
             except ValueError:
                 missing.append(f"d={d} {dtype} {'causal' if mask else 'non-causal'}")
                 continue
@@ -297,10 +389,15 @@ def select_variants(
         dims = sorted({s.d for s in pool})
         raise BundleError(
             f"{', '.join(missing)}: no shipped variant of family {'/'.join(fams)} serves it; "
-            f"their head dims are {dims} (family mma: fp16/bf16 only); change --d, --dtype "
-            "or --family"
+            f"their head dims are {dims} (families mma and wgmma: fp16/bf16 only); change "
+            "--d, --dtype or --family"
         )
     return _check_unique(picked)
+
+
+def _family_arch_specific(name: str) -> bool:
+    fam = FAMILIES.get(name)
+    return fam is not None and any(a.endswith("a") for a in fam.archs)
 
 
 def _tuned(
