@@ -2,12 +2,14 @@
 # Bundles on the GPU host: `scripts/bundle_check.sh OUTDIR`
 #   1. `python3 -m flashgen bundle` writes a bundle holding one simt variant (fp32, non-causal)
 #      and one mma variant (bf16, causal); `python3 -m flashgen build --bundle` writes a
-#      single-variant bundle (mma, fp16, non-causal);
+#      single-variant bundle (mma, fp16, non-causal); `python3 -m flashgen bundle --family wgmma`
+#      writes a Hopper bundle (wgmma, bf16, d 64 and 128, causal and not: four variants, whose
+#      launchers build TMA tensor maps through the driver entry point at run time);
 #   2. each is configured and built with CMake for sm_90 only (FLASHGEN_CUDA_ARCHITECTURES,
-#      default 90-real) -- plain CMake + nvcc, no Python involved;
+#      default 90-real; wgmma kernels always sm_90a) -- plain CMake + nvcc, no Python involved;
 #   3. each bundle's `example` runs every variant on the GPU against its float64 CPU
 #      reference and checks that bad parameters are refused; with compute-sanitizer present,
-#      the multi-variant example also runs under memcheck.
+#      the multi-variant and the wgmma examples also run under memcheck.
 # Everything goes to OUTDIR/bundle.txt; the last line is PASS or FAIL; exit 0 only on PASS.
 # Needs the checkout importable (PYTHONPATH, set below), nvcc, cmake and a CUDA GPU; no PyCUDA.
 set -euo pipefail
@@ -70,18 +72,28 @@ build_and_run multi "$work/multi"
 step "write single" "$py" -m flashgen build --family mma --d 64 --dtype fp16 --no-causal \
   --no-compile --bundle "$work/single"
 build_and_run single "$work/single"
-
-if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$work/multi/build/example" ]; then
-  step "multi memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$work/multi/build/example"
+step "write wgmma" "$py" -m flashgen bundle "$work/wgmma" --family wgmma --d 64 --d 128
+if grep -q "add_library(flashgen_kernels_sm90a OBJECT" "$work/wgmma/CMakeLists.txt" 2>/dev/null; then
+  build_and_run wgmma "$work/wgmma"
 else
-  note "memcheck: skipped (no compute-sanitizer or no example)"
+  note "wgmma: the bundle holds no sm_90a object library"
+  failures+=("wgmma bundle (no wgmma variant)")
 fi
+
+for name in multi wgmma; do
+  if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$work/$name/build/example" ]; then
+    step "$name memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      "$work/$name/build/example"
+  else
+    note "$name memcheck: skipped (no compute-sanitizer or no example)"
+  fi
+done
 
 # the example's verdict lines, then ours
 grep -E "^(PASS|FAIL)|FAIL$|ERROR SUMMARY" "$log" | sed 's/^/  /' || true
 if [ "${#failures[@]}" -eq 0 ]; then
-  note "PASS: bundle_check (multi: $SIMT + $MMA; single: mma d64 fp16 non-causal; archs $archs)"
+  note "PASS: bundle_check (multi: $SIMT + $MMA; single: mma d64 fp16 non-causal;" \
+    "wgmma: d64/d128 bf16 causal + non-causal for sm_90a; archs $archs)"
   exit 0
 fi
 note "FAIL: bundle_check: ${failures[*]}"
