@@ -258,21 +258,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
       mbar_expect_tx(q_full, Q_BYTES);
 #pragma unroll
       for (int c = 0; c < D_CHUNKS; ++c) tma_load_4d(Qs + c * BR * CHUNK, &tm_q, q_full, c * CHUNK, q0, head, batch);
-      for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % STAGES, use = it / STAGES;
-        const int kv0 = (n_tiles - 1 - it) * BC;
+      // K runs one tile ahead of V, in the order the consumers need them: step `it` issues
+      // S = Q K(it)^T together with O += P V(it-1)
+      auto load_k = [&](int it) {
+        const int s = it % STAGES, use = it / STAGES, kv0 = (n_tiles - 1 - it) * BC;
         // a fresh barrier counts as having completed the phase before its first: parity 1
         mbar_wait(&k_empty[s], (use & 1) ^ 1);
         mbar_expect_tx(&k_full[s], KV_BYTES);
 #pragma unroll
         for (int c = 0; c < D_CHUNKS; ++c)
           tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, head, batch);
+      };
+      auto load_v = [&](int it) {
+        const int s = it % STAGES, use = it / STAGES, kv0 = (n_tiles - 1 - it) * BC;
         mbar_wait(&v_empty[s], (use & 1) ^ 1);
         mbar_expect_tx(&v_full[s], KV_BYTES);
 #pragma unroll
         for (int c = 0; c < D_CHUNKS; ++c)
           tma_load_4d(Vs + (s * D_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, head, batch);
+      };
+      load_k(0);
+      for (int it = 1; it < n_tiles; ++it) {
+        load_k(it);
+        load_v(it - 1);
       }
+      load_v(n_tiles - 1);
     }
   } else {
     // ================================ consumers ===============================
