@@ -246,7 +246,8 @@ def _variant_for(
 
 def _without_pointers(p: Problem) -> Problem:
     return Problem(
-        p.b, p.h, p.tq, p.tk, p.d, p.dtype, p.q_strides, p.k_strides, p.v_strides, p.o_strides
+        p.b, p.h, p.tq, p.tk, p.d, p.dtype, p.q_strides, p.k_strides, p.v_strides, p.o_strides,
+        h_kv=p.h_kv,
     )
 
 

@@ -59,6 +59,7 @@ class Launch:
     tk: int
     strides: tuple[int, ...]
     scale_log2: float
+    kv_group: int
 
 
 @dataclass
@@ -158,6 +159,7 @@ class FakeLibcuda:
                 ctypes.c_int.from_address(common[6]).value,
                 tuple(ctypes.c_longlong.from_address(a).value for a in common[7:19]),
                 ctypes.c_float.from_address(common[19]).value,
+                ctypes.c_int.from_address(common[20]).value,
             )
         )  # fmt: skip
         self.log.append(("launch",))

@@ -253,12 +253,14 @@ def test_header_and_readme_document_the_wgmma_rules() -> None:
     assert "cudaErrorInsufficientDriver" not in bundle_files(PAIR)[HEADER]
 
 
-def test_example_covers_every_variant_and_a_causal_tall_problem() -> None:
+def test_example_covers_every_variant_a_causal_tall_and_a_gqa_problem() -> None:
     ex = bundle_files(TRIO)["example.cu"]
-    assert f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 1e-4, true, 1, false}},' in ex
-    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 2e-2, false, 8, false}},' in ex
-    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 2e-2, false, 8, false}},' in ex
-    assert f'{{"{WGMMA.name}", FLASHGEN_FP16, 0, 64, 2, 3, 77, 131, 2e-2, false, 8, true}},' in ex
+    assert f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false}},' in ex
+    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 3, 2e-2, false, 8, false}},' in ex
+    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 3, 2e-2, false, 8, false}},' in ex
+    assert f'{{"{WGMMA.name}", FLASHGEN_FP16, 0, 64, 2, 3, 77, 131, 3, 2e-2, false, 8, true}},' in ex
+    # grouped-query attention: 8 query heads on 2 K/V heads, for every variant
+    assert ex.count(", 1, 8, 65, 97, 2, ") == 3
     assert "return pass ? 0 : 1;" in ex and "kSeed" in ex
 
 
@@ -459,7 +461,7 @@ def test_header_compiles_as_c_and_cpp(tmp_path: Path, compiler: str, lang: str, 
     use.write_text(
         f'#include "{HEADER}"\n#include "{HEADER}"  /* include guard */\n'
         "int main(void) {\n"
-        "  flashgen_fwd_params p;\n"
+        "  flashgen_fwd_params p = {};\n"
         "  const char* why = 0;\n"
         "  float lse = 0;\n"
         "  flashgen_fwd_params_contiguous(&p, 0, 0, 0, 0, &lse, 1, 1, 1, 1, 32);\n"
@@ -597,7 +599,7 @@ static void report(const char* variant, const char* label, check_fn check, fwd_f
 }
 
 #define CASE(label, stmt) \
-  do { flashgen_fwd_params p; base(&p, d); stmt; report(v, label, check, fwd, &p); } while (0)
+  do { flashgen_fwd_params p = {}; base(&p, d); stmt; report(v, label, check, fwd, &p); } while (0)
 
 static void cases(const char* v, int d, check_fn check, fwd_fn fwd) {
   CASE("ok", (void)0);
@@ -637,7 +639,7 @@ int main(void) {
   cases("simt", 32, SIMT_CHECK, SIMT_FWD);
   cases("mma", 32, MMA_CHECK, MMA_FWD);
   cases("wgmma", 64, WGMMA_CHECK, WGMMA_FWD);
-  flashgen_fwd_params p;
+  flashgen_fwd_params p = {};
   base(&p, 32);
   printf("dispatch|null|%d\n", (int)flashgen_fwd(NULL, FLASHGEN_FP32, 0, 0));
   printf("dispatch|d64|%d\n", (int)flashgen_fwd((base(&p, 64), &p), FLASHGEN_FP32, 0, 0));
@@ -881,8 +883,9 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
                    int tq, int tk, long long q_sb, long long q_sh, long long q_st,
                    long long k_sb, long long k_sh, long long k_st, long long v_sb,
                    long long v_sh, long long v_st, long long o_sb, long long o_sh,
-                   long long o_st, float scale_log2) {
+                   long long o_st, float scale_log2, int kv_group) {
   if (!g_configured) die("kernel called without a launch configuration");
+  if (kv_group < 1) die("kv_group < 1");
   if (g_grid.x != (unsigned)((tq + BR - 1) / BR) || g_block.x != THREADS) die("grid or block");
   if (g_smem != SMEM) die("dynamic shared memory");
   if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("no opt-in above 48 KiB");
@@ -900,7 +903,7 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
         n = n < 0 ? 0 : (n > tk ? tk : n);
         float m = -INFINITY, l = 0.0f, acc[D] = {};
         for (int j = 0; j < n; ++j) {
-          const T* kj = k + b * k_sb + h * k_sh + j * k_st;
+          const T* kj = k + b * k_sb + (h / kv_group) * k_sh + j * k_st;
           float dot = 0.0f;
           for (int x = 0; x < D; ++x) dot += to_f32(qi[x]) * to_f32(kj[x]);
           s[j] = dot * scale_log2;
@@ -908,7 +911,7 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
         }
         for (int j = 0; j < n; ++j) {
           const float p = std::exp2(s[j] - m);
-          const T* vj = v + b * v_sb + h * v_sh + j * v_st;
+          const T* vj = v + b * v_sb + (h / kv_group) * v_sh + j * v_st;
           l += p;
           for (int x = 0; x < D; ++x) acc[x] += p * to_f32(vj[x]);
         }
@@ -927,9 +930,9 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
   extern "C" void NAME(const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk, \
                        long long a, long long b, long long c, long long d, long long e,       \
                        long long f, long long g, long long h, long long i, long long j,       \
-                       long long k2, long long l, float s) {                                  \
+                       long long k2, long long l, float s, int group) {                       \
     attend<T, D, BR, THREADS, SMEM, CAUSAL>((const void*)&NAME, q, k, v, o, lse, tq, tk, a, b, \
-                                            c, d, e, f, g, h, i, j, k2, l, s);                \
+                                            c, d, e, f, g, h, i, j, k2, l, s, group);         \
   }
 
 // A wgmma kernel: three tensor maps, then the common ABI. The maps must be what the launcher
@@ -971,16 +974,16 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
                        const T* v, T* o, float* lse, int tq, int tk, long long a, long long b,  \
                        long long c, long long d, long long e, long long f, long long g,         \
                        long long h, long long i, long long j, long long k2, long long l,        \
-                       float s) {                                                               \
+                       float s, int group) {                                                    \
     const int H = (int)g_grid.y, B = (int)g_grid.z;                                              \
     long long sq[3], sk[3], sv[3];                                                               \
     check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
-    check_map(tm_k, k, D, tk, H, B, BC, DTYPE, d, e, f, sizeof(T), sk);                          \
-    check_map(tm_v, v, D, tk, H, B, BC, DTYPE, g, h, i, sizeof(T), sv);                          \
+    check_map(tm_k, k, D, tk, H / group, B, BC, DTYPE, d, e, f, sizeof(T), sk);                  \
+    check_map(tm_v, v, D, tk, H / group, B, BC, DTYPE, g, h, i, sizeof(T), sv);                  \
     attend<T, D, BR, THREADS, SMEM, CAUSAL>(                                                     \
         (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
-        sv[0], sv[1], sv[2], j, k2, l, s);                                                       \
+        sv[0], sv[1], sv[2], j, k2, l, s, group);                                                \
   }
 @STAND_INS@
 """
@@ -1047,11 +1050,11 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     proc = subprocess.run([str(stand_in_example)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("PASS: 5 of 5 problems and 4 of 4 variants' parameter checks")
+    assert lines[-1].startswith("PASS: 9 of 9 problems and 4 of 4 variants' parameter checks")
     assert "bounds: O max abs error 2e-2 for bf16/fp16" in lines[-1]
-    assert sum(ln.endswith("  ok") for ln in lines) == 5 + 4
-    assert f"  {WGMMA.name}: 14 of 14 invalid parameter sets refused before launch  ok" in lines
-    assert f"  {MMA.name} B=2 H=3 Tq=131 Tk=77" in lines  # the causal Tq > Tk problem
+    assert sum(ln.endswith("  ok") for ln in lines) == 9 + 4  # problems + rejection checks
+    assert f"  {WGMMA.name}: 16 of 16 invalid parameter sets refused before launch  ok" in lines
+    assert f"  {MMA.name} B=2 H=3 Tq=131 Tk=77 H_kv=3" in lines  # the causal Tq > Tk problem
 
 
 @pytest.mark.parametrize(
@@ -1083,7 +1086,7 @@ typedef cudaError_t (*fwd_fn)(const flashgen_fwd_params*, cudaStream_t);
 
 static void one(const char* v, const char* label, check_fn check, fwd_fn fwd, int tq, int tk,
                 int d) {
-  flashgen_fwd_params p;
+  flashgen_fwd_params p = {};
   flashgen_fwd_params_contiguous(&p, (const void*)0x10000, (const void*)0x20000,
                                  (const void*)0x30000, (void*)0x40000, (float*)0x50000,
                                  1, 1, tq, tk, d);
@@ -1184,10 +1187,10 @@ def test_example_on_another_gpu_refuses_the_wgmma_variant_with_the_reason(
         f"{INVALID_DEVICE_FUNCTION} (refused, as it must)  FAIL"
     ) in lines
     # the sm_80+ families still run on sm_86
-    assert lines[-1].startswith("FAIL: 4 of 5 problems and 4 of 4 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 7 of 9 problems and 4 of 4 variants' parameter checks")
     old = _stand_in_run(stand_in_example, MOCK_CC="75")  # and nothing runs on a Turing GPU
     assert "needs compute capability 8.0 or newer" in old.stdout
-    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 5 problems")
+    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 9 problems")
 
 
 @pytest.mark.parametrize(("mode", "code"), [("fail", INVALID), ("missing", INSUFFICIENT_DRIVER)])
@@ -1197,7 +1200,7 @@ def test_wgmma_launcher_reports_a_refused_map_or_a_driver_without_the_encoder(
     proc = _stand_in_run(stand_in_example, MOCK_ENCODE=mode)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131")
+    i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131 H_kv=3")
     assert lines[i + 1] == f"    flashgen_fwd: stand-in error {code}"
     # the other variants need no tensor map
-    assert lines[-1].startswith("FAIL: 4 of 5 problems and 4 of 4 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 7 of 9 problems and 4 of 4 variants' parameter checks")

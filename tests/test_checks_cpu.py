@@ -36,6 +36,8 @@ def emulate(spec, q, k, v, scale, *, ignore_mask=False, skip_last_row=False):
     f32 = np.float32
     b, h, tq, d = q.shape
     tk = k.shape[2]
+    group = h // k.shape[1]  # grouped-query attention: query head i reads K/V head i // group
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     store = np.dtype(spec.dtype_info.numpy)
     qf, kf, vf = (x.astype(f32) for x in (q, k, v))
     m = np.full((b, h, tq, 1), -np.inf, f32)

@@ -79,7 +79,19 @@ def test_a_launch_passes_each_abi_argument_through_kernel_params(calls, cuda):
     assert (call.tq, call.tk) == (70, 45)
     assert call.strides == problem.kernel_strides()
     assert call.scale_log2 == np.float32(0.3 * runtime.LOG2E)
+    assert call.kv_group == 1
     assert calls.log[-1] == ("synchronize",)
+
+
+@pytest.mark.parametrize(("h", "h_kv"), [(8, 2), (8, 1)])
+def test_grouped_query_attention_passes_query_heads_per_kv_head(calls, cuda, h, h_kv):
+    q, _, _, o, lse = operands(SIMT, h=h)
+    k = dev((2, h_kv, 45, SIMT.d), SIMT.dtype_info.numpy, 0x20000)
+    v = dev((2, h_kv, 45, SIMT.d), SIMT.dtype_info.numpy, 0x30000)
+    runtime.launch(SIMT, q, k, v, o, lse, 0.3)
+    [call] = cuda.launches
+    assert call.grid == (3, h, 2)  # one block row per query head
+    assert call.kv_group == h // h_kv
 
 
 def test_the_kernel_is_loaded_into_the_devices_primary_context_and_the_caller_keeps_its_own(
@@ -228,8 +240,9 @@ def test_a_device_arch_override_makes_kernel_arch_compile_for_that_gpu(calls):
     assert runtime.device_arch() == "sm_90"
 
 
-def test_the_argument_block_is_148_bytes_with_natural_alignment():
-    assert struct.calcsize(runtime.ABI_FORMAT) == 5 * 8 + 2 * 4 + 12 * 8 + 4
+def test_the_argument_block_is_152_bytes_with_natural_alignment():
+    # 5 pointers, tq, tk, 12 strides, scale_log2, kv_group
+    assert struct.calcsize(runtime.ABI_FORMAT) == 5 * 8 + 2 * 4 + 12 * 8 + 4 + 4
 
 
 # ---- leading by-value arguments (the wgmma family's tensor maps) ------------------------------

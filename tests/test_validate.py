@@ -87,11 +87,34 @@ def test_rank_must_be_four(which):
         check_layout(arrays["q"], arrays["k"], arrays["v"])
 
 
-def test_batch_and_heads_must_match():
+def test_batch_must_match():
     q, _, v = qkv()
-    k = np.zeros((2, 4, 12, 64), np.float16)
-    with pytest.raises(ValueError, match=r"k.shape=\(2, 4, 12, 64\): batch and heads must equal"):
+    k = np.zeros((3, 3, 12, 64), np.float16)
+    with pytest.raises(ValueError, match=r"k.shape=\(3, 3, 12, 64\): batch must equal q's B=2"):
         check_layout(q, k, v)
+
+
+@pytest.mark.parametrize("h_kv", [2, 4])
+def test_query_heads_must_be_a_multiple_of_kv_heads(h_kv):
+    q, _, _ = qkv()  # 3 query heads
+    k = v = np.zeros((2, h_kv, 12, 64), np.float16)
+    with pytest.raises(ValueError, match=rf"k.shape\[1\]={h_kv}: .* use H_kv in \[1, 3\]"):
+        check_layout(q, k, v)
+
+
+def test_k_and_v_must_have_the_same_heads():
+    q = np.zeros((1, 4, 5, 64), np.float16)
+    k, v = np.zeros((1, 2, 7, 64), np.float16), np.zeros((1, 4, 7, 64), np.float16)
+    with pytest.raises(ValueError, match=r"v.shape\[1\]=4: k and v must have the same number"):
+        check_layout(q, k, v)
+
+
+@pytest.mark.parametrize(("h", "h_kv", "group"), [(8, 8, 1), (8, 2, 4), (16, 1, 16)])
+def test_grouped_query_attention_is_a_problem_with_fewer_kv_heads(h, h_kv, group):
+    q = np.zeros((1, h, 5, 64), np.float16)
+    k = v = np.zeros((1, h_kv, 7, 64), np.float16)
+    p = check_layout(q, k, v)
+    assert (p.h, p.kv_heads, p.kv_group) == (h, h_kv, group)
 
 
 def test_head_dim_must_match():

@@ -60,8 +60,10 @@ NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashg
 LOG2E = "1.4426950408889634"  # scale -> scale_log2, as the Python runtime does
 # The example's problems: ragged lengths that are not multiples of any tile; causal variants
 # also run Tq > Tk, where the first Tq - Tk query rows see no key (O = 0, LSE = -inf).
-EXAMPLE_PROBLEM = (2, 3, 77, 131)
-EXAMPLE_CAUSAL_TALL = (2, 3, 131, 77)
+# Each is (B, H, Tq, Tk, H_kv); the GQA problem has 4 query heads per K/V head.
+EXAMPLE_PROBLEM = (2, 3, 77, 131, 3)
+EXAMPLE_CAUSAL_TALL = (2, 3, 131, 77, 3)
+EXAMPLE_GQA = (1, 8, 65, 97, 2)
 # The example's pass bounds for unit-normal inputs: max abs error of O for 16-bit storage
 # (bf16 keeps 8 significant bits: O of magnitude ~3 rounds by up to 0.008), relative error
 # (Frobenius) of O for fp32, max abs error of the natural-log LSE.
@@ -140,7 +142,9 @@ class Variant:
             "cc_text": _cc_text(s),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "o_relative": s.dtype == "fp32",
-            "problems": [EXAMPLE_PROBLEM, *([EXAMPLE_CAUSAL_TALL] if s.causal else [])],
+            "problems": [
+                EXAMPLE_PROBLEM, *([EXAMPLE_CAUSAL_TALL] if s.causal else []), EXAMPLE_GQA
+            ],
         }
 
 

@@ -76,6 +76,13 @@ class Case:
     # (heavy tails, clipped to +-V_CLIP so fp16 holds it)
     v_mean: float = 0.0
     v_dof: float | None = None
+    # K/V heads (grouped-query attention: H a multiple of it); 0 means H (multi-head)
+    h_kv: int = 0
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of K and V."""
+        return self.h_kv or self.h
 
 
 # How one (B, H, T, d) tensor may sit in memory: its own order of axes or padded rows, so that
@@ -171,8 +178,8 @@ def make_inputs(spec: KernelSpec, case: Case) -> Arrays:
     """Seeded random Q, K, V of the case's sizes, rounded to the spec's storage dtype."""
     rng = np.random.default_rng(case.seed)
     q = rng.standard_normal((case.b, case.h, case.tq, spec.d))
-    k = rng.standard_normal((case.b, case.h, case.tk, spec.d))
-    shape_v = (case.b, case.h, case.tk, spec.d)
+    k = rng.standard_normal((case.b, case.kv_heads, case.tk, spec.d))
+    shape_v = (case.b, case.kv_heads, case.tk, spec.d)
     if case.v_dof is None:
         v = rng.standard_normal(shape_v)
     else:

@@ -16,7 +16,8 @@ NumPy arrays (copied), PyCUDA GPUArrays and torch tensors all reach the GPU here
   repeated call costs a dict lookup, five pointer stores and one driver call.
 
 The kernel arguments are the C ABI of templates/_common.cuh.j2: q, k, v, o, lse pointers; int
-tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_log2.
+tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_log2; int
+kv_group (query heads per K/V head).
 
 **Leading by-value arguments (family prefix args).** A family whose kernels take extra by-value
 parameters *before* the common ABI (the Hopper `wgmma` family: three 128-byte `CUtensorMap`s as
@@ -57,8 +58,8 @@ from .validate import Problem
 # CUDA driver enum values (cuda.h)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
-# Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2.
-N_COMMON_ARGS = 20
+# Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2, kv_group.
+N_COMMON_ARGS = 21
 
 INSTALL_HINT = (
     "install PyCUDA (pip install 'flashgen[gpu]') on a machine with an NVIDIA driver and GPU"
@@ -321,6 +322,7 @@ class Bound:
         scalars: list[Any] = [c.c_int(problem.tq), c.c_int(problem.tk)]
         scalars += [c.c_longlong(s) for s in problem.kernel_strides()]
         scalars.append(c.c_float(scale_log2))
+        scalars.append(c.c_int(problem.kv_group))
         self._args = scalars  # keeps them alive: params holds their addresses
         base = c.addressof(self._ptrs)
         width = c.sizeof(c.c_void_p)

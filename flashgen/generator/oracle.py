@@ -89,11 +89,24 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
             f"q/k/v ndim={q.ndim}/{k.ndim}/{v.ndim}: the oracle needs (B, H, T, d) arrays; "
             "reshape to 4 dimensions"
         )
-    if q.shape[:2] != k.shape[:2] or k.shape != v.shape or q.shape[3] != k.shape[3]:
+    if (
+        q.shape[0] != k.shape[0] or k.shape != v.shape or q.shape[3] != k.shape[3]
+        or k.shape[1] < 1 or q.shape[1] % k.shape[1]
+    ):  # fmt: skip
         raise ValueError(
-            f"q{q.shape} k{k.shape} v{v.shape}: need q (B, H, Tq, d) and k, v (B, H, Tk, d); "
-            "make batch, heads and d agree"
+            f"q{q.shape} k{k.shape} v{v.shape}: need q (B, H, Tq, d) and k, v (B, H_kv, Tk, d) "
+            "with H a multiple of H_kv; make batch, heads and d agree"
         )
+
+
+def expand_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """K and V with one head per query head: grouped-query attention written out plainly
+    (query head i reads K/V head i // (H / H_kv)); unchanged when the head counts agree."""
+    _check_shapes(q, k, v)
+    group = q.shape[1] // k.shape[1]
+    if group == 1:
+        return k, v
+    return np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
 
 
 def _head_chunks(bh: int, tq: int, tk: int) -> Iterator[slice]:
@@ -104,7 +117,7 @@ def _head_chunks(bh: int, tq: int, tk: int) -> Iterator[slice]:
 
 def max_abs_logit(q: np.ndarray, k: np.ndarray, scale: float) -> float:
     """max |scale * q_i . k_j| over every head and (i, j) pair, mask ignored (float32 math)."""
-    _check_shapes(q, k, k)
+    k, _ = expand_kv(q, k, k)
     b, h, tq, d = q.shape
     tk = k.shape[2]
     q3 = q.reshape(b * h, tq, d).astype(np.float32)
@@ -142,7 +155,7 @@ def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = Fals
     many keys allows ~1e-3), and at ordinary logits the bound is ~2e-5..5e-5, below the old
     1e-4 (tests/test_oracle.py injects diagonal, dropped-key, scale and swapped-V bugs).
     """
-    _check_shapes(q, k, k)
+    k, _ = expand_kv(q, k, k)
     b, h, tq, d = q.shape
     tk = k.shape[2]
     q3 = np.abs(q.reshape(b * h, tq, d).astype(np.float64))
@@ -180,7 +193,7 @@ def reference(
     whose every logit is -inf) get O = 0 and LSE = -inf. Non-finite inputs follow IEEE
     arithmetic: a NaN or +inf logit makes its row's O and LSE NaN.
     """
-    _check_shapes(q, k, v)
+    k, v = expand_kv(q, k, v)
     b, h, tq, d = q.shape
     tk = k.shape[2]
     q3 = q.reshape(b * h, tq, d).astype(np.float64)
@@ -214,7 +227,7 @@ def rounded_reference(
     storage dtype before P·V (float32 accumulation), the output rounded to the storage dtype.
     Returned as float64 holding exactly the storage-dtype values.
     """
-    _check_shapes(q, k, v)
+    k, v = expand_kv(q, k, v)
     store = np.dtype(DTYPES[dtype].numpy)
     b, h, tq, d = q.shape
     tk = k.shape[2]

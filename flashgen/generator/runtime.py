@@ -35,9 +35,10 @@ from .validate import Problem, check_scale, validate_inputs
 LOG2E = 1.4426950408889634
 
 # The kernel C ABI (templates/_common.cuh.j2) as struct codes: q, k, v, o, lse pointers; tq, tk
-# as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float.
+# as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float;
+# kv_group (query heads per K/V head) as int.
 # (launch.Bound passes each as its own kernelParams entry.)
-ABI_FORMAT = "PPPPP" + "ii" + "q" * 12 + "f"
+ABI_FORMAT = "PPPPP" + "ii" + "q" * 12 + "f" + "i"
 
 # Quiet-NaN bit patterns, written with cuMemsetD16/D32 (works for bf16, which PyCUDA's
 # elementwise fill does not know).

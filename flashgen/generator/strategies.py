@@ -123,7 +123,9 @@ def cases(
         seed = draw(st.integers(min_value=0, max_value=2**32 - 1), label="seed")
         layouts = draw(layout_tuples(), label="layouts")
         v_mean, v_dof = draw(v_distributions(), label="v")
-        return Case(b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof)
+        # grouped-query attention: K/V heads any divisor of H (H itself: plain multi-head)
+        h_kv = draw(st.sampled_from([n for n in range(h, 0, -1) if h % n == 0]), label="h_kv")
+        return Case(b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof, h_kv)
 
     return draw_case()
 
@@ -153,6 +155,7 @@ PINNED_FAILURES = (Case(1, 1, 1, 1, 0.5, LOGIT_MAX, 11242),)
 
 
 PINNED_LAYOUTS = ("hbtd", "bthd", "pad", "bthd")  # q, k, v, o
+MQA_LAYOUTS = ("bthd", "pad", "bhtd", "hbtd")
 
 
 def pinned_cases(spec: KernelSpec) -> list[Case]:
@@ -173,4 +176,8 @@ def pinned_cases(spec: KernelSpec) -> list[Case]:
         Case(1, 1, 3 * br + 1, 3 * br + 1, None, LOGIT_MAX, 5),
         # every tensor its own strides (k and v differ, o strided), V off-centre, heavy tails
         Case(2, 2, br + 5, 2 * bc + 3, None, 8.0, 6, PINNED_LAYOUTS, 30.0, 2.5),
+        # grouped-query attention at the ratios models use: 16 query heads on 2 K/V heads,
+        # and multi-query (one K/V head), each tensor in its own layout
+        Case(1, 16, 3, bc + 9, None, 8.0, 7, PINNED_LAYOUTS, 0.0, None, 2),
+        Case(1, 16, br // 2 + 1, 5, None, LOGIT_MAX, 8, MQA_LAYOUTS, 0.0, None, 1),
     ]

@@ -233,6 +233,17 @@ class Problem:
     v_ptr: int | None = None
     o_ptr: int | None = None
     lse_ptr: int | None = None
+    h_kv: int = 0  # K/V heads (grouped-query attention); 0 means h (plain multi-head)
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of K and V: h for multi-head attention, fewer for GQA, 1 for MQA."""
+        return self.h_kv or self.h
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per K/V head: query head i reads K/V head i // kv_group."""
+        return self.h // self.kv_heads
 
     @property
     def itemsize(self) -> int:
@@ -291,11 +302,19 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
             )
     b, h, tq, d = qi.shape
     tk = ki.shape[2]
+    h_kv = ki.shape[1]
     for a in (ki, vi):
-        if a.shape[:2] != (b, h):
+        if a.shape[0] != b:
             raise ValueError(
-                f"{a.name}.shape={a.shape}: batch and heads must equal q's {(b, h)}; "
-                f"pass {a.name} with shape ({b}, {h}, Tk, {d})"
+                f"{a.name}.shape={a.shape}: batch must equal q's B={b}; "
+                f"pass {a.name} with shape ({b}, H_kv, Tk, {d})"
+            )
+        if h >= 1 and (a.shape[1] < 1 or h % a.shape[1] or a.shape[1] != h_kv):
+            raise ValueError(
+                f"{a.name}.shape[1]={a.shape[1]}: k and v must have the same number of heads, "
+                f"and q's H={h} must be a multiple of it (grouped-query attention: each K/V "
+                f"head serves H / H_kv query heads); use H_kv in "
+                f"{[n for n in range(1, h + 1) if h % n == 0]}"
             )
         if a.shape[3] != d:
             raise ValueError(
@@ -325,7 +344,7 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
     return Problem(
         b, h, tq, tk, d, dtype, strides[0], strides[1], strides[2],
         o_strides=o_strides, q_ptr=qi.ptr, k_ptr=ki.ptr, v_ptr=vi.ptr, o_ptr=o_ptr,
-        lse_ptr=lse_ptr,
+        lse_ptr=lse_ptr, h_kv=0 if h_kv == h else h_kv,
     )  # fmt: skip
 
 

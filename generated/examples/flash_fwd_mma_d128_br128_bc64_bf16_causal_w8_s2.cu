@@ -155,7 +155,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
     const long long k_sb, const long long k_sh, const long long k_st,
     const long long v_sb, const long long v_sh, const long long v_st,
     const long long o_sb, const long long o_sh, const long long o_st,
-    const float scale_log2)  // softmax scale times log2(e): the kernel works in base 2
+    const float scale_log2,  // softmax scale times log2(e): the kernel works in base 2
+    const int kv_group)      // query heads per K/V head (GQA/MQA)
 
 {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -169,8 +170,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const int warp_row0 = warp * ROWS_PER_WARP;  // first row of this warp within the tile
 
   const elem_t* qb = q + batch * q_sb + head * q_sh + (long long)q0 * q_st;
-  const elem_t* kb = k + batch * k_sb + head * k_sh;
-  const elem_t* vb = v + batch * v_sb + head * v_sh;
+  const int kv_head = head / kv_group;  // grouped-query attention: heads share K/V
+  const elem_t* kb = k + batch * k_sb + kv_head * k_sh;
+  const elem_t* vb = v + batch * v_sb + kv_head * v_sh;
 
   // Causal: key tiles wholly above the diagonal are never loaded.
   const int n_tiles = (visible_keys(q0, tq, tk) + BC - 1) / BC;

@@ -97,7 +97,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
     const long long k_sb, const long long k_sh, const long long k_st,
     const long long v_sb, const long long v_sh, const long long v_st,
     const long long o_sb, const long long o_sh, const long long o_st,
-    const float scale_log2)  // softmax scale times log2(e): the kernel works in base 2
+    const float scale_log2,  // softmax scale times log2(e): the kernel works in base 2
+    const int kv_group)      // query heads per K/V head (GQA/MQA)
 
 {
   extern __shared__ float smem[];
@@ -113,8 +114,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
   const int row = q0 + r;              // the global query row
 
   const elem_t* qb = q + batch * q_sb + head * q_sh;  // 64-bit: strides are long long
-  const elem_t* kb = k + batch * k_sb + head * k_sh;
-  const elem_t* vb = v + batch * v_sb + head * v_sh;
+  const int kv_head = head / kv_group;  // grouped-query attention: heads share K/V
+  const elem_t* kb = k + batch * k_sb + kv_head * k_sh;
+  const elem_t* vb = v + batch * v_sb + kv_head * v_sh;
 
   load_tile(Qs, qb + (long long)q0 * q_st, q_st, 0, tq - q0, BR);
 

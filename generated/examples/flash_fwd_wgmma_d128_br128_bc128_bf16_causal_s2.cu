@@ -216,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
     const long long k_sb, const long long k_sh, const long long k_st,
     const long long v_sb, const long long v_sh, const long long v_st,
     const long long o_sb, const long long o_sh, const long long o_st,
-    const float scale_log2)
+    const float scale_log2, const int kv_group)
 {
   extern __shared__ unsigned char smem_raw[];
   // swizzle atoms must start on 1024-byte boundaries: align the base by hand
@@ -233,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
   uint64_t* v_empty = v_full + STAGES;
 
   const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / kv_group;  // grouped-query attention: query heads share K/V
   const int q0 = query_tile() * BR;
   const int n_tiles = (visible_keys(q0, tq, tk) + BC - 1) / BC;  // causal: skip tiles above
   const int wg = threadIdx.x / 128;  // 0: producer, 1..CONSUMERS: consumers
@@ -267,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
         mbar_expect_tx(&k_full[s], KV_BYTES);
 #pragma unroll
         for (int c = 0; c < D_CHUNKS; ++c)
-          tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, head, batch);
+          tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, kv_head, batch);
       };
       auto load_v = [&](int it) {
         const int s = it % STAGES, use = it / STAGES, kv0 = (n_tiles - 1 - it) * BC;
@@ -275,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br
         mbar_expect_tx(&v_full[s], KV_BYTES);
 #pragma unroll
         for (int c = 0; c < D_CHUNKS; ++c)
-          tma_load_4d(Vs + (s * D_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, head, batch);
+          tma_load_4d(Vs + (s * D_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, kv_head, batch);
       };
       load_k(0);
       for (int it = 1; it < n_tiles; ++it) {
