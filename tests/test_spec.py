@@ -55,7 +55,7 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
         # few registers per thread (d/4 + 2*bc/4 = 64), but the fp32 tiles outgrow sm_80
         {"d": 160, "br": 128, "bc": 48},
         "smem=",
-        f"B: exceeds the {SM80_SMEM} B per block of sm_80",
+        f"B: exceeds the {SM80_SMEM} B per block of sm_80, the tightest of the archs family simt",
         "lower bc or br",
     ),
     # ---- mma ------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
     (
         {"family": "mma", "dtype": "bf16", "br": 256, "warps": 16, "d": 128, "bc": 128},
         "smem=208896 B",
-        f"exceeds the {SM80_SMEM} B per block of sm_80",
+        f"exceeds the {SM80_SMEM} B per block of sm_80, the tightest of the archs family mma ships",
         "lower bc or stages",
     ),
     # ---- wgmma ----------------------------------------------------------------------------

@@ -94,7 +94,13 @@ class Family:
         need = self.smem_bytes(spec)
         if need > limit:
             arch = min(self.archs, key=lambda a: ARCHS[a].smem_per_block)
-            return [f"smem={need} B: exceeds the {limit} B per block of {arch} ({formula}); {fix}"]
+            # a shipped variant runs on every arch of its family: the smallest limit decides,
+            # whatever arch this particular build targets
+            ships = "/".join(self.archs)
+            return [
+                f"smem={need} B: exceeds the {limit} B per block of {arch}, the tightest of the "
+                f"archs family {self.name} ships for ({ships}; {formula}); {fix}"
+            ]
         return []
 
 
