@@ -101,7 +101,7 @@ def bench(
         for c in todo:
             prog.update(task, description=f"{c.dtype} d={c.d} causal={c.causal} T={c.t}")
             result.rows += bench_mod.bench_case(
-                c, specs_for(c), peers=bench_mod.PEERS if peers else (), reps=reps
+                c, specs_for(c), peers=bench_mod.available_peers() if peers else (), reps=reps
             )
             prog.advance(task)
     if memory:
@@ -111,12 +111,16 @@ def bench(
         result.overhead = bench_mod.host_overhead(causal=causal)
 
     lines = bench_mod.summary_table(result.rows)
-    headers = ["dtype", "d", "causal", "T", "flashgen", "FA2", "cuDNN", "effic.", "x FA2",
-               "x cuDNN", "variant"]  # fmt: skip
+    fa4 = any(x["fa4"] is not None for x in lines)  # FA4 was importable and timed
+    headers = ["dtype", "d", "causal", "T", "flashgen", "FA2", "cuDNN", "effic.",
+               *(["FA4"] if fa4 else []), "x FA2", "x cuDNN", *(["x FA4"] if fa4 else []),
+               "variant"]  # fmt: skip
     rows = [
         [x["dtype"], x["d"], "yes" if x["causal"] else "no", x["T"], _fmt(x["flashgen"]),
          _fmt(x["sdpa-flash"]), _fmt(x["sdpa-cudnn"]), _fmt(x["sdpa-efficient"]),
-         _fmt(x["x_sdpa-flash"], 2), _fmt(x["x_sdpa-cudnn"], 2), x["variant"] or "-"]
+         *([_fmt(x["fa4"])] if fa4 else []),
+         _fmt(x["x_sdpa-flash"], 2), _fmt(x["x_sdpa-cudnn"], 2),
+         *([_fmt(x["x_fa4"], 2)] if fa4 else []), x["variant"] or "-"]
         for x in lines
     ]  # fmt: skip
     click.echo(f"{gpu_name} ({arch}), TFLOP/s, median of {reps} CUDA-event timings")

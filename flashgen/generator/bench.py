@@ -36,6 +36,23 @@ SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
 DTYPES = ("bf16", "fp16")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+# Peers timed only when their package imports: FlashAttention-4's Hopper path (flash-attn-4,
+# CuTe DSL; ../shared/gpu-host/README.md says how to bring it to a GPU host).
+OPTIONAL_PEERS = ("fa4",)
+
+
+def fa4_available() -> bool:
+    """Whether FlashAttention-4 (`flash_attn.cute`) imports here."""
+    try:
+        from flash_attn.cute.interface import flash_attn_func  # noqa: F401
+    except Exception:  # not installed, or a broken install: then it is simply not a peer
+        return False
+    return True
+
+
+def available_peers() -> tuple[str, ...]:
+    """The peers this machine can time: torch SDPA's backends, plus FA4 when importable."""
+    return PEERS + (("fa4",) if fa4_available() else ())
 WARMUP = 5
 REPS = 30
 
@@ -177,8 +194,20 @@ def flashgen_runner(spec: KernelSpec, q: Any, k: Any, v: Any) -> tuple[Callable[
 
 
 def peer_runner(peer: str, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], Any]:
-    """A closure running torch SDPA with one backend forced."""
+    """A closure running torch SDPA with one backend forced, or FA4 (`fa4`)."""
     torch = _torch()
+    if peer == "fa4":
+        from flash_attn.cute.interface import flash_attn_func
+
+        # FA4 takes (B, T, H, d): copied once here, outside the timed call
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+
+        def run_fa4() -> Any:
+            out = flash_attn_func(qt, kt, vt, causal=causal)
+            out = out[0] if isinstance(out, tuple) else out
+            return out.transpose(1, 2)
+
+        return run_fa4
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = {
@@ -203,14 +232,14 @@ def _row(impl: str, variant: str | None, case: Case, ms: float | None, **extra: 
 
 
 def bench_case(
-    case: Case, specs: list[KernelSpec], peers: Iterable[str] = PEERS, reps: int = REPS
+    case: Case, specs: list[KernelSpec], peers: Iterable[str] | None = None, reps: int = REPS
 ) -> list[Row]:
     """Time every spec in `specs` and every peer on one case; flashgen rows carry their error."""
     torch = _torch()
     q, k, v = _inputs(case)
     rows: list[Row] = []
     ref = None
-    for peer in peers:
+    for peer in available_peers() if peers is None else peers:
         try:
             fn = peer_runner(peer, q, k, v, case.causal)
             out = fn()
@@ -346,7 +375,7 @@ def summary_table(rows: list[Row]) -> list[dict[str, Any]]:
             "flashgen": ours.tflops if ours else None,
             "variant": ours.variant if ours else None,
         }  # fmt: skip
-        for peer in PEERS:
+        for peer in PEERS + OPTIONAL_PEERS:
             p = best.get((*key, peer))
             line[peer] = p.tflops if p else None
             ratio = None
@@ -370,7 +399,7 @@ def plot(rows: list[Row], path: Path) -> None:
     nrows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
     for ax, (dt, d, causal) in zip(axes.flat, panels, strict=False):
-        for impl in ("flashgen", *PEERS):
+        for impl in ("flashgen", *PEERS, *OPTIONAL_PEERS):
             pts = sorted(
                 (k[3], r.tflops)
                 for k, r in best.items()
