@@ -78,9 +78,7 @@ def default_scale(d: int) -> float:
 
 def causal_mask(tq: int, tk: int) -> npt.NDArray[np.bool_]:
     """(Tq, Tk) boolean mask of visible keys, bottom-right aligned: j <= i + Tk - Tq."""
-    i = np.arange(tq)[:, None]
-    j = np.arange(tk)[None, :]
-    return j <= i + (tk - tq)
+    return visible(tq, tk, causal=True)
 
 
 def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
@@ -90,13 +88,46 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
             "reshape to 4 dimensions"
         )
     if (
-        q.shape[0] != k.shape[0] or k.shape != v.shape or q.shape[3] != k.shape[3]
+        q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3] or q.shape[3] != k.shape[3]
         or k.shape[1] < 1 or q.shape[1] % k.shape[1]
     ):  # fmt: skip
         raise ValueError(
-            f"q{q.shape} k{k.shape} v{v.shape}: need q (B, H, Tq, d) and k, v (B, H_kv, Tk, d) "
-            "with H a multiple of H_kv; make batch, heads and d agree"
+            f"q{q.shape} k{k.shape} v{v.shape}: need q (B, H, Tq, d), k (B, H_kv, Tk, d) and "
+            "v (B, H_kv, Tk, dv) with H a multiple of H_kv; make batch, heads and d agree"
         )
+
+
+def visible(
+    tq: int, tk: int, *, causal: bool, window: tuple[int, int] | None = None
+) -> npt.NDArray[np.bool_]:
+    """(Tq, Tk) mask of the keys each query sees. Query i sits at key position
+    p = i + Tk - Tq (bottom-right alignment); causal keeps j <= p, and a sliding window
+    (left, right) keeps p - left <= j <= p + right (a negative side is unbounded)."""
+    i = np.arange(tq)[:, None] + (tk - tq)
+    j = np.arange(tk)[None, :]
+    ok = np.ones((tq, tk), np.bool_)
+    if causal:
+        ok &= j <= i
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            ok &= j >= i - left
+        if right >= 0:
+            ok &= j <= i + right
+    return ok
+
+
+def score_bias(
+    tq: int, tk: int, heads: npt.NDArray[np.int_], alibi_slopes: np.ndarray | None
+) -> npt.NDArray[np.float64] | None:
+    """ALiBi's additive bias -slope[h] * |p - j| for the given heads, (len(heads), Tq, Tk);
+    None without slopes. p = i + Tk - Tq is query i's key position (bottom-right alignment)."""
+    if alibi_slopes is None:
+        return None
+    dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :]).astype(np.float64)
+    slopes = np.asarray(alibi_slopes, np.float64)[heads]
+    bias: npt.NDArray[np.float64] = -slopes[:, None, None] * dist[None]
+    return bias
 
 
 def expand_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -185,25 +216,42 @@ def ulp32(x: float) -> float:
 
 
 def reference(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool, scale: float
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> tuple[F64, F64]:
-    """Float64 attention of (B, H, T, d) inputs: returns (O64 (B,H,Tq,d), LSE64 (B,H,Tq)).
+    """Float64 attention of (B, H, T, d) inputs: returns (O64 (B,H,Tq,dv), LSE64 (B,H,Tq)).
 
-    LSE is the natural-log log-sum-exp of the scaled, masked scores; rows that see no key (or
+    Scores s = scale * q.k; with `softcap` c > 0, s = c * tanh(s / c); with `alibi_slopes`
+    (one per query head), s -= slope * |p - j|; then keys outside `visible` (causal and/or a
+    sliding `window` (left, right)) are masked. k and v may have fewer heads than q
+    (grouped-query attention) and v its own head dim dv.
+    LSE is the natural-log log-sum-exp of the final scores; rows that see no key (or
     whose every logit is -inf) get O = 0 and LSE = -inf. Non-finite inputs follow IEEE
     arithmetic: a NaN or +inf logit makes its row's O and LSE NaN.
     """
     k, v = expand_kv(q, k, v)
     b, h, tq, d = q.shape
-    tk = k.shape[2]
+    tk, dv = k.shape[2], v.shape[3]
     q3 = q.reshape(b * h, tq, d).astype(np.float64)
     k3 = k.reshape(b * h, tk, d).astype(np.float64)
-    v3 = v.reshape(b * h, tk, d).astype(np.float64)
-    mask = causal_mask(tq, tk) if causal else None
-    o = np.zeros((b * h, tq, d), np.float64)
+    v3 = v.reshape(b * h, tk, dv).astype(np.float64)
+    mask = visible(tq, tk, causal=causal, window=window) if causal or window else None
+    o = np.zeros((b * h, tq, dv), np.float64)
     lse = np.full((b * h, tq), -np.inf, np.float64)
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * scale
+        if softcap is not None:
+            s = softcap * np.tanh(s / softcap)
+        bias = score_bias(tq, tk, np.arange(b * h)[c] % h, alibi_slopes)
+        if bias is not None:
+            s = s + bias
         if mask is not None:
             s = np.where(mask, s, -np.inf)
         m = s.max(axis=-1, keepdims=True)
@@ -215,29 +263,44 @@ def reference(
         safe = np.where(seen, denom, 1.0)
         o[c] = np.where(seen, np.matmul(p, v3[c]) / safe, 0.0)
         lse[c] = np.where(seen, m + np.log(safe), -np.inf)[..., 0]
-    return o.reshape(b, h, tq, d), lse.reshape(b, h, tq)
+    return o.reshape(b, h, tq, dv), lse.reshape(b, h, tq)
 
 
 def rounded_reference(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, causal: bool, scale: float, dtype: str
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    causal: bool,
+    scale: float,
+    dtype: str,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> F64:
     """FlashAttention's "reference in the low dtype": its error is the yardstick for a kernel.
 
     Scores and softmax in float32 (from the rounded inputs), the normalised P rounded to the
     storage dtype before P·V (float32 accumulation), the output rounded to the storage dtype.
-    Returned as float64 holding exactly the storage-dtype values.
+    Returned as float64 holding exactly the storage-dtype values. Features as in `reference`.
     """
     k, v = expand_kv(q, k, v)
     store = np.dtype(DTYPES[dtype].numpy)
     b, h, tq, d = q.shape
-    tk = k.shape[2]
+    tk, dv = k.shape[2], v.shape[3]
     q3 = q.reshape(b * h, tq, d).astype(np.float32)
     k3 = k.reshape(b * h, tk, d).astype(np.float32)
-    v3 = v.reshape(b * h, tk, d).astype(np.float32)
-    mask = causal_mask(tq, tk) if causal else None
-    o = np.zeros((b * h, tq, d), np.float64)
+    v3 = v.reshape(b * h, tk, dv).astype(np.float32)
+    mask = visible(tq, tk, causal=causal, window=window) if causal or window else None
+    o = np.zeros((b * h, tq, dv), np.float64)
+    f32 = np.float32
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * np.float32(scale)
+        if softcap is not None:
+            s = f32(softcap) * np.tanh(s / f32(softcap))
+        bias = score_bias(tq, tk, np.arange(b * h)[c] % h, alibi_slopes)
+        if bias is not None:
+            s = (s + bias.astype(f32)).astype(f32)
         if mask is not None:
             s = np.where(mask, s, np.float32(-np.inf))
         m = s.max(axis=-1, keepdims=True)
@@ -247,7 +310,7 @@ def rounded_reference(
         p = p.astype(store).astype(np.float32)  # the rounding that the rule measures
         out = np.where(seen, np.matmul(p, v3[c]), np.float32(0.0))
         o[c] = out.astype(store).astype(np.float64)
-    return o.reshape(b, h, tq, d)
+    return o.reshape(b, h, tq, dv)
 
 
 def check_outputs(
