@@ -62,6 +62,8 @@ static_assert(D <= 256, "O += P V is one m64nDk16 wgmma per k-step");
 static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_BYTES % SMEM_ALIGN == 0, "tiles keep swizzle atoms aligned");
 static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS, "smem layout");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
+// setmaxnreg only works with a register cap at entry: one block per SM, 65536 / THREADS each
+static_assert(MIN_BLOCKS == 1, "one block per SM: the warpgroups' registers are split by setmaxnreg");
 
 // Storage element <-> fp32 (all math is fp32 whatever the storage type).
 __device__ __forceinline__ float to_f32(elem_t x) { return __bfloat162float(x); }
@@ -206,7 +208,7 @@ struct Flag {
 
 // The kernel ABI: three tensor maps (Q with BR-row boxes, K and V with BC-row boxes, each box
 // 64 columns wide, 128-byte swizzle), then the C ABI every family shares.
-extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2(
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2(
     const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,
     const __grid_constant__ TensorMap tm_v,
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
