@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,30 +173,30 @@ def _check_causal(causal: Any) -> None:
         raise ValueError(f"causal={causal!r}: must be True or False")
 
 
-def _is_torch(q: Any, k: Any, v: Any) -> bool:
-    kinds = [type(x).__module__.split(".")[0] == "torch" for x in (q, k, v)]
+def _all_or_none(q: Any, k: Any, v: Any, kind: Callable[[Any], bool], mixed: str) -> bool:
+    """Whether q, k and v are all of one kind; ValueError (`mixed` as the fix) when some are."""
+    kinds = [kind(x) for x in (q, k, v)]
     if all(kinds):
         return True
     if any(kinds):
         names = ", ".join(f"{n}={type(x).__name__}" for n, x in zip("qkv", (q, k, v), strict=True))
-        raise ValueError(
-            f"{names}: mixed torch tensors and other arrays; pass all three as torch tensors "
-            "(flashgen.torch.attention) or none"
-        )
+        raise ValueError(f"{names}: {mixed}")
     return False
+
+
+def _is_torch(q: Any, k: Any, v: Any) -> bool:
+    return _all_or_none(
+        q, k, v, lambda x: type(x).__module__.split(".")[0] == "torch",
+        "mixed torch tensors and other arrays; pass all three as torch tensors "
+        "(flashgen.torch.attention) or none",
+    )  # fmt: skip
 
 
 def _is_host(q: Any, k: Any, v: Any) -> bool:
-    kinds = [isinstance(x, np.ndarray) for x in (q, k, v)]
-    if all(kinds):
-        return True
-    if any(kinds):
-        names = ", ".join(f"{n}={type(x).__name__}" for n, x in zip("qkv", (q, k, v), strict=True))
-        raise ValueError(
-            f"{names}: mixed host and device arrays; pass all three as NumPy arrays or all "
-            "three as GPUArrays"
-        )
-    return False
+    return _all_or_none(
+        q, k, v, lambda x: isinstance(x, np.ndarray),
+        "mixed host and device arrays; pass all three as NumPy arrays or all three as GPUArrays",
+    )  # fmt: skip
 
 
 def check_spec_type(spec: Any) -> None:

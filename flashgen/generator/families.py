@@ -88,6 +88,15 @@ class Family:
         """Blocks per SM promised to ptxas in `__launch_bounds__` (caps registers per thread)."""
         return 1
 
+    def tensor_core_rule(self, spec: KernelSpec) -> list[str]:
+        """The dtype rule of the tensor-core families: 16-bit operands only."""
+        if spec.dtype_info.tensor_core:
+            return []
+        return [
+            f"dtype={spec.dtype}: family {self.name} needs a tensor-core dtype; use fp16 or "
+            "bf16, or family simt for fp32"
+        ]
+
     def smem_rule(self, spec: KernelSpec, formula: str, fix: str) -> list[str]:
         """The shared-memory rule: the block must fit every arch the family ships for."""
         limit = min(ARCHS[a].smem_per_block for a in self.archs)
@@ -203,12 +212,7 @@ class MmaFamily(Family):
         return row * (spec.br + 2 * spec.stages * spec.bc)
 
     def check(self, spec: KernelSpec) -> list[str]:
-        p: list[str] = []
-        if not spec.dtype_info.tensor_core:
-            p.append(
-                f"dtype={spec.dtype}: family mma needs a tensor-core dtype; use fp16 or bf16, "
-                "or family simt for fp32"
-            )
+        p = self.tensor_core_rule(spec)
         if spec.d < 16 or spec.d > 256 or spec.d % 16:
             p.append(f"d={spec.d}: must be a multiple of 16 in [16, 256] for family mma; try 64")
         if spec.br % 16 or not 16 <= spec.br <= 256:
@@ -303,12 +307,7 @@ class WgmmaFamily(Family):
         return WGMMA_SMEM_ALIGN + tiles + 8 * (1 + 4 * spec.stages)
 
     def check(self, spec: KernelSpec) -> list[str]:
-        p: list[str] = []
-        if not spec.dtype_info.tensor_core:
-            p.append(
-                f"dtype={spec.dtype}: family wgmma needs a tensor-core dtype; use fp16 or bf16, "
-                "or family simt for fp32"
-            )
+        p = self.tensor_core_rule(spec)
         if spec.d % 64 or not 64 <= spec.d <= 256:
             p.append(
                 f"d={spec.d}: must be 64, 128, 192 or 256 for family wgmma (whole 128-byte "

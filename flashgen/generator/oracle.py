@@ -130,6 +130,27 @@ def score_bias(
     return bias
 
 
+def _finish_scores(
+    s: np.ndarray,
+    rows: slice,
+    h: int,
+    mask: npt.NDArray[np.bool_] | None,
+    softcap: float | None,
+    alibi_slopes: np.ndarray | None,
+) -> np.ndarray:
+    """Scaled scores s of the (batch*head) `rows` -> the logits the softmax sees: softcap,
+    ALiBi bias, then the mask (-inf); in s's own float type (float64 or float32)."""
+    t = s.dtype.type
+    if softcap is not None:
+        s = t(softcap) * np.tanh(s / t(softcap))
+    bias = score_bias(s.shape[1], s.shape[2], np.arange(rows.start, rows.stop) % h, alibi_slopes)
+    if bias is not None:
+        s = (s + bias.astype(s.dtype)).astype(s.dtype)
+    if mask is not None:
+        s = np.where(mask, s, t(-np.inf))
+    return s
+
+
 def expand_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """K and V with one head per query head: grouped-query attention written out plainly
     (query head i reads K/V head i // (H / H_kv)); unchanged when the head counts agree."""
@@ -247,13 +268,7 @@ def reference(
     lse = np.full((b * h, tq), -np.inf, np.float64)
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * scale
-        if softcap is not None:
-            s = softcap * np.tanh(s / softcap)
-        bias = score_bias(tq, tk, np.arange(b * h)[c] % h, alibi_slopes)
-        if bias is not None:
-            s = s + bias
-        if mask is not None:
-            s = np.where(mask, s, -np.inf)
+        s = _finish_scores(s, c, h, mask, softcap, alibi_slopes)
         m = s.max(axis=-1, keepdims=True)
         # rows with a logit above -inf; a NaN or +inf max is kept, so such rows come out NaN
         # (IEEE propagation) instead of passing for rows that see no key
@@ -293,16 +308,9 @@ def rounded_reference(
     v3 = v.reshape(b * h, tk, dv).astype(np.float32)
     mask = visible(tq, tk, causal=causal, window=window) if causal or window else None
     o = np.zeros((b * h, tq, dv), np.float64)
-    f32 = np.float32
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * np.float32(scale)
-        if softcap is not None:
-            s = f32(softcap) * np.tanh(s / f32(softcap))
-        bias = score_bias(tq, tk, np.arange(b * h)[c] % h, alibi_slopes)
-        if bias is not None:
-            s = (s + bias.astype(f32)).astype(f32)
-        if mask is not None:
-            s = np.where(mask, s, np.float32(-np.inf))
+        s = _finish_scores(s, c, h, mask, softcap, alibi_slopes)
         m = s.max(axis=-1, keepdims=True)
         seen = ~np.isneginf(m)
         p = np.exp(s - np.where(seen, m, np.float32(0.0)))
