@@ -27,9 +27,8 @@ from flashgen.generator import launch, runtime
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.oracle import check_outputs
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.validate import Problem
+from flashgen.generator.validate import LOG2E, Problem
 
-LOG2E = 1.4426950408889634
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16}
 NUMPY = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 PROBLEMS = [  # (b, h, tq, tk)

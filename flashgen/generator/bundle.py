@@ -43,6 +43,7 @@ from .tma import (
     TMA_DTYPE,
     TMA_STRIDE_LIMIT,
 )
+from .validate import LOG2E as LOG2E_FLOAT
 from .validate import MAX_LENGTH
 
 HEADER = "flashgen_attention.h"
@@ -57,7 +58,7 @@ TEMPLATES: dict[str, str] = {
     "README.md": "bundle/README.md.j2",
 }
 NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashgen_<short>_fwd
-LOG2E = "1.4426950408889634"  # scale -> scale_log2, as the Python runtime does
+LOG2E = repr(LOG2E_FLOAT)  # scale -> scale_log2, as the Python runtime does
 # The example's problems: ragged lengths that are not multiples of any tile; causal variants
 # also run Tq > Tk, where the first Tq - Tk query rows see no key (O = 0, LSE = -inf).
 # Each is (B, H, Tq, Tk, H_kv); the GQA problem has 4 query heads per K/V head.

@@ -30,9 +30,7 @@ from .compile import CompiledKernel, compile_kernel
 from .dtypes import DTYPES
 from .launch import INSTALL_HINT, GpuUnavailable, LaunchPlan
 from .spec import KernelSpec
-from .validate import Problem, check_scale, validate_inputs
-
-LOG2E = 1.4426950408889634
+from .validate import LOG2E, Problem, check_scale, validate_inputs
 
 # The kernel C ABI (templates/_common.cuh.j2) as struct codes: q, k, v, o, lse pointers; tq, tk
 # as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float;
