@@ -3,7 +3,7 @@
 A `wgmma` kernel takes three `CUtensorMap`s by value (`__grid_constant__`) before the C ABI
 every family shares: Q with boxes of BR rows, K and V with boxes of BC rows, each box 64
 columns (128 bytes) wide and 128-byte swizzled. They are encoded on the host with the driver's
-`cuTensorMapEncodeTiled` (ctypes, on the libcuda launch.py loads) and cached by
+`cuTensorMapEncodeTiled` (ctypes on libcuda, which PyCUDA has loaded already) and cached by
 everything they depend on, so a repeated call re-encodes nothing.
 
 The maps go ahead of the common arguments through launch.py's prefix-args hook (launch.py
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from functools import cache
 from typing import Any
 
-from .launch import driver, register_prefix_args
+from .launch import register_prefix_args
 from .spec import KernelSpec
 from .validate import Problem
 
@@ -39,17 +39,24 @@ class TensorMap(ctypes.Structure):
 
 
 @cache
-def _encoder() -> Any:
-    """`cuTensorMapEncodeTiled` of the libcuda launch.py already loaded, with its signature."""
-    fn = driver().lib.cuTensorMapEncodeTiled
-    fn.restype = ctypes.c_int
-    fn.argtypes = [
+def _libcuda() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    lib.cuTensorMapEncodeTiled.argtypes = [
         ctypes.POINTER(TensorMap), ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
         ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
-    return fn
+    lib.cuGetErrorString.restype = ctypes.c_int
+    lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+def _error_text(code: int) -> str:
+    text = ctypes.c_char_p()
+    _libcuda().cuGetErrorString(code, ctypes.byref(text))
+    return f"CUDA error {code}" + (f" ({text.value.decode()})" if text.value else "")
 
 
 def tma_strides(t: int, h: int, b: int, d: int, strides: tuple[int, int, int]) -> list[int]:
@@ -83,14 +90,14 @@ def encode(
     gstrides = (ctypes.c_uint64 * 3)(*(s * item for s in steps))
     box = (ctypes.c_uint32 * 4)(BOX_COLS, rows, 1, 1)
     unit = (ctypes.c_uint32 * 4)(1, 1, 1, 1)
-    rc = _encoder()(
+    rc = _libcuda().cuTensorMapEncodeTiled(
         ctypes.byref(tmap), TMA_DTYPE[dtype], 4, ctypes.c_void_p(ptr), dims, gstrides, box,
         unit, 0, SWIZZLE_128B, L2_PROMOTION_128B, 0,
     )  # fmt: skip
     if rc != 0:
         raise ValueError(
             f"tensor map for a ({b}, {h}, {t}, {d}) {dtype} tensor at 0x{ptr:x} with strides "
-            f"{steps}: cuTensorMapEncodeTiled failed with {driver().error(rc)}; pass a contiguous "
+            f"{steps}: cuTensorMapEncodeTiled failed with {_error_text(rc)}; pass a contiguous "
             "tensor or use family mma"
         )
     return tmap
