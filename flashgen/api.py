@@ -10,6 +10,14 @@ import numpy as np
 
 from .generator import launch, runtime
 from .generator.dtypes import DTYPES
+from .generator.features import (
+    FeatureArgs,
+    alibi_host,
+    check_alibi_shape,
+    check_fits,
+    check_softcap,
+    check_window,
+)
 from .generator.runtime import GpuUnavailable
 from .generator.select import select
 from .generator.spec import KernelSpec
@@ -27,11 +35,16 @@ def attention(
     scale: float | None = None,
     spec: KernelSpec | None = None,
     return_lse: bool = False,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V with a generated kernel; O (and LSE) like the inputs.
 
-    q is (B, H, Tq, d), k and v are (B, H, Tk, d), all of one dtype (float32, float16 or
-    ml_dtypes.bfloat16). Any strided view works as long as the last (d) axis is contiguous.
+    q is (B, H, Tq, d), k and v are (B, H_kv, Tk, d) with H a multiple of H_kv (grouped-query
+    attention; H_kv = 1 is multi-query), all of one dtype (float32, float16 or
+    ml_dtypes.bfloat16), d any multiple of 8 up to 256. Any strided view works as long as
+    the last (d) axis is contiguous.
     NumPy inputs are copied to the GPU and the output comes back as a NumPy array; PyCUDA
     GPUArrays are used in place and the output is a new GPUArray, computed on the legacy
     default stream (in order with PyCUDA's own operations; the call does not wait for it);
@@ -42,6 +55,12 @@ def attention(
     and LSE -inf. `scale` defaults to 1/sqrt(d). `spec=None` picks a shipped variant for
     (d, dtype, causal, this GPU); a given spec must match the call's d, dtype and causal.
     With `return_lse`, returns (O, LSE) where LSE is float32 (B, H, Tq), natural log.
+
+    Features (each runs a variant compiled with it; one variant serves every value):
+    `window=(left, right)` lets query i see keys p - left .. p + right around its position
+    p = i + Tk - Tq (-1: unbounded on that side; with causal, right is 0 in effect), tiles
+    outside the window are skipped; `softcap=c` turns the logits s into c * tanh(s / c);
+    `alibi_slopes` (float32 (H,), host array or GPUArray like q) adds -slope[h] * |p - j|.
 
     Inputs are validated before the GPU is touched (ValueError naming value, rule and fix);
     without PyCUDA, a driver or a GPU the call raises GpuUnavailable.
@@ -60,25 +79,31 @@ def attention(
         from . import torch as fg_torch
 
         return fg_torch.attention(
-            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec
-        )
+            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec,
+            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        )  # fmt: skip
+    win, cap = check_window(window), check_softcap(softcap)
     host = _is_host(q, k, v)
     if not host:
-        o, lse = _on_device(q, k, v, causal, scale, spec)
+        o, lse = _on_device(q, k, v, causal, scale, spec, (win, cap, alibi_slopes))
         return (o, lse) if return_lse else o
     # copied anyway: make the copies contiguous so any NumPy view is accepted
     q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
     problem = check_layout(q, k, v)
     check_scale(scale, problem.d)
     _check_causal(causal)
+    slopes = alibi_host(alibi_slopes, problem.h)
     if spec is not None:
         check_spec_type(spec)
         check_spec_fits_call(spec, problem, causal)
         check_spec(spec, problem, check_pointers=False)
+        check_fits(spec, FeatureArgs(win, cap, None if slopes is None else 1))
 
     # Validation is done; from here on the GPU is needed.
     dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
-    o, lse = _on_device(dq, dk, dv, causal, scale, spec)
+    dslopes = None if slopes is None else runtime.to_device(slopes)
+    # the slopes' copy is new each call: its signature is not worth remembering
+    o, lse = _on_device(dq, dk, dv, causal, scale, spec, (win, cap, dslopes), dslopes is None)
     runtime.gpu().drv.Context.synchronize()  # to_host would wait anyway; this names a failure
     o, lse = runtime.to_host(o), runtime.to_host(lse)
     return (o, lse) if return_lse else o
@@ -98,7 +123,20 @@ class _Entry:
 _entries: dict[tuple[Any, ...], _Entry] = {}
 
 
-def _on_device(q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any) -> tuple[Any, Any]:
+# a call's (window, softcap, ALiBi slopes as a device array or None), window and softcap checked
+_Feats = tuple[tuple[int, int] | None, float | None, Any]
+
+
+def _on_device(
+    q: Any,
+    k: Any,
+    v: Any,
+    causal: Any,
+    scale: Any,
+    spec: Any,
+    feats: _Feats,
+    remember: bool = True,
+) -> tuple[Any, Any]:
     """Launch on device arrays (GPUArrays or CUDA-array-interface objects); new GPUArrays out.
 
     A GPUArray signature seen before skips validation and selection: its pointers are read,
@@ -108,9 +146,12 @@ def _on_device(q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any) -> tu
     key = None
     if all(hasattr(x, "gpudata") for x in (q, k, v)):
         ptrs = (int(q.gpudata), int(k.gpudata), int(v.gpudata))
+        slopes = feats[2]
+        slopes_key = None if slopes is None else _pointer(slopes)
         key = (
             q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
-            v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec,
+            v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec, feats[0],
+            feats[1], slopes_key,
         )  # fmt: skip
         try:
             e = _entries.get(key) if causal is True or causal is False else None
@@ -119,8 +160,8 @@ def _on_device(q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any) -> tu
     else:
         e = None
     if e is None:
-        e, ptrs = _prepare(q, k, v, causal, scale, spec)
-        if key is not None:
+        e, ptrs = _prepare(q, k, v, causal, scale, spec, feats)
+        if key is not None and remember:
             _entries[key] = e
     b, h, tq, _ = e.o_shape
     o = runtime.empty(e.o_shape, e.dtype, pooled=True)
@@ -129,21 +170,41 @@ def _on_device(q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any) -> tu
     return o, lse
 
 
+def _pointer(slopes: Any) -> int:
+    """The device pointer of ALiBi slopes given as a GPUArray; ValueError otherwise."""
+    if not hasattr(slopes, "gpudata"):
+        raise ValueError(
+            f"alibi_slopes={type(slopes).__name__}: with device inputs pass the slopes as a "
+            "GPUArray too (or all of q, k, v and the slopes as NumPy arrays)"
+        )
+    return int(slopes.gpudata)
+
+
 def _prepare(
-    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any, feats: _Feats
 ) -> tuple[_Entry, tuple[int, int, int]]:
     """Validate device arrays, select the variant, load its plan, bind the signature."""
     problem = check_layout(q, k, v)
     value = check_scale(scale, problem.d)
     _check_causal(causal)
+    win, cap, slopes = feats
+    ptr = None
+    if slopes is not None:
+        ptr = _pointer(slopes)
+        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
+        if not slopes.flags.c_contiguous:
+            raise ValueError("alibi_slopes: must be contiguous; copy it first")
+    features = FeatureArgs(win, cap, ptr)
     if spec is not None:
         check_spec_type(spec)
         check_spec_fits_call(spec, problem, causal)
         check_spec(spec, problem, check_pointers=True)
+        check_fits(spec, features)
     else:
         spec = select(
             problem.d, problem.dtype, causal, runtime.device_arch(),
             alignment=problem.alignment(pointers=True), gpu_name=runtime.device_name(),
+            features=features.tokens,
         )  # fmt: skip
     plan = runtime.get_function(spec)
     b, h, tq, d = problem.b, problem.h, problem.tq, problem.d
@@ -155,7 +216,7 @@ def _prepare(
     q_ptr, k_ptr, v_ptr = full.q_ptr, full.k_ptr, full.v_ptr
     if q_ptr is None or k_ptr is None or v_ptr is None:
         raise ValueError("q, k, v: no device pointer; pass GPUArrays or CUDA arrays")
-    entry = _Entry(spec, plan.bind(full, value * LOG2E), (b, h, tq, d), dtype)
+    entry = _Entry(spec, plan.bind(full, value * LOG2E, features), (b, h, tq, d), dtype)
     return entry, (q_ptr, k_ptr, v_ptr)
 
 

@@ -47,7 +47,7 @@ from .generator.sass import (
     instruction_mix,
 )
 from .generator.space import pruned, shipped
-from .generator.spec import KernelSpec, SpecError
+from .generator.spec import FEATURES, KernelSpec, SpecError
 from .generator.traffic import format_traffic, traffic_report
 from .generator.validate import MAX_GRID_YZ
 
@@ -60,6 +60,7 @@ USAGE_EXIT = 2  # bad input of any kind (click's own usage errors use 2 as well)
 FAIL_EXIT = 1  # a kernel gave a wrong answer
 INTERRUPTED_EXIT = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
 
+
 # Tile and dtype defaults when the user names only `--d`: the shipped, well-balanced choice of
 # each family (simt: one 32-row tile per 4 warps; mma: FlashAttention-2's 128x64 tiles).
 def family_defaults(family: str, d: int) -> dict[str, Any]:
@@ -70,6 +71,7 @@ def family_defaults(family: str, d: int) -> dict[str, Any]:
         return {}
     br, bc = fam.default_tile(d)
     return {"br": br, "bc": bc, "dtype": fam.default_dtype}
+
 
 NVCC_HINT = (
     'to compile, install the CUDA toolkit or nvcc from PyPI: pip install -e ".[nvcc]" '
@@ -285,6 +287,13 @@ def spec_options(fn: F) -> F:
             type=click.IntRange(min=1),
             help="K/V pipeline stages (families with a pipeline; default: the family's).",
         ),
+        once(
+            "--features",
+            metavar="LIST",
+            help="Compile-time features, comma-separated: "
+            + ", ".join(FEATURES)
+            + " (their values are call arguments).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -301,8 +310,10 @@ def spec_from_options(
     causal: bool | None,
     warps: int | None,
     stages: int | None,
+    features: str | None = None,
 ) -> KernelSpec:
     """Build the KernelSpec the options describe; SpecError / CliError when they do not."""
+    feats = parse_features(features)
     given = {
         "--family": family,
         "--d": d,
@@ -312,6 +323,7 @@ def spec_from_options(
         "--causal/--no-causal": causal,
         "--warps": warps,
         "--stages": stages,
+        "--features": features,
     }
     if name is not None:
         clash = [opt for opt, value in given.items() if value is not None]
@@ -326,7 +338,14 @@ def spec_from_options(
         )
     fam = family or "simt"
     fields = _default_fields(fam, d, br, bc, dtype, bool(causal), warps, stages)
-    return KernelSpec(family=fam, d=d, causal=bool(causal), **fields)
+    return KernelSpec(family=fam, d=d, causal=bool(causal), features=feats, **fields)
+
+
+def parse_features(text: str | None) -> tuple[str, ...]:
+    """`window,softcap` -> ("window", "softcap"); the spec checks each token."""
+    if text is None:
+        return ()
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def _default_fields(
@@ -390,7 +409,7 @@ def _default_fields(
 
 
 def _spec(kw: dict[str, Any]) -> KernelSpec:
-    keys = ("name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages")
+    keys = ("name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "features")
     return spec_from_options(*(kw.pop(k) for k in keys))
 
 
@@ -565,6 +584,7 @@ Examples:
   flashgen bundle attn/ --d 64 --dtype fp32              (fp32 is served by family simt)
   flashgen bundle attn/ --d 128 --gpu nvidia-h200        the variants tuned for an H200
   flashgen bundle attn/ --name flash_fwd_simt_d64_br32_bc32_fp32_noncausal
+  flashgen bundle attn/ --d 128 --features window --features window,softcap
   cmake -S attn -B attn/build && cmake --build attn/build && attn/build/example
 """,
 )
@@ -599,6 +619,14 @@ Examples:
     metavar="GPU",
     help="Prefer the variants `flashgen tune` measured fastest on this GPU (e.g. nvidia-h200).",
 )
+@click.option(
+    "--features",
+    "feature_sets",
+    multiple=True,
+    metavar="LIST",
+    help="Also bundle each variant compiled with these features, comma-separated (repeatable: "
+    "one set per option; e.g. --features window --features window,softcap).",
+)
 @friendly
 def bundle(
     out: Path,
@@ -608,6 +636,7 @@ def bundle(
     dtypes: tuple[str, ...],
     causal: bool | None,
     gpu_name: str | None,
+    feature_sets: tuple[str, ...],
 ) -> None:
     """Write a self-contained CMake bundle to DIR: kernels, C-ABI launchers, header, example.
 
@@ -617,8 +646,9 @@ def bundle(
     cudaErrorNotSupported for any other key. See DIR/README.md.
     """
     specs = select_variants(
-        names=names, families=families, ds=ds, dtypes=dtypes, causal=causal, gpu_name=gpu_name
-    )
+        names=names, families=families, ds=ds, dtypes=dtypes, causal=causal, gpu_name=gpu_name,
+        features=[parse_features(f) for f in feature_sets],
+    )  # fmt: skip
     _write_bundle(specs, out)
 
 

@@ -68,6 +68,10 @@ Examples:
 @click.option("--overhead/--no-overhead", default=True, show_default=True,
               help="Host overhead per call on small problems: flashgen.torch, GPUArray and "
                    "NumPy paths vs torch SDPA.")  # fmt: skip
+@click.option("--features/--no-features", "feature_rows", default=True, show_default=True,
+              help="GQA (32 query heads on 8 K/V heads) and sliding-window (4096 back, "
+                   "causal) rows, each against the plain kernel and the peers with the "
+                   "feature.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
 @click.option("--plot", is_flag=True, help="Also write a PNG of TFLOP/s against T.")
@@ -75,7 +79,7 @@ Examples:
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
     causal_only: bool | None, all_variants: bool, peers: bool, reps: int, memory: bool,
-    overhead: bool, out: Path, plot: bool,
+    overhead: bool, feature_rows: bool, out: Path, plot: bool,
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU; write JSON."""
     from .generator.select import select
@@ -104,6 +108,17 @@ def bench(
                 c, specs_for(c), peers=bench_mod.available_peers() if peers else (), reps=reps
             )
             prog.advance(task)
+    if feature_rows:
+        from .generator import bench_features as bf
+
+        todo_f = bf.feature_cases(dtypes or bench_mod.DTYPES)
+        with _progress() as prog:
+            task = prog.add_task("features", total=len(todo_f))
+            for fc in todo_f:
+                prog.update(task, description=f"{fc.label} {fc.dtype} causal={fc.causal} T={fc.t}")
+                plain = select(fc.d, fc.dtype, fc.causal, arch, gpu_name=gpu_name)
+                result.rows += bf.bench_feature_case(fc, plain, peers=peers, reps=reps)
+                prog.advance(task)
     if memory:
         spec = select(64, "bf16", True, arch, gpu_name=gpu_name)
         result.memory = bench_mod.memory_comparison(spec)
@@ -126,6 +141,24 @@ def bench(
     click.echo(f"{gpu_name} ({arch}), TFLOP/s, median of {reps} CUDA-event timings")
     for line in format_table(headers, rows):
         click.echo(line)
+    feats = []
+    if feature_rows:
+        from .generator import bench_features as bf
+
+        feats = bf.feature_summary(result.rows)
+    if feats:
+        click.echo(f"features, TFLOP/s of useful work (x plain: the feature's cost; bar >= "
+                   f"{bf.COST_BAR})")  # fmt: skip
+        headers_f = ["feature", "dtype", "causal", "T", "flashgen", "plain", "x plain", "FA2",
+                     "cuDNN", "FA4", "variant"]  # fmt: skip
+        lines_f = [
+            [x["feature"], x["dtype"], "yes" if x["causal"] else "no", x["T"],
+             _fmt(x["flashgen"]), _fmt(x["plain"]), _fmt(x["x_plain"], 2),
+             _fmt(x["sdpa-flash"]), _fmt(x["sdpa-cudnn"]), _fmt(x["fa4"]), x["variant"] or "-"]
+            for x in feats
+        ]  # fmt: skip
+        for line in format_table(headers_f, lines_f):
+            click.echo(line)
     if result.memory:
         m = result.memory
         click.echo(

@@ -44,6 +44,7 @@ from .api import check_spec_fits_call, check_spec_type
 from .generator import launch, runtime
 from .generator.compile import compile_kernel
 from .generator.dtypes import DTYPES
+from .generator.features import FeatureArgs, check_alibi_shape, check_softcap, check_window
 from .generator.select import select
 from .generator.spec import KernelSpec
 from .generator.validate import LOG2E, Problem, check_layout, check_scale, check_spec
@@ -52,7 +53,8 @@ __all__ = ["SCHEMA", "attention"]
 
 SCHEMA = (
     "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
-    "str? variant=None) -> (Tensor, Tensor)"
+    "str? variant=None, int window_left=-1, int window_right=-1, float softcap=0., "
+    "Tensor? alibi_slopes=None) -> (Tensor, Tensor)"
 )
 
 _library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
@@ -116,9 +118,12 @@ def _fake_checks(q: Any, k: Any, v: Any, causal: bool, scale: float | None) -> N
 # ---- the op's implementations ----------------------------------------------------------------
 def _fake(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None,
+    variant: str | None = None, window_left: int = -1, window_right: int = -1,
+    softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     _fake_checks(q, k, v, causal, scale)
+    check_window((window_left, window_right))
+    check_softcap(softcap)
     if variant is not None:
         KernelSpec.from_name(variant)
     o = q.new_empty_strided(tuple(q.shape), out_strides(tuple(q.shape), tuple(q.stride())))
@@ -152,21 +157,25 @@ def _raw_stream_fn() -> Callable[[int], int]:
 
 def _run(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None,
+    variant: str | None = None, window_left: int = -1, window_right: int = -1,
+    softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     dev = q.get_device()
+    slopes = None if alibi_slopes is None else alibi_slopes.data_ptr()
     key = (
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
         dev, k.get_device(), v.get_device(), (qp | kp | vp) & 15, causal, scale, variant,
+        window_left, window_right, softcap, slopes,
     )  # fmt: skip
     try:
         e = _entries.get(key)
     except TypeError:  # an unhashable scale: validation names it
         e = None
     if e is None:
-        e = _prepare(key, q, k, v, causal, scale, variant)
+        feats = (window_left, window_right, softcap, alibi_slopes)
+        e = _prepare(key, q, k, v, causal, scale, variant, feats)
     o = torch.empty_strided(e.o_shape, e.o_stride, dtype=e.dtype, device=e.device)
     lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
     e.bound(qp, kp, vp, o.data_ptr(), lse.data_ptr(), _raw_stream(dev))
@@ -182,28 +191,39 @@ def _device_arch(dev: int) -> str:
 
 
 def _prepare(
-    key: tuple[Any, ...], q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: Any
-) -> _Entry:
+    key: tuple[Any, ...], q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: Any,
+    feats: tuple[int, int, float, Any],
+) -> _Entry:  # fmt: skip
     """First call of a signature: validate, select, compile, load, bind (then cached)."""
     if causal is not True and causal is not False:
         raise ValueError(f"causal={causal!r}: must be True or False")
     problem = check_layout(q, k, v)  # CPU tensors, shapes, dtypes, strides: ValueError
     value = check_scale(scale, problem.d)
     devices = [t.device for t in (q, k, v)]
+    slopes = feats[3]
+    if slopes is not None:
+        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
+        devices.append(slopes.device)
+        if not slopes.is_contiguous():
+            raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
     if len(set(devices)) > 1:
         raise ValueError(
-            f"q, k, v on {', '.join(map(str, devices))}: must be on one device; "
-            "move them with .to(q.device)"
+            f"q, k, v{', alibi_slopes' if slopes is not None else ''} on "
+            f"{', '.join(map(str, devices))}: must be on one device; move them with .to(q.device)"
         )
+    features = FeatureArgs(
+        check_window((feats[0], feats[1])), check_softcap(feats[2]),
+        None if slopes is None else int(slopes.data_ptr()),
+    )  # fmt: skip
     dev = int(q.get_device())
-    chosen = _variant_for(problem, bool(causal), variant, dev)
+    chosen = _variant_for(problem, bool(causal), variant, dev, features)
     shape = tuple(int(n) for n in q.shape)
     o_stride = out_strides(shape, tuple(int(s) for s in q.stride()))
     o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
     lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
     full = check_layout(q, k, v, o=o, lse=lse)
     check_spec(chosen.spec, full, check_pointers=True)
-    bound = chosen.bind(_without_pointers(full), value * LOG2E)
+    bound = chosen.bind(_without_pointers(full), value * LOG2E, features)
     entry = _Entry(bound, q.device, q.dtype, shape, o_stride, (shape[0], shape[1], shape[2]))
     with _entries_lock:
         if len(_entries) >= MAX_SIGNATURES:  # e.g. a decode loop whose Tk grows every step
@@ -218,11 +238,11 @@ _plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
 def _variant_for(
-    problem: Problem, causal: bool, variant: str | None, dev: int
+    problem: Problem, causal: bool, variant: str | None, dev: int, features: FeatureArgs
 ) -> launch.LaunchPlan:
     """The plan for this call's variant: the named one (checked against the call) or selected."""
     align = problem.alignment(pointers=True)
-    key = (dev, problem.d, problem.dtype, causal, align, variant)
+    key = (dev, problem.d, problem.dtype, causal, align, variant, features.tokens)
     hit = _plans.get(key)
     if variant is not None:
         spec = hit.spec if hit is not None else KernelSpec.from_name(variant)
@@ -234,7 +254,7 @@ def _variant_for(
     if variant is None:
         spec = select(
             problem.d, problem.dtype, causal, arch, alignment=align,
-            gpu_name=torch.cuda.get_device_name(dev),
+            gpu_name=torch.cuda.get_device_name(dev), features=features.tokens,
         )  # fmt: skip
     with runtime.for_device_arch(arch):
         karch = runtime.kernel_arch(spec)
@@ -246,14 +266,24 @@ def _variant_for(
 
 def _without_pointers(p: Problem) -> Problem:
     return Problem(
-        p.b, p.h, p.tq, p.tk, p.d, p.dtype, p.q_strides, p.k_strides, p.v_strides, p.o_strides,
+        p.b,
+        p.h,
+        p.tq,
+        p.tk,
+        p.d,
+        p.dtype,
+        p.q_strides,
+        p.k_strides,
+        p.v_strides,
+        p.o_strides,
         h_kv=p.h_kv,
     )
 
 
 def _cpu(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None,
+    variant: str | None = None, window_left: int = -1, window_right: int = -1,
+    softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """CPU tensors: the validation error that says what to do (the kernels run on CUDA)."""
     check_layout(q, k, v)  # raises "q: a CPU tensor; move it to the GPU"
@@ -320,15 +350,21 @@ def attention(
     scale: float | None = None,
     return_lse: bool = False,
     spec: KernelSpec | None = None,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
 
-    q is (B, H, Tq, d), k and v are (B, H, Tk, d): float32, float16 or bfloat16, one device,
+    q is (B, H, Tq, d), k and v are (B, H_kv, Tk, d) with H a multiple of H_kv (GQA/MQA),
+    d any multiple of 8 up to 256: float32, float16 or bfloat16, one device,
     any strides with the d axis contiguous (a (B, T, H, d) tensor passes as
     `x.transpose(1, 2)`, no copy). `causal` masks key j for query i when j > i + Tk - Tq
     (bottom-right aligned). `scale` defaults to 1/sqrt(d). `spec=None` picks a shipped variant
     for (d, dtype, causal, the tensor's GPU). Returns O with q's dtype and memory layout on q's
     device, or (O, LSE) with `return_lse` (LSE float32 (B, H, Tq), natural log).
+    Features, as in `flashgen.attention`: `window=(left, right)` (-1 unbounded), `softcap=c`,
+    `alibi_slopes` a float32 (H,) tensor on q's device.
 
     Runs on the current stream of q's device, never synchronizes, allocates only through
     torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
@@ -350,14 +386,17 @@ def attention(
         raise ValueError(f"causal={causal!r}: must be True or False")
     if scale is not None:
         scale = check_scale(scale, 1)
+    win = check_window(window)
+    left, right = win if win is not None else (-1, -1)
+    cap = check_softcap(softcap) or 0.0
     variant = None
     if spec is not None:
         check_spec_type(spec)
         variant = _variant_name(spec)
     if _direct(q, k, v):
-        o, lse = _run(q, k, v, causal, scale, variant)
+        o, lse = _run(q, k, v, causal, scale, variant, left, right, cap, alibi_slopes)
     else:
-        o, lse = _OP(q, k, v, causal, scale, variant)
+        o, lse = _OP(q, k, v, causal, scale, variant, left, right, cap, alibi_slopes)
     return (o, lse) if return_lse else o
 
 

@@ -60,6 +60,9 @@ class Launch:
     strides: tuple[int, ...]
     scale_log2: float
     kv_group: int
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: int = 0
 
 
 @dataclass
@@ -160,6 +163,10 @@ class FakeLibcuda:
                 tuple(ctypes.c_longlong.from_address(a).value for a in common[7:19]),
                 ctypes.c_float.from_address(common[19]).value,
                 ctypes.c_int.from_address(common[20]).value,
+                (ctypes.c_int.from_address(common[21]).value,
+                 ctypes.c_int.from_address(common[22]).value),
+                ctypes.c_float.from_address(common[23]).value,
+                int(ctypes.c_void_p.from_address(common[24]).value or 0),
             )
         )  # fmt: skip
         self.log.append(("launch",))

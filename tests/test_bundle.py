@@ -129,7 +129,10 @@ def test_launcher_validates_before_it_launches_and_dispatches_on_the_key() -> No
         assert body.rstrip().endswith("return cudaGetLastError();")
         assert f"constexpr int BR = {s.br};" in body
         assert f"constexpr int SMEM_BYTES = {s.smem_bytes};" in body
-        key = f"p->d == {s.d} && dtype == FLASHGEN_{s.dtype.upper()} && c == {int(s.causal)}"
+        key = (
+            f"p->d == {s.d} && dtype == FLASHGEN_{s.dtype.upper()} && c == {int(s.causal)} &&\n"
+            "      (need & ~0) == 0"
+        )
         assert f"if ({key}) {{\n    return {symbol(s)}_fwd(p, stream);" in text
     dispatch = text[text.index('extern "C" cudaError_t flashgen_fwd(') :]
     assert dispatch.index("return cudaErrorNotSupported;") > dispatch.rindex("_fwd(p, stream)")
@@ -884,9 +887,12 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
                    int tq, int tk, long long q_sb, long long q_sh, long long q_st,
                    long long k_sb, long long k_sh, long long k_st, long long v_sb,
                    long long v_sh, long long v_st, long long o_sb, long long o_sh,
-                   long long o_st, float scale_log2, int kv_group) {
+                   long long o_st, float scale_log2, int kv_group, int wl, int wr, float cap,
+                   const float* slopes) {
   if (!g_configured) die("kernel called without a launch configuration");
   if (kv_group < 1) die("kv_group < 1");
+  if (wl < -1 || wr < -1 || wl > tq + tk || wr > tq + tk) die("window sides out of range");
+  if (!(cap >= 0.0f)) die("softcap < 0");
   if (g_grid.x != (unsigned)((tq + BR - 1) / BR) || g_block.x != THREADS) die("grid or block");
   if (g_smem != SMEM) die("dynamic shared memory");
   if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("no opt-in above 48 KiB");
@@ -900,17 +906,25 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < tq; ++i) {
         const T* qi = q + b * q_sb + h * q_sh + i * q_st;
-        int n = CAUSAL ? i + tk - tq + 1 : tk;
-        n = n < 0 ? 0 : (n > tk ? tk : n);
+        const int pos = i + tk - tq;  // the row's key position (bottom-right alignment)
+        int n = 0;
         float m = -INFINITY, l = 0.0f, acc[D] = {};
-        for (int j = 0; j < n; ++j) {
+        for (int j = 0; j < tk; ++j) {
+          const bool hidden =
+              (CAUSAL && j > pos) || (wl >= 0 && j < pos - wl) || (wr >= 0 && j > pos + wr);
           const T* kj = k + b * k_sb + (h / kv_group) * k_sh + j * k_st;
           float dot = 0.0f;
           for (int x = 0; x < D; ++x) dot += to_f32(qi[x]) * to_f32(kj[x]);
-          s[j] = dot * scale_log2;
+          float x2 = dot * scale_log2;
+          const float log2e = 1.4426950408889634f;
+          if (cap > 0.0f) x2 = cap * log2e * std::tanh(x2 / (cap * log2e));
+          if (slopes) x2 -= slopes[h] * log2e * std::fabs((float)(pos - j));
+          s[j] = hidden ? -INFINITY : x2;
+          n += !hidden;
           m = s[j] > m ? s[j] : m;
         }
-        for (int j = 0; j < n; ++j) {
+        for (int j = 0; j < tk && n; ++j) {
+          if (s[j] == -INFINITY) continue;
           const float p = std::exp2(s[j] - m);
           const T* vj = v + b * v_sb + (h / kv_group) * v_sh + j * v_st;
           l += p;
@@ -931,9 +945,11 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
   extern "C" void NAME(const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk, \
                        long long a, long long b, long long c, long long d, long long e,       \
                        long long f, long long g, long long h, long long i, long long j,       \
-                       long long k2, long long l, float s, int group) {                       \
+                       long long k2, long long l, float s, int group, int wl, int wr,         \
+                       float cap, const float* slopes) {                                      \
     attend<T, D, BR, THREADS, SMEM, CAUSAL>((const void*)&NAME, q, k, v, o, lse, tq, tk, a, b, \
-                                            c, d, e, f, g, h, i, j, k2, l, s, group);         \
+                                            c, d, e, f, g, h, i, j, k2, l, s, group, wl, wr,  \
+                                            cap, slopes);                                     \
   }
 
 // A wgmma kernel: three tensor maps, then the common ABI. The maps must be what the launcher
@@ -975,7 +991,7 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
                        const T* v, T* o, float* lse, int tq, int tk, long long a, long long b,  \
                        long long c, long long d, long long e, long long f, long long g,         \
                        long long h, long long i, long long j, long long k2, long long l,        \
-                       float s, int group) {                                                    \
+                       float s, int group, int wl, int wr, float cap, const float* slopes) {    \
     const int H = (int)g_grid.y, B = (int)g_grid.z;                                              \
     long long sq[3], sk[3], sv[3];                                                               \
     check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
@@ -984,7 +1000,7 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
     attend<T, D, BR, THREADS, SMEM, CAUSAL>(                                                     \
         (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
-        sv[0], sv[1], sv[2], j, k2, l, s, group);                                                \
+        sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes);                           \
   }
 @STAND_INS@
 """

@@ -525,9 +525,9 @@ def _oracle_execute(error: float) -> Callable[..., tuple[Any, Any]]:
     from flashgen.generator.oracle import reference
 
     def execute(
-        spec: KernelSpec, q: Any, k: Any, v: Any, scale: float, *layouts: Any
+        spec: KernelSpec, q: Any, k: Any, v: Any, scale: float, *layouts: Any, **feats: Any
     ) -> tuple[Any, Any]:  # layouts: the case's tensor layouts (the oracle needs none)
-        o, lse = reference(q, k, v, causal=spec.causal, scale=scale)
+        o, lse = reference(q, k, v, causal=spec.causal, scale=scale, **feats)
         return (o + error).astype(q.dtype), lse.astype("float32")
 
     return execute

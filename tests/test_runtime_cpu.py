@@ -240,9 +240,10 @@ def test_a_device_arch_override_makes_kernel_arch_compile_for_that_gpu(calls):
     assert runtime.device_arch() == "sm_90"
 
 
-def test_the_argument_block_is_152_bytes_with_natural_alignment():
-    # 5 pointers, tq, tk, 12 strides, scale_log2, kv_group
-    assert struct.calcsize(runtime.ABI_FORMAT) == 5 * 8 + 2 * 4 + 12 * 8 + 4 + 4
+def test_the_argument_block_is_176_bytes_with_natural_alignment():
+    # 5 pointers, tq, tk, 12 strides, scale_log2, kv_group, window left/right, softcap, then
+    # the ALiBi pointer (8-aligned: 4 bytes of padding after softcap)
+    assert struct.calcsize(runtime.ABI_FORMAT) == 5 * 8 + 2 * 4 + 12 * 8 + 4 + 4 + 4 + 4 + 4 + 4 + 8
 
 
 # ---- leading by-value arguments (the wgmma family's tensor maps) ------------------------------

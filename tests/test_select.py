@@ -31,9 +31,16 @@ def test_hopper_gets_wgmma_128x128_two_stages(dtype, causal, d):
             assert (spec.br, spec.bc, spec.stages) == (128, 128, 2)
 
 
-def test_head_dims_wgmma_does_not_ship_fall_back_to_mma_on_hopper():
+def test_head_dims_nothing_ships_are_generated_at_the_family_default_tile():
     assert 96 not in {s.d for s in shipped("wgmma")}
-    assert select(96, "bf16", False, "sm_90").family == "mma"
+    spec = select(96, "bf16", False, "sm_90")
+    assert spec == KernelSpec(family="wgmma", d=96, dtype="bf16")  # compiled on demand
+    assert spec.fam.d_pad(spec) == 128
+    assert 80 not in {s.d for s in shipped("mma")}
+    assert select(80, "fp16", True, "sm_80") == KernelSpec(
+        family="mma", d=80, dtype="fp16", causal=True
+    )
+    assert select(80, "fp32", True, "sm_80") == KernelSpec(family="simt", d=80, causal=True)
 
 
 def test_fp32_gets_simt_32x32():
@@ -52,11 +59,17 @@ def test_tensor_core_dtypes_before_sm80_get_simt():
     assert (spec.family, spec.br, spec.bc) == ("simt", 32, 32)
 
 
-def test_head_dims_only_simt_ships_fall_back_to_simt():
-    mma_dims = {s.d for s in shipped("mma")}
-    simt_only = sorted({s.d for s in shipped("simt")} - mma_dims)
-    assert simt_only, "the shipped space changed: pick another head dim for this test"
-    assert select(simt_only[0], "bf16", False, "sm_90").family == "simt"
+def test_features_pick_the_shipped_feature_variant_or_compile_the_plain_tile_with_them():
+    spec = select(128, "bf16", True, "sm_90", features=("window",))
+    assert spec.features == ("window",) and spec in shipped("wgmma")
+    assert spec.replace(features=()) == select(128, "bf16", True, "sm_90")
+    combo = select(64, "fp16", False, "sm_80", features=("softcap", "alibi"))
+    assert combo not in shipped("mma")  # compiled on demand
+    assert combo.replace(features=()) == select(64, "fp16", False, "sm_80")
+    # with a fixed pool nothing is generated: only what the pool holds
+    pool = [s for s in shipped("mma") if not s.features]
+    with pytest.raises(ValueError, match="features=window"):
+        select(64, "bf16", False, "sm_80", candidates=pool, features=("window",))
 
 
 def test_inputs_too_misaligned_for_mma_get_simt():
@@ -88,10 +101,10 @@ def test_ties_go_to_the_earlier_variant():
 def test_an_unshipped_head_dim_is_a_clear_error():
     with pytest.raises(
         ValueError,
-        match=r"d=24, dtype=bf16, causal=False, arch=sm_90: no shipped variant fits; "
-        r"shipped head dims for bf16 are \[16, 32",
+        match=r"d=20, dtype=bf16, causal=False, arch=sm_90: no variant fits; "
+        r"shipped head dims for bf16 are \[16, 32.*any multiple of 8",
     ):
-        select(24, "bf16", False, "sm_90")
+        select(20, "bf16", False, "sm_90")
 
 
 def test_an_unknown_dtype_is_a_clear_error():

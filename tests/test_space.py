@@ -20,6 +20,10 @@ def _fields(spec: KernelSpec) -> dict[str, Any]:
     return {f: getattr(spec, f) for f in FIELDS}
 
 
+def _plain(family: str) -> list[KernelSpec]:
+    return [s for s in shipped(family) if not s.features]
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_ships_something(family: str) -> None:
     assert shipped(family), f"family {family} ships no variant"
@@ -29,7 +33,8 @@ def test_every_family_ships_something(family: str) -> None:
 def test_shipped_variants_are_valid_and_belong_to_their_family(family: str) -> None:
     for spec in shipped(family):
         assert spec.family == family
-        assert KernelSpec(**{"family": family, **_fields(spec)}) == spec  # validates again
+        again = KernelSpec(**{"family": family, "features": spec.features, **_fields(spec)})
+        assert again == spec  # validates again
 
 
 def test_all_families_is_the_concatenation_in_a_stable_order() -> None:
@@ -56,7 +61,8 @@ def test_shipped_plus_pruned_is_the_whole_product(family: str) -> None:
     axes = FAMILIES[family].axes
     assert set(axes) == set(FIELDS), "every KernelSpec field except family is an axis"
     total = math.prod(len(v) for v in axes.values())
-    assert len(shipped(family)) + len(pruned(family)) == total
+    product_pruned = [p for p in pruned(family) if "features" not in p.fields]
+    assert len(_plain(family)) + len(product_pruned) == total
     names = [s.name for s in shipped(family)]
     assert len(names) == len(set(names))
 
@@ -66,7 +72,9 @@ def test_every_product_point_is_shipped_or_pruned(family: str) -> None:
     axes = FAMILIES[family].axes
     keys = list(axes)
     kept = {s.name for s in shipped(family)}
-    dropped = [tuple(sorted(p.fields.items())) for p in pruned(family)]
+    dropped = [
+        tuple(sorted(p.fields.items())) for p in pruned(family) if "features" not in p.fields
+    ]
     for values in itertools.product(*(axes[k] for k in keys)):
         fields = dict(zip(keys, values, strict=True))
         try:
@@ -108,3 +116,22 @@ def test_shipped_variants_fit_every_arch_they_ship_for(family: str) -> None:
         assert 32 <= spec.threads <= 1024 and spec.threads % 32 == 0, spec.name
         for arch in spec.archs:
             assert spec.smem_bytes <= ARCHS[arch].smem_per_block, (spec.name, arch)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_feature_variants_ship_only_where_select_picks(family: str) -> None:
+    from flashgen.generator.select import select
+    from flashgen.generator.tuning import table_variants
+
+    fam = FAMILIES[family]
+    tuned = {s for s in table_variants() if s.family == family}
+    plain = _plain(family)
+    arch = "sm_90" if family == "wgmma" else "sm_80"
+    picked = {select(s.d, s.dtype, s.causal, arch, candidates=plain) for s in plain} | tuned
+    with_feats = [s for s in shipped(family) if s.features]
+    assert {s.replace(features=()) for s in with_feats} == picked
+    for base in picked:
+        for feats in fam.shipped_features:
+            assert base.replace(features=feats) in with_feats, (base.name, feats)
+    # the space stays a small multiple of the plain product, not the Cartesian product
+    assert len(with_feats) == len(fam.shipped_features) * len(picked)

@@ -66,15 +66,15 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
         "use fp16 or bf16, or family simt for fp32",
     ),
     (
-        {"family": "mma", "dtype": "fp16", "br": 64, "d": 24},
-        "d=24",
-        "must be a multiple of 16 in [16, 256] for family mma",
+        {"family": "mma", "dtype": "fp16", "br": 64, "d": 20},
+        "d=20",
+        "must be a multiple of 8 in [8, 256] for family mma",
         "try 64",
     ),
     (
         {"family": "mma", "dtype": "fp16", "br": 64, "d": 272},
         "d=272",
-        "must be a multiple of 16 in [16, 256] for family mma",
+        "must be a multiple of 8 in [8, 256] for family mma",
         "try 64",
     ),
     (
@@ -140,10 +140,10 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
         "fp16",
     ),
     (
-        {"family": "wgmma", "dtype": "bf16", "d": 96, "br": 128, "bc": 128},
-        "d=96",
-        "must be 64, 128, 192 or 256 for family wgmma",
-        "or family mma",
+        {"family": "wgmma", "dtype": "bf16", "d": 100, "br": 128, "bc": 128},
+        "d=100",
+        "must be a multiple of 8 in [8, 256] for family wgmma",
+        "try 128",
     ),
     (
         {"family": "wgmma", "dtype": "bf16", "br": 96, "bc": 128},
@@ -217,9 +217,9 @@ def test_every_broken_rule_is_reported_in_one_error() -> None:
 
 def test_mma_reports_every_broken_rule_in_one_error() -> None:
     with pytest.raises(SpecError) as info:
-        KernelSpec(family="mma", d=24, br=72, bc=40, dtype="fp32", warps=3, stages=5)
+        KernelSpec(family="mma", d=20, br=72, bc=40, dtype="fp32", warps=3, stages=5)
     heads = [p.split(":")[0] for p in info.value.problems]
-    assert heads == ["dtype=fp32", "d=24", "br=72", "bc=40", "warps=3", "stages=5"]
+    assert heads == ["dtype=fp32", "d=20", "br=72", "bc=40", "warps=3", "stages=5"]
 
 
 def test_type_errors_and_unknown_family_are_reported_together() -> None:
@@ -358,7 +358,7 @@ def test_garbage_names_are_rejected_with_the_expected_pattern(bad: str) -> None:
     [
         ("flash_fwd_simt_d64_br32_bc32_fp32_noncausal_w4_s1", "'w4'"),  # simt has no knobs
         ("flash_fwd_mma_d64_br64_bc64_bf16_causal_w4_x2", "'x2'"),  # not an mma knob
-        ("flash_fwd_mma_d64_br64_bc64_bf16_causal_window_w4_s2", "'window'"),  # no such feature
+        ("flash_fwd_mma_d64_br64_bc64_bf16_causal_sliding_w4_s2", "'sliding'"),  # no such feature
     ],
 )
 def test_unknown_name_tokens_are_named_with_the_family_knobs(bad: str, token: str) -> None:
@@ -496,3 +496,30 @@ def test_an_unknown_family_is_the_one_problem_when_dtype_is_unset() -> None:
     with pytest.raises(SpecError) as info:
         KernelSpec(family="nope")
     assert info.value.problems == ["family='nope': unknown family; choose one of simt, mma, wgmma"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "flash_fwd_mma_d64_br64_bc64_bf16_causal_window_w4_s2",
+        "flash_fwd_wgmma_d80_br128_bc128_bf16_noncausal_window_softcap_alibi_s2",
+        "flash_fwd_simt_d40_br32_bc32_fp32_causal_alibi",
+    ],
+)
+def test_feature_tokens_round_trip_between_the_knobs(name: str) -> None:
+    spec = KernelSpec.from_name(name)
+    assert spec.name == name and spec.features
+    assert "--features " + ",".join(spec.features) in spec.build_command
+
+
+def test_features_are_canonically_ordered_and_named_once() -> None:
+    spec = KernelSpec(family="mma", d=64, features=("alibi", "window"))
+    assert spec.features == ("window", "alibi")
+    with pytest.raises(
+        SpecError, match="features: 'bogus' is not a feature; known features: window"
+    ):
+        KernelSpec(family="mma", d=64, features=("bogus",))
+    with pytest.raises(SpecError, match="named twice"):
+        KernelSpec(family="mma", d=64, features=("window", "window"))
+    with pytest.raises(SpecError, match="not canonical"):
+        KernelSpec.from_name("flash_fwd_mma_d64_br128_bc64_bf16_causal_alibi_window_w8_s2")

@@ -53,6 +53,8 @@ def fa4_available() -> bool:
 def available_peers() -> tuple[str, ...]:
     """The peers this machine can time: torch SDPA's backends, plus FA4 when importable."""
     return PEERS + (("fa4",) if fa4_available() else ())
+
+
 WARMUP = 5
 REPS = 30
 
@@ -103,6 +105,7 @@ class Row:
     tflops: float | None
     max_err_vs_flash: float | None = None  # flashgen only: max |O - sdpa-flash O|
     error: str | None = None
+    feature: str | None = None  # a feature row (bench_features): "gqa 32/8", "window 4096,0"
 
 
 @dataclass
@@ -355,7 +358,7 @@ def best_rows(rows: list[Row]) -> dict[tuple[str, int, bool, int, str], Row]:
     """For each (dtype, d, causal, T, impl): the fastest row (flashgen: best variant)."""
     best: dict[tuple[str, int, bool, int, str], Row] = {}
     for r in rows:
-        if r.tflops is None:
+        if r.tflops is None or r.feature is not None:
             continue
         key = (r.dtype, r.d, r.causal, r.t, r.impl)
         if key not in best or r.tflops > (best[key].tflops or 0):

@@ -124,6 +124,10 @@ class Variant:
             "elem_bytes": info.itemsize,
             "causal": s.causal,
             "causal_int": int(s.causal),
+            "features": list(s.features),
+            "features_list": ", ".join(s.features) or "none",
+            "features_text": "".join(f", {f}" for f in s.features),
+            "feature_bits": sum(FEATURE_BITS[f] for f in s.features),
             "mask": "causal" if s.causal else "non-causal",
             "align_elems": s.align_elems,
             "align_bytes": s.align_elems * info.itemsize,
@@ -144,7 +148,9 @@ class Variant:
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "o_relative": s.dtype == "fp32",
             "problems": [
-                EXAMPLE_PROBLEM, *([EXAMPLE_CAUSAL_TALL] if s.causal else []), EXAMPLE_GQA
+                EXAMPLE_PROBLEM,
+                *([EXAMPLE_CAUSAL_TALL] if s.causal else []),
+                EXAMPLE_GQA,
             ],
         }
 
@@ -202,18 +208,23 @@ def arch_specific_gencode(specs: Iterable[KernelSpec]) -> str:
 
 
 def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
-    by_key: dict[tuple[int, str, bool], KernelSpec] = {}
+    by_key: dict[tuple[int, str, bool, tuple[str, ...]], KernelSpec] = {}
     for s in sorted(set(specs), key=lambda s: s.name):
-        key = (s.d, s.dtype, s.causal)
+        key = (s.d, s.dtype, s.causal, s.features)
         if key in by_key:
             mask = "causal" if s.causal else "non-causal"
+            feats = f" with {'+'.join(s.features)}" if s.features else ""
             raise BundleError(
-                f"variants {by_key[key].name} and {s.name} both serve d={s.d} {s.dtype} {mask}: "
-                "flashgen_fwd dispatches on (d, dtype, causal), so a bundle holds one variant "
-                "per key; keep one of them"
+                f"variants {by_key[key].name} and {s.name} both serve d={s.d} {s.dtype} {mask}"
+                f"{feats}: flashgen_fwd dispatches on (d, dtype, causal, features), so a bundle "
+                "holds one variant per key; keep one of them"
             )
         by_key[key] = s
     return list(by_key.values())
+
+
+# A feature's bit in the launcher's dispatch (flashgen_launch.cu.j2: feature_bits)
+FEATURE_BITS = {"window": 1, "softcap": 2, "alibi": 4}
 
 
 def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
@@ -230,6 +241,8 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "header": HEADER,
         "launcher": LAUNCHER,
         "variants": contexts,
+        # dispatch order: fewest features first, so a call runs the least extra work
+        "variants_by_features": sorted(contexts, key=lambda c: len(c["features"])),
         "plain_variants": [c for c in contexts if not c["exact_cc"]],
         "arch_specific_variants": [c for c in contexts if c["exact_cc"]],
         "has_tma": any(c["tma"] for c in contexts),
@@ -342,8 +355,10 @@ def select_variants(
     dtypes: Sequence[str] = (),
     causal: bool | None = None,
     gpu_name: str | None = None,
+    features: Sequence[tuple[str, ...]] = (),
 ) -> list[KernelSpec]:
-    """The variants of a `flashgen bundle` request, one per (d, dtype, causal), sorted by name.
+    """The variants of a `flashgen bundle` request, one per (d, dtype, causal), sorted by name,
+    and beside each plain one the same tile compiled with each feature set of `features`.
 
     Either `names` (exact kernels) or filters: every d in `ds` x dtype in `dtypes` (default
     bf16) x causal (None: both), each served by the variant `select` prefers among the shipped
@@ -356,9 +371,10 @@ def select_variants(
             for opt, given in (("--family", families), ("--d", ds), ("--dtype", dtypes))
             if given
         ]
-        if clash or causal is not None or gpu_name is not None:
+        if clash or causal is not None or gpu_name is not None or features:
             clash += ["--causal/--no-causal"] if causal is not None else []
             clash += ["--gpu"] if gpu_name is not None else []
+            clash += ["--features"] if features else []
             raise BundleError(
                 f"--name already fixes every variant; drop {', '.join(clash)} or drop --name"
             )
@@ -390,6 +406,11 @@ def select_variants(
                 missing.append(f"d={d} {dtype} {'causal' if mask else 'non-causal'}")
                 continue
         picked.append(spec)
+        for feats in dict.fromkeys(features):
+            try:
+                picked.append(spec.replace(features=feats))
+            except ValueError as exc:
+                raise BundleError(f"--features {','.join(feats)}: {exc}") from None
     if missing:
         dims = sorted({s.d for s in pool})
         raise BundleError(

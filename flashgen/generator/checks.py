@@ -20,6 +20,7 @@ import numpy as np
 
 from . import runtime
 from .compile import CompiledKernel, compile_kernel
+from .features import FeatureArgs, check_softcap, check_window
 from .oracle import check_outputs, error_ratio, max_abs_logit
 from .runtime import GpuUnavailable
 from .space import shipped
@@ -78,6 +79,27 @@ class Case:
     v_dof: float | None = None
     # K/V heads (grouped-query attention: H a multiple of it); 0 means H (multi-head)
     h_kv: int = 0
+    # features (used by variants compiled with them): a sliding window (left, right), -1 for
+    # unbounded; a softcap c; ALiBi with slopes alibi * 2^(-8 (i + 1) / H) for head i
+    window: tuple[int, int] | None = None
+    softcap: float | None = None
+    alibi: float | None = None
+
+    def alibi_slopes(self) -> np.ndarray | None:
+        """The case's per-head ALiBi slopes (float32, as the kernel reads them), or None."""
+        if self.alibi is None:
+            return None
+        heads = np.arange(self.h, dtype=np.float64)
+        return (self.alibi * 2.0 ** (-8.0 * (heads + 1) / self.h)).astype(np.float32)
+
+    def feature_kwargs(self) -> dict[str, Any]:
+        """window / softcap / alibi_slopes as `reference` and `check_outputs` take them."""
+        return {"window": self.window, "softcap": self.softcap, "alibi_slopes": self.alibi_slopes()}
+
+    @property
+    def has_features(self) -> bool:
+        """Whether the case uses any feature (its variant must be compiled with them)."""
+        return self.window is not None or self.softcap is not None or self.alibi is not None
 
     @property
     def kv_heads(self) -> int:
@@ -201,11 +223,16 @@ def gpu_execute(
     v: np.ndarray,
     scale: float,
     layouts: tuple[str, str, str, str] | None = None,
+    *,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run `spec` on the GPU with NaN-poisoned outputs; return host (O, LSE).
 
     `layouts` (q, k, v, o; see LAYOUTS) places each tensor in its own memory layout; O's
     whole buffer is poisoned, so a write outside O's view (into padding) is reported.
+    The features' values (window, softcap, ALiBi slopes) go to a variant compiled with them.
     """
     b, h, tq, d = q.shape
     lq, lk, lv, lo = layouts or ("bhtd",) * 4
@@ -216,7 +243,15 @@ def gpu_execute(
     o = _gpu_view(o_buf, layout_view(o_host, lo, d))
     lse = runtime.empty((b, h, tq), np.float32)
     runtime.poison(int(lse.gpudata), b * h * tq, "fp32")
-    runtime.launch(spec, dq, dk, dv, o, lse, scale)
+    slopes = (
+        None if alibi_slopes is None else runtime.to_device(np.asarray(alibi_slopes, np.float32))
+    )
+    feats = FeatureArgs(
+        window=check_window(window),
+        softcap=check_softcap(softcap),
+        alibi=None if slopes is None else int(slopes.gpudata),
+    )
+    runtime.launch(spec, dq, dk, dv, o, lse, scale, features=feats)  # waits: slopes outlive it
     backing = runtime.to_host(o_buf)
     out = np.array(layout_view(backing, lo, d))
     if lo == "pad" and not np.isnan(backing[..., d:].astype(np.float32)).all():
@@ -242,13 +277,17 @@ def run_case(spec: KernelSpec, case: Case, execute: Execute | None = None) -> Ch
     """Generate the case's inputs, run the variant, and judge the outputs."""
     q, k, v = make_inputs(spec, case)
     scale = check_scale(case.scale, spec.d)
+    feats = case.feature_kwargs()
     if execute is None:
-        o, lse = gpu_execute(spec, q, k, v, scale, case.layouts)
+        o, lse = gpu_execute(spec, q, k, v, scale, case.layouts, **feats)
+    elif case.has_features:
+        o, lse = execute(spec, q, k, v, scale, **feats)
     else:
         o, lse = execute(spec, q, k, v, scale)
     out = check_outputs(
-        np.asarray(o), np.asarray(lse), q, k, v, causal=spec.causal, scale=scale, dtype=spec.dtype
-    )
+        np.asarray(o), np.asarray(lse), q, k, v, causal=spec.causal, scale=scale,
+        dtype=spec.dtype, **feats,
+    )  # fmt: skip
     return CheckResult(
         spec, case.b, case.h, case.tq, case.tk, out.o_err, out.o_bound, out.lse_err,
         out.lse_bound, out.has_nan, out.passed, scale, case.seed,

@@ -29,6 +29,9 @@ MMA_SPLIT_QK_FROM_D = 256
 # masked copy of the loop body needs row/key indices: measured, 2-stage variants spill from an
 # estimate of 192 (d=128, bc=32, 32 rows/warp, causal), 1-stage ones not below 255.
 MMA_REG_BUDGET = {1: 232, 2: 190}
+# Extra registers a feature variant's score loop needs per 16-row tile beyond the first (see
+# MmaFamily.register_estimate).
+MMA_FEATURE_REGS = 16
 # Registers beyond the estimate that addresses, indices and softmax state take (see min_blocks).
 MMA_INDEX_REGS = 64
 # Q fragments (registers per thread) kept resident across the key loop when at most this many.
@@ -51,10 +54,19 @@ class Family:
     # puts `_w4` in the name and lets `from_name` read it back
     knobs: tuple[tuple[str, str], ...]
     axes: dict[str, tuple[Any, ...]]  # the shipped space: every axis of KernelSpec
-    features: frozenset[str] = frozenset()  # the compile-time feature tokens it supports
+    # the compile-time feature tokens it supports
+    features: frozenset[str] = frozenset({"window", "softcap", "alibi"})
+    # the feature sets shipped (compiled ahead) at the default and tuned tiles; any other
+    # combination is compiled on demand
+    shipped_features: tuple[tuple[str, ...], ...] = (("window",), ("softcap",), ("alibi",))
     default_dtype: str = "bf16"  # what a spec that names no dtype gets
     default_br: int = 128  # ... and no tiles (see default_tile)
     default_bc: int = 64
+
+    def d_pad(self, spec: KernelSpec) -> int:
+        """The head dim the math runs at: d rounded up to the family's MMA granularity (the
+        extra columns are zeros in shared memory, never a copy of the user's tensors)."""
+        return spec.d
 
     def default_tile(self, d: int) -> tuple[int, int]:
         """(br, bc) for a spec that names no tiles: the family's usual tile for head dim d."""
@@ -169,6 +181,10 @@ class MmaFamily(Family):
     def default_warps(self, spec: KernelSpec) -> int:
         return max(1, spec.br // 16)
 
+    def d_pad(self, spec: KernelSpec) -> int:
+        # m16n8k16: Q K^T takes the head dim in k-steps of 16
+        return -(-spec.d // 16) * 16
+
     def default_stages(self, spec: KernelSpec) -> int:
         # two stages unless their registers would spill (then one: e.g. d=256 at 128x64)
         two = self.register_estimate(spec, stages=2)
@@ -186,8 +202,14 @@ class MmaFamily(Family):
         mt = self.rows_per_warp(spec) // 16
         chains = self.qk_chains(spec)
         n_stages = spec.stages if stages is None else stages
-        return mt * (spec.d // 2 + 3 * spec.bc // 4 + (chains - 1) * spec.bc // 2) + 16 * (
-            n_stages - 1
+        # features keep row/key indices live through the score loop: measured, one-stage
+        # variants with 32 rows per warp spill with them from an estimate of 224 (d=32 bc=128
+        # with alibi; d=128 bc=64 causal with window+softcap), 16-row ones never
+        feature_regs = MMA_FEATURE_REGS * (mt - 1) if spec.features and n_stages == 1 else 0
+        return (
+            mt * (self.d_pad(spec) // 2 + 3 * spec.bc // 4 + (chains - 1) * spec.bc // 2)
+            + 16 * (n_stages - 1)
+            + feature_regs
         )
 
     def qk_chains(self, spec: KernelSpec) -> int:
@@ -208,13 +230,13 @@ class MmaFamily(Family):
         return spec.br // max(spec.warps, 1)
 
     def smem_bytes(self, spec: KernelSpec) -> int:
-        row = (spec.d + MMA_ROW_PAD) * spec.dtype_info.itemsize
+        row = (self.d_pad(spec) + MMA_ROW_PAD) * spec.dtype_info.itemsize
         return row * (spec.br + 2 * spec.stages * spec.bc)
 
     def check(self, spec: KernelSpec) -> list[str]:
         p = self.tensor_core_rule(spec)
-        if spec.d < 16 or spec.d > 256 or spec.d % 16:
-            p.append(f"d={spec.d}: must be a multiple of 16 in [16, 256] for family mma; try 64")
+        if spec.d < 8 or spec.d > 256 or spec.d % 8:
+            p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family mma; try 64")
         if spec.br % 16 or not 16 <= spec.br <= 256:
             p.append(f"br={spec.br}: must be a multiple of 16 in [16, 256] for family mma; try 128")
         if spec.bc % 16 or not 16 <= spec.bc <= 256:
@@ -241,11 +263,12 @@ class MmaFamily(Family):
                 p.append(
                     f"d={spec.d}, bc={spec.bc}, rows/warp={self.rows_per_warp(spec)}, "
                     f"stages={spec.stages}: ~{regs} registers per thread "
-                    "(rows/16*(d/2 + 3*bc/4, + bc/2 if d >= 256) + 16*(stages-1)) exceed "
+                    "(rows/16*(dp/2 + 3*bc/4, + bc/2 if d >= 256) + 16*(stages-1), + "
+                    "16*(rows/16-1) with features at stages=1, dp = d rounded up to 16) exceed "
                     f"{budget} and would spill; lower bc, use stages=1, or more warps"
                 )
             p += self.smem_rule(
-                spec, "(d+8)*2*(br + 2*stages*bc)", "lower bc or stages, or use br=64"
+                spec, "(dp+8)*2*(br + 2*stages*bc)", "lower bc or stages, or use br=64"
             )
         return p
 
@@ -258,7 +281,7 @@ class MmaFamily(Family):
             "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
             "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
             # Q fragments stay in registers when they are few (<= 32 per thread)
-            "q_in_regs": m_tiles * spec.d // 16 * 4 <= MMA_Q_REGS,
+            "q_in_regs": m_tiles * self.d_pad(spec) // 16 * 4 <= MMA_Q_REGS,
         }
 
 
@@ -289,6 +312,11 @@ class WgmmaFamily(Family):
     def default_stages(self, spec: KernelSpec) -> int:
         return 2
 
+    def d_pad(self, spec: KernelSpec) -> int:
+        # tiles are loaded as 64-column (128-byte) swizzled slabs; the TMA fills the columns
+        # past d with zeros
+        return -(-spec.d // 64) * 64
+
     def default_tile(self, d: int) -> tuple[int, int]:
         # 128 x 128 (two consumers); d = 256 has registers for bc = 64 only
         return (128, 64) if d > 128 else (128, 128)
@@ -300,18 +328,18 @@ class WgmmaFamily(Family):
     def register_estimate(self, spec: KernelSpec) -> int:
         """Consumer registers: O (d/2), S (bc/2) and the P in flight beside it (bc/4), plus
         WGMMA_INDEX_REGS; the zero-spill compile test guards it."""
-        return spec.d // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
+        return self.d_pad(spec) // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
 
     def smem_bytes(self, spec: KernelSpec) -> int:
-        tiles = spec.dtype_info.itemsize * spec.d * (spec.br + 2 * spec.stages * spec.bc)
+        tiles = spec.dtype_info.itemsize * self.d_pad(spec) * (spec.br + 2 * spec.stages * spec.bc)
         return WGMMA_SMEM_ALIGN + tiles + 8 * (1 + 4 * spec.stages)
 
     def check(self, spec: KernelSpec) -> list[str]:
         p = self.tensor_core_rule(spec)
-        if spec.d % 64 or not 64 <= spec.d <= 256:
+        if spec.d % 8 or not 8 <= spec.d <= 256:
             p.append(
-                f"d={spec.d}: must be 64, 128, 192 or 256 for family wgmma (whole 128-byte "
-                "rows); try 128, or family mma"
+                f"d={spec.d}: must be a multiple of 8 in [8, 256] for family wgmma (rows of "
+                "16-byte multiples, as the TMA needs); try 128"
             )
         if spec.br not in (64, 128, 192):
             p.append(
@@ -335,11 +363,12 @@ class WgmmaFamily(Family):
             if regs > budget:
                 p.append(
                     f"d={spec.d}, bc={spec.bc}, br={spec.br}: ~{regs} registers per consumer "
-                    f"thread (d/2 + bc/2 + bc/4 + {WGMMA_INDEX_REGS}) exceed the {budget} "
+                    f"thread (dp/2 + bc/2 + bc/4 + {WGMMA_INDEX_REGS}, dp = d rounded up to 64) "
+                    f"exceed the {budget} "
                     f"that {self.consumers(spec)} consumer warpgroups get; lower bc or br"
                 )
             p += self.smem_rule(
-                spec, "2*d*(br + 2*stages*bc) + 1024 + barriers", "lower bc or stages"
+                spec, "2*dp*(br + 2*stages*bc) + 1024 + barriers", "lower bc or stages"
             )
         return p
 
@@ -348,7 +377,7 @@ class WgmmaFamily(Family):
 
         mma_type = "bf16" if spec.dtype == "bf16" else "f16"
         qk = Wgmma(n=spec.bc, a_regs=False, trans_b=False, mma_type=mma_type)
-        pv = Wgmma(n=spec.d, a_regs=True, trans_b=True, mma_type=mma_type)
+        pv = Wgmma(n=self.d_pad(spec), a_regs=True, trans_b=True, mma_type=mma_type)
         producer, consumer = WGMMA_REGS[self.consumers(spec)]
         return {
             "consumers": self.consumers(spec),
@@ -385,6 +414,8 @@ FAMILIES: dict[str, Family] = {
         template="mma.cu.j2",
         archs=("sm_80", "sm_90"),
         knobs=(("warps", "w"), ("stages", "s")),
+        # Gemma 2's sliding window with softcap, beside each feature alone
+        shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),
         axes={
             "d": (32, 64, 96, 128, 256),
             "br": (64, 128),
@@ -400,6 +431,7 @@ FAMILIES: dict[str, Family] = {
         template="wgmma.cu.j2",
         archs=("sm_90a",),
         knobs=(("stages", "s"),),
+        shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),
         axes={
             "d": (64, 128, 256),
             "br": (128, 192),

@@ -17,7 +17,8 @@ NumPy arrays (copied), PyCUDA GPUArrays and torch tensors all reach the GPU here
 
 The kernel arguments are the C ABI of templates/_common.cuh.j2: q, k, v, o, lse pointers; int
 tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_log2; int
-kv_group (query heads per K/V head).
+kv_group (query heads per K/V head); the feature values: int window_left, window_right, float
+softcap, const float* alibi_slopes (`features.FeatureArgs.kernel_args`).
 
 **Leading by-value arguments (family prefix args).** A family whose kernels take extra by-value
 parameters *before* the common ABI (the Hopper `wgmma` family: three 128-byte `CUtensorMap`s as
@@ -52,14 +53,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .arch import STATIC_SMEM_LIMIT
+from .features import NO_FEATURES, FeatureArgs, check_fits
 from .spec import KernelSpec
 from .validate import Problem
 
 # CUDA driver enum values (cuda.h)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
-# Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2, kv_group.
-N_COMMON_ARGS = 21
+# Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2, kv_group, and
+# the four feature values (window left/right, softcap, ALiBi slopes pointer).
+N_COMMON_ARGS = 25
 
 INSTALL_HINT = (
     "install PyCUDA (pip install 'flashgen[gpu]') on a machine with an NVIDIA driver and GPU"
@@ -239,9 +242,13 @@ class LaunchPlan:
         """(query tiles, heads, batch) for `problem`."""
         return self.spec.grid(problem.b, problem.h, problem.tq)
 
-    def bind(self, problem: Problem, scale_log2: float) -> Bound:
-        """The launch of this plan on `problem`'s signature (its pointers are ignored)."""
-        return Bound(self, problem, scale_log2)
+    def bind(
+        self, problem: Problem, scale_log2: float, features: FeatureArgs = NO_FEATURES
+    ) -> Bound:
+        """The launch of this plan on `problem`'s signature (its pointers are ignored) with
+        the call's feature values; ValueError when the variant lacks a feature the call uses."""
+        check_fits(self.spec, features)
+        return Bound(self, problem, scale_log2, features)
 
 
 _plans: dict[tuple[KernelSpec, str, int], LaunchPlan] = {}
@@ -305,7 +312,13 @@ class Bound:
         "problem", "smem",
     )  # fmt: skip
 
-    def __init__(self, plan: LaunchPlan, problem: Problem, scale_log2: float) -> None:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        problem: Problem,
+        scale_log2: float,
+        features: FeatureArgs = NO_FEATURES,
+    ) -> None:
         c = ctypes
         self.plan = plan
         self.problem = problem
@@ -323,6 +336,8 @@ class Bound:
         scalars += [c.c_longlong(s) for s in problem.kernel_strides()]
         scalars.append(c.c_float(scale_log2))
         scalars.append(c.c_int(problem.kv_group))
+        left, right, cap, slopes = features.kernel_args(problem.tq, problem.tk)
+        scalars += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
         self._args = scalars  # keeps them alive: params holds their addresses
         base = c.addressof(self._ptrs)
         width = c.sizeof(c.c_void_p)
@@ -333,7 +348,7 @@ class Bound:
         self._prefix_keep: Sequence[Any] = ()
 
     def scalar_args(self) -> tuple[int | float, ...]:
-        """tq, tk, the twelve strides and scale_log2 as bound (for tests and reports)."""
+        """tq, tk, the twelve strides, scale_log2, kv_group and the feature values as bound."""
         return tuple(a.value for a in self._args)
 
     def _set_prefix(self, ptrs: tuple[int, int, int, int, int], key: tuple[int, ...]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -181,7 +182,15 @@ def max_abs_logit(q: np.ndarray, k: np.ndarray, scale: float) -> float:
     return best
 
 
-def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = False) -> float:
+def lse_bound(
+    q: np.ndarray,
+    k: np.ndarray,
+    *,
+    scale: float,
+    causal: bool = False,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> float:
     """The largest |LSE - LSE64| that fp32 arithmetic allows a correct kernel (natural log).
 
     LSE = logsumexp_j s_j is 1-Lipschitz in max_j |ds_j|, so an error in the scores moves it
@@ -206,6 +215,16 @@ def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = Fals
     scale off by 1e-4 moves LSE by 1e-4 * E_p[s] (6e-3 at logits of 60, while d = 256 with
     many keys allows ~1e-3), and at ordinary logits the bound is ~2e-5..5e-5, below the old
     1e-4 (tests/test_oracle.py injects diagonal, dropped-key, scale and swapped-V bugs).
+
+    Features add what their fp32 evaluation can miss on one logit (LSE moves by at most the
+    largest logit error):
+      softcap c   8 * U32 * c + 4 * U32 * M   tanh on the SFU (a few 1e-7 absolute, times c)
+                                              and the roundings of s * scale / c and c * log2 e;
+                                              the logits shrink to |.| <= c, so M = min(M, c)
+                                              in the other terms
+      ALiBi       2 * U32 * (A + M)           slope * log2 e and the fused add of -slope * dist,
+                                              A = max slope * (Tq + Tk) the largest |bias|;
+                                              the exponent terms see M + A
     """
     k, _ = expand_kv(q, k, k)
     b, h, tq, d = q.shape
@@ -218,6 +237,14 @@ def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = Fals
     big_m = min(max_abs_logit(q, k, scale), big_s)
     n = tk  # the last query row sees every key, causal or not (bottom-right alignment)
     groups = math.ceil(d / SCORE_GROUP)
+    features = 0.0
+    if softcap is not None:
+        features += 8 * U32 * softcap + 4 * U32 * big_m
+        big_m = min(big_m, softcap)
+    if alibi_slopes is not None and len(alibi_slopes):
+        bias = float(np.max(np.abs(np.asarray(alibi_slopes, np.float64)))) * (tq + tk)
+        features += 2 * U32 * (bias + big_m)
+        big_m += bias
     lse_max = big_m + math.log(max(n, 1))
     return float(
         groups * SCORE_GROUP_ULPS * ulp32(big_s)
@@ -225,6 +252,7 @@ def lse_bound(q: np.ndarray, k: np.ndarray, *, scale: float, causal: bool = Fals
         + 4 * U32 * (2 * big_m + 1)
         + n * U32
         + 2 * ulp32(lse_max)
+        + features
         + LSE_FLOOR
     )
 
@@ -331,8 +359,11 @@ def check_outputs(
     causal: bool,
     scale: float,
     dtype: str,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> CheckOutcome:
-    """Judge a kernel's (O, LSE) with DESIGN.md's correctness rule.
+    """Judge a kernel's (O, LSE) with DESIGN.md's correctness rule (features as in `reference`).
 
     fp16/bf16: max|O - O64| <= 2 * max|O_ref - O64| + 1e-5 (O_ref: `rounded_reference`);
     fp32: ||O - O64|| / ||O64|| <= 1e-5 (when ||O64|| = 0, ||O|| itself must be <= 1e-5);
@@ -341,7 +372,8 @@ def check_outputs(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
-    o64, lse64 = reference(q, k, v, causal=causal, scale=scale)
+    feats: dict[str, Any] = {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes}
+    o64, lse64 = reference(q, k, v, causal=causal, scale=scale, **feats)
     if o.shape != o64.shape or lse.shape != lse64.shape:
         raise ValueError(
             f"o{o.shape} lse{lse.shape}: expected o{o64.shape} and lse{lse64.shape}; "
@@ -353,7 +385,7 @@ def check_outputs(
 
     diff = np.abs(of - o64)
     if DTYPES[dtype].tensor_core:  # the two low-precision storage types
-        o_ref = rounded_reference(q, k, v, causal=causal, scale=scale, dtype=dtype)
+        o_ref = rounded_reference(q, k, v, causal=causal, scale=scale, dtype=dtype, **feats)
         o_err = _max(diff)
         o_bound = LOW_PRECISION_FACTOR * _max(np.abs(o_ref - o64)) + LOW_PRECISION_ATOL
     else:
@@ -364,7 +396,9 @@ def check_outputs(
         o_bound = FP32_RTOL
 
     lse_err = _lse_error(lf, lse64)
-    l_bound = lse_bound(q, k, scale=scale, causal=causal)
+    l_bound = lse_bound(
+        q, k, scale=scale, causal=causal, softcap=softcap, alibi_slopes=alibi_slopes
+    )
     passed = (not has_nan) and o_err <= o_bound and lse_err <= l_bound
     return CheckOutcome(o_err, o_bound, lse_err, l_bound, has_nan, passed)
 

@@ -10,6 +10,7 @@ import jinja2
 
 from .._version import __version__
 from .spec import KernelSpec
+from .validate import LOG2E
 
 TEMPLATE_PACKAGE = "flashgen"
 TEMPLATE_DIR = "templates"
@@ -57,6 +58,9 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "spec_json": spec.to_json(),
         "build_command": spec.build_command,
         "d": spec.d,
+        "d_pad": spec.fam.d_pad(spec),
+        "features": spec.features,
+        "log2e": f"{LOG2E!r}f",
         "br": spec.br,
         "bc": spec.bc,
         "causal": spec.causal,

@@ -28,15 +28,17 @@ from . import launch as _launch
 from .arch import ARCHS
 from .compile import CompiledKernel, compile_kernel
 from .dtypes import DTYPES
+from .features import NO_FEATURES, FeatureArgs
 from .launch import INSTALL_HINT, GpuUnavailable, LaunchPlan
 from .spec import KernelSpec
 from .validate import LOG2E, Problem, check_scale, validate_inputs
 
 # The kernel C ABI (templates/_common.cuh.j2) as struct codes: q, k, v, o, lse pointers; tq, tk
 # as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float;
-# kv_group (query heads per K/V head) as int.
+# kv_group (query heads per K/V head) as int; the features' window_left, window_right (int),
+# softcap (float) and ALiBi slopes pointer.
 # (launch.Bound passes each as its own kernelParams entry.)
-ABI_FORMAT = "PPPPP" + "ii" + "q" * 12 + "f" + "i"
+ABI_FORMAT = "PPPPP" + "ii" + "q" * 12 + "f" + "i" + "iifP"
 
 # Quiet-NaN bit patterns, written with cuMemsetD16/D32 (works for bf16, which PyCUDA's
 # elementwise fill does not know).
@@ -279,6 +281,7 @@ def launch(
     *,
     poison_outputs: bool = False,
     sync: bool = True,
+    features: FeatureArgs = NO_FEATURES,
 ) -> Problem:
     """Run `spec` on device arrays (GPUArrays or CUDA-array-interface objects); return the Problem.
 
@@ -286,7 +289,8 @@ def launch(
     (B, H, Tq) array. Everything is validated before anything is issued. `poison_outputs`
     fills o and lse with NaN first (o must then be contiguous), so an unwritten element shows.
     With `sync` (default) the call waits for the kernel and raises RuntimeError naming it when
-    the launch or the kernel fails.
+    the launch or the kernel fails. `features` carries the call's window, softcap and ALiBi
+    slopes (device pointer); the variant must be compiled with each one used.
     """
     problem = validate_inputs(spec, q, k, v, o=o, lse=lse)
     if problem.lse_ptr is None or problem.o_ptr is None:
@@ -302,7 +306,7 @@ def launch(
         count = problem.b * problem.h * problem.tq
         poison(problem.o_ptr, count * problem.d, spec.dtype, stream)
         poison(problem.lse_ptr, count, "fp32", stream)
-    launch_problem(spec, plan, problem, value, stream, sync=sync)
+    launch_problem(spec, plan, problem, value, stream, sync=sync, features=features)
     return problem
 
 
@@ -324,10 +328,17 @@ def stream_handle(stream: Any) -> int:
 
 
 def launch_problem(
-    spec: KernelSpec, plan: LaunchPlan, problem: Problem, scale: float, stream: Any, *, sync: bool
+    spec: KernelSpec,
+    plan: LaunchPlan,
+    problem: Problem,
+    scale: float,
+    stream: Any,
+    *,
+    sync: bool,
+    features: FeatureArgs = NO_FEATURES,
 ) -> None:
     """Issue one validated launch (grid from the spec and the problem); optionally wait for it."""
-    bound = plan.bind(problem, scale * LOG2E)
+    bound = plan.bind(problem, scale * LOG2E, features)
     q, k, v, o, lse = problem.q_ptr, problem.k_ptr, problem.v_ptr, problem.o_ptr, problem.lse_ptr
     if q is None or k is None or v is None or o is None or lse is None:
         raise ValueError("q, k, v, o, lse: device pointers are required; pass device arrays")

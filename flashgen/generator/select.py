@@ -9,6 +9,11 @@ the default preference:
 - otherwise the `simt` family: br=32, bc=32, else the nearest shipped tile.
 "Nearest" is the distance in log2 of the tiles (a tile twice or half as large is one step), with
 a stages mismatch counting half a step; ties go to the earlier variant in `shipped()` order.
+
+Features (`features`: the tokens the call uses) pick a variant compiled with exactly those: the
+shipped one when there is one, else the variant chosen as above with the features added. A
+head dim nothing ships (d = 80, ...) gets the family's default tile for it. Such a spec is
+compiled on demand (and cached) like any other.
 """
 
 from __future__ import annotations
@@ -71,21 +76,56 @@ def select(
     alignment: int | None = None,
     candidates: Sequence[KernelSpec] | None = None,
     gpu_name: str | None = None,
+    features: tuple[str, ...] = (),
 ) -> KernelSpec:
     """The variant to run for this call; ValueError naming what is shipped when none fits.
 
     `alignment` is the element alignment the problem's strides and pointers allow (None: any);
     a variant that needs more is skipped. `candidates` replaces `shipped()` (and then no tuning
-    table is read); `gpu_name` (e.g. 'NVIDIA H200') names the tuning table to consult.
+    table is read and nothing is generated on demand); `gpu_name` (e.g. 'NVIDIA H200') names
+    the tuning table to consult. `features` are the feature tokens the call uses: the variant
+    is the plain choice compiled with them (features never change the tile).
     """
+    plain = _select_plain(d, dtype, causal, arch, alignment, candidates, gpu_name)
+    feats = tuple(features)
+    if not feats:
+        return plain
+    want = _with(plain, feats)
+    if want is None or (candidates is not None and want not in candidates):
+        raise ValueError(
+            f"d={d}, dtype={dtype}, causal={causal}, features={','.join(feats)}, arch={arch}: "
+            f"no variant fits; {plain.name} serves the call without features, and "
+            + (
+                "the candidates hold no variant of it with them; add one"
+                if want is not None
+                else f"family {plain.family} cannot compile it with them"
+            )
+        )
+    return want
+
+
+def _select_plain(
+    d: int,
+    dtype: str,
+    causal: bool,
+    arch: str,
+    alignment: int | None,
+    candidates: Sequence[KernelSpec] | None,
+    gpu_name: str | None,
+) -> KernelSpec:
+    """`select` without features: tuned, shipped, or (no candidates) the family default tile."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
     major = arch_major(arch)
+
+    def aligned(s: KernelSpec) -> bool:
+        return alignment is None or alignment % s.align_elems == 0
+
     if gpu_name is not None and candidates is None:
         from .tuning import lookup
 
         tuned = lookup(gpu_name, d, dtype, causal)
-        if tuned is not None and (alignment is None or alignment % tuned.align_elems == 0):
+        if tuned is not None and aligned(tuned):
             return tuned
     pool = list(shipped()) if candidates is None else list(candidates)
     for pref in PREFERENCES:
@@ -96,13 +136,32 @@ def select(
             s
             for s in pool
             if s.family == pref.family and s.d == d and s.dtype == dtype and s.causal == causal
-            and (alignment is None or alignment % s.align_elems == 0)
+            and not s.features and aligned(s)
         ]  # fmt: skip
         if fits:
             return min(fits, key=lambda s: _distance(s, pref))  # min keeps the first of ties
+        if candidates is not None:
+            continue
+        try:  # a head dim nothing ships: the family's default tile for it, compiled on demand
+            fresh = KernelSpec(family=pref.family, d=d, dtype=dtype, causal=causal)
+        except ValueError:
+            continue
+        if aligned(fresh):
+            return fresh
     dims = sorted({s.d for s in pool if s.dtype == dtype})
     raise ValueError(
-        f"d={d}, dtype={dtype}, causal={causal}, arch={arch}: no shipped variant fits; "
-        f"shipped head dims for {dtype} are {dims}: pad d up to one of them, or generate one "
-        "with `flashgen build` and pass it as spec="
+        f"d={d}, dtype={dtype}, causal={causal}, arch={arch}: no variant fits; "
+        f"shipped head dims for {dtype} are {dims} (any multiple of 8 up to 256 is generated "
+        "on demand): pad d to a multiple of 8, or generate one with `flashgen build` and pass "
+        "it as spec="
     )
+
+
+def _with(spec: KernelSpec | None, features: tuple[str, ...]) -> KernelSpec | None:
+    """`spec` compiled with `features` instead of its own; None if that is not a valid spec."""
+    if spec is None or spec.features == features:
+        return spec
+    try:
+        return spec.replace(features=features)
+    except ValueError:
+        return None

@@ -1,4 +1,6 @@
-"""The shipped variants: each family's axes multiplied out and filtered by validation."""
+"""The shipped variants: each family's axes multiplied out and filtered by validation, plus
+the feature variants `select` picks (`Family.shipped_features` at the family's default and
+tuned tiles). Every other valid spec is compiled on demand into the cache."""
 
 from __future__ import annotations
 
@@ -37,7 +39,35 @@ def _walk(family: str) -> tuple[tuple[KernelSpec, ...], tuple[Pruned, ...]]:
             pruned.append(Pruned(fields, tuple(exc.problems)))
             continue
         kept.setdefault(spec.name, spec)
+    picked = _picked_tiles(family, list(kept.values()))
+    for spec in list(kept.values()):
+        if spec not in picked:
+            continue
+        for feats in fam.shipped_features:
+            try:
+                with_feats = spec.replace(features=feats)
+            except SpecError as exc:
+                pruned.append(Pruned({"name": spec.name, "features": feats}, tuple(exc.problems)))
+                continue
+            kept.setdefault(with_feats.name, with_feats)
     return tuple(kept.values()), tuple(pruned)
+
+
+# the arch whose preference `select` applies to pick a family's own variants
+_PICK_ARCH = {"wgmma": "sm_90"}
+
+
+def _picked_tiles(family: str, plain: list[KernelSpec]) -> set[KernelSpec]:
+    """The plain variants `select` picks within the family for each (d, dtype, causal), and
+    those the packaged tuning tables name: where the feature variants ship."""
+    from .select import select  # select and tuning read `shipped` themselves
+    from .tuning import table_variants
+
+    picked = {s for s in table_variants() if s.family == family}
+    arch = _PICK_ARCH.get(family, "sm_80")
+    for d, dtype, causal in dict.fromkeys((s.d, s.dtype, s.causal) for s in plain):
+        picked.add(select(d, dtype, causal, arch, candidates=plain))
+    return picked
 
 
 def shipped(family: str | None = None) -> list[KernelSpec]:

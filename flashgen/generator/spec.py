@@ -132,6 +132,7 @@ class KernelSpec:
             f"--dtype {self.dtype}",
             "--causal" if self.causal else "--no-causal",
             *(f"--{field} {getattr(self, field)}" for field, _ in self.fam.knobs),
+            *([f"--features {','.join(self.features)}"] if self.features else []),
         ]
         return " ".join(parts)
 
@@ -196,7 +197,11 @@ class KernelSpec:
 DIRECTIONS: tuple[str, ...] = ("fwd",)
 """The passes flashgen generates (the backward pass will add `bwd`)."""
 
-FEATURES: dict[str, str] = {}
+FEATURES: dict[str, str] = {
+    "window": "sliding-window mask (left, right) with the tiles outside the window skipped",
+    "softcap": "logit softcapping: scores s -> c * tanh(s / c) before the softmax",
+    "alibi": "ALiBi: logits - slope[head] * |i - j| (per-head fp32 slopes)",
+}
 """Compile-time feature tokens, in canonical name order: token -> what it enables.
 
 A feature is compile-time when it removes work from the kernel (e.g. a window flag that turns

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from .checks import LAYOUTS, Case
-from .spec import KernelSpec
+from .spec import KernelSpec, SpecError
 
 PROFILE_ENV = "FLASHGEN_HYPOTHESIS_PROFILE"
 EXAMPLES_ENV = "FLASHGEN_GPU_EXAMPLES"
@@ -125,9 +125,35 @@ def cases(
         v_mean, v_dof = draw(v_distributions(), label="v")
         # grouped-query attention: K/V heads any divisor of H (H itself: plain multi-head)
         h_kv = draw(st.sampled_from([n for n in range(h, 0, -1) if h % n == 0]), label="h_kv")
-        return Case(b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof, h_kv)
+        window = softcap = alibi = None
+        if "window" in spec.features:
+            window = draw(windows(tq, tk), label="window")
+        if "softcap" in spec.features:
+            softcap = draw(softcaps(), label="softcap")
+        if "alibi" in spec.features:
+            alibi = draw(st.floats(min_value=1e-3, max_value=1.0), label="alibi")
+        return Case(
+            b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof, h_kv,
+            window, softcap, alibi,
+        )  # fmt: skip
 
     return draw_case()
+
+
+def windows(tq: int, tk: int) -> st.SearchStrategy[tuple[int, int]]:
+    """A sliding window (left, right): each side -1 (unbounded), 0 (empty side), a few keys,
+    anything up to past the whole sequence, or exactly Tq + Tk (reaches every key)."""
+    reach = tq + tk
+    side = st.one_of(
+        st.sampled_from([-1, 0, 1, reach]),
+        st.integers(min_value=0, max_value=reach + 2),
+    )
+    return st.tuples(side, side)
+
+
+def softcaps() -> st.SearchStrategy[float]:
+    """A softcap c: models' values (Gemma 2: 50 and 30) and anything from 0.5 to 100."""
+    return st.one_of(st.sampled_from([1.0, 30.0, 50.0]), st.floats(min_value=0.5, max_value=100.0))
 
 
 def layout_tuples() -> st.SearchStrategy[tuple[str, str, str, str]]:
@@ -158,6 +184,87 @@ PINNED_LAYOUTS = ("hbtd", "bthd", "pad", "bthd")  # q, k, v, o
 MQA_LAYOUTS = ("bthd", "pad", "bhtd", "hbtd")
 
 
+# Head dims nothing ships (any multiple of 8 is generated on demand: zero-padded in shared
+# memory to the family's MMA granularity), each with a rotating feature set and mask, so the
+# GPU property suite proves the padding and every feature at odd sizes too.
+PROBE_DIMS = (8, 24, 40, 80, 96, 136, 192, 248)
+PROBE_FEATURES: tuple[tuple[str, ...], ...] = (
+    (),
+    ("window",),
+    ("softcap", "alibi"),
+    ("window", "softcap", "alibi"),
+)
+PROBE_DTYPES = {"simt": ("fp32", "bf16"), "mma": ("bf16", "fp16"), "wgmma": ("bf16", "fp16")}
+
+
+def head_dim_probes() -> list[KernelSpec]:
+    """Unshipped variants at odd head dims, every family, features and masks rotating."""
+    out = []
+    for family, dtypes in PROBE_DTYPES.items():
+        for i, d in enumerate(PROBE_DIMS):
+            fields = {
+                "family": family, "d": d, "dtype": dtypes[i % 2], "causal": i % 3 == 1,
+                "features": PROBE_FEATURES[i % len(PROBE_FEATURES)],
+            }  # fmt: skip
+            for extra in ({}, {"bc": 16}):  # simt's registers hold d/4 + bc/2: narrower tiles
+                try:
+                    out.append(KernelSpec(**fields, **extra))  # type: ignore[arg-type]
+                    break
+                except SpecError:
+                    continue  # (simt cannot hold d = 248 at all: that probe is skipped)
+    return out
+
+
+def pinned_feature_cases(spec: KernelSpec) -> list[Case]:
+    """The problems every variant compiled with features runs: windows that skip whole tiles,
+    leave rows with no key, or hold only the diagonal; the largest softcap and ALiBi values."""
+    br, bc = spec.br, spec.bc
+    cap = 30.0 if "softcap" in spec.features else None
+    alibi = 1.0 if "alibi" in spec.features else None
+    if "window" not in spec.features:
+        return [
+            Case(1, 2, br + 3, 3 * bc + 5, None, LOGIT_MAX, 21, softcap=cap, alibi=alibi),
+            Case(2, 4, 2 * br + 1, bc + 7, 0.3, 8.0, 22, softcap=cap, alibi=alibi, h_kv=2),
+        ]
+    return [
+        # a window of one tile behind the diagonal over many tiles: most tiles skipped
+        Case(
+            1,
+            2,
+            2 * br + 3,
+            4 * bc + 5,
+            None,
+            LOGIT_MAX,
+            23,
+            window=(bc, 0),
+            softcap=cap,
+            alibi=alibi,
+        ),
+        # only the diagonal key; Tq > Tk, so the first rows see no key at all
+        Case(
+            1, 1, 2 * br + 9, br + 1, None, LOGIT_MAX, 24, window=(0, 0), softcap=cap, alibi=alibi
+        ),
+        # both sides bounded, off the diagonal, with GQA
+        Case(
+            1,
+            4,
+            br + 17,
+            3 * bc + 1,
+            None,
+            8.0,
+            25,
+            window=(bc // 2 + 3, 5),
+            softcap=cap,
+            alibi=alibi,
+            h_kv=2,
+        ),
+        # only ahead (right side): under causal every row sees just its diagonal key
+        Case(
+            2, 1, 37, 3 * bc + 5, None, LOGIT_MAX, 26, window=(-1, bc + 1), softcap=cap, alibi=alibi
+        ),
+    ]
+
+
 def pinned_cases(spec: KernelSpec) -> list[Case]:
     """The problems every variant always runs, whatever Hypothesis draws.
 
@@ -180,4 +287,5 @@ def pinned_cases(spec: KernelSpec) -> list[Case]:
         # and multi-query (one K/V head), each tensor in its own layout
         Case(1, 16, 3, bc + 9, None, 8.0, 7, PINNED_LAYOUTS, 0.0, None, 2),
         Case(1, 16, br // 2 + 1, 5, None, LOGIT_MAX, 8, MQA_LAYOUTS, 0.0, None, 1),
+        *(pinned_feature_cases(spec) if spec.features else []),
     ]

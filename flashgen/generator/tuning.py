@@ -64,6 +64,22 @@ def load_table(gpu_name: str) -> dict[str, Any]:
     return entries if isinstance(entries, dict) else {}
 
 
+def table_variants() -> list[KernelSpec]:
+    """Every variant named by a packaged tuning table (any GPU), valid specs only."""
+    out: list[KernelSpec] = []
+    for path in sorted(table_dir().glob("*.json")):
+        try:
+            entries = json.loads(path.read_text()).get("entries", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        for entry in entries.values() if isinstance(entries, dict) else ():
+            try:
+                out.append(KernelSpec.from_name(str(entry["variant"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return out
+
+
 def lookup(gpu_name: str, d: int, dtype: str, causal: bool) -> KernelSpec | None:
     """The tuned variant for this GPU and call shape, if the table has a valid one."""
     entry = load_table(gpu_name).get(entry_key(d, dtype, causal))

@@ -8,25 +8,40 @@
 //
 // One block owns BR query rows; each of its WARPS warps owns M_TILES tiles of 16 rows and
 // keeps, in registers, those rows' running max, running sum and un-normalised output O.
-// Keys are visited in tiles of BC, last tile first (so the only tiles that need a mask, the
-// ragged end and the causal diagonal, come first and every later tile runs mask-free):
+// Keys are visited in tiles of BC, last tile first: the tiles that need a mask (the ragged end,
+// the causal diagonal, a window's right edge) come first and the run after them is mask-free;
+// only a window's left edge masks the last few again. Tiles no row of the block can see (above
+// the diagonal, outside the window) are never loaded (tile_span).
 //   S = Q K^T        ldmatrix fragments of Q and K, fp32 accumulators
+//   score mods       SOFTCAP/ALIBI: each score becomes its base-2 logit (mod_logit) on every
+//                    tile, before the mask (tanh(-inf) is finite: capping after masking would
+//                    un-mask keys); the softmax then takes the logits with scale 1
 //   online softmax   running max/sum in base 2 (log2(e) folded into the scale), exp2 on the SFU
 //   O += P V         P goes from the S accumulators straight into A-operand registers: the
 //                    m16n8k16 accumulator layout of two n-tiles is the A layout of one k-tile
 // K and V tiles arrive by cp.async into a 2-stage ring, so loads overlap math.
 // Shared-memory rows are padded by 16 bytes: the 8 rows one ldmatrix phase reads then start
 // in 8 different bank quads, which makes every ldmatrix conflict-free without a swizzle.
+// Head dims that are not a multiple of 16 run at DP = D rounded up to 16: columns D..DP-1 of
+// the Q, K and V tiles are zero-filled in shared memory (never read from the user's tensors),
+// so they add nothing to Q K^T, and the O columns they produce are never stored.
 #include <stdint.h>
 #include <cuda_bf16.h>
 
 
 // ---- the configuration, as compile-time constants --------------------------------------
 using elem_t = __nv_bfloat16;            // storage type of Q, K, V and O
-constexpr int D = 128;             // head dimension
+constexpr int D = 128;             // head dimension (of q, k, v and o)
+constexpr int DP = 128;            // D as the math sees it: rounded up to the family's
+                                       // MMA granularity, the extra columns zero in shared memory
 constexpr int BR = 128;           // query rows per block
 constexpr int BC = 64;           // keys per K/V tile
 constexpr bool CAUSAL = true;
+// Compile-time features (their values are kernel arguments, so one variant serves them all):
+constexpr bool WINDOW = false;    // sliding-window mask, tiles outside it skipped
+constexpr bool SOFTCAP = false;  // logits c * tanh(s / c)
+constexpr bool ALIBI = false;      // logits - slope[head] * |p - key|
+constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 8;
 constexpr int THREADS = 256;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
@@ -36,16 +51,19 @@ static_assert(THREADS == WARPS * 32, "a block is whole warps");
 constexpr int STAGES = 2;       // K/V pipeline depth
 constexpr int M_TILES = 1;     // 16-row tiles per warp
 constexpr int ROWS_PER_WARP = 16 * M_TILES;
-constexpr int LDS = D + 8;     // shared-memory row stride (elements)
+constexpr int LDS = DP + 8;    // shared-memory row stride (elements)
 constexpr int NT_S = BC / 8;               // n-tiles of S per warp row tile
-constexpr int NT_O = D / 8;                // n-tiles of O
-constexpr int KT_QK = D / 16;              // k-steps of Q K^T
+constexpr int NT_O = DP / 8;               // n-tiles of O computed
+constexpr int NT_OUT = D / 8;              // ... of which hold real columns (stored)
+constexpr int KT_QK = DP / 16;             // k-steps of Q K^T
 constexpr int KT_PV = BC / 16;             // k-steps of P V
-constexpr int CHUNKS = D / 8;              // 16-byte chunks per row
+constexpr int CHUNKS = DP / 8;             // 16-byte chunks per shared-memory row
+constexpr int CHUNKS_IN = D / 8;           // ... of which come from the user's tensors
 constexpr int QK_CHAINS = 1;  // accumulator sets for S = Q K^T
 constexpr bool Q_IN_REGS = true;  // Q fragments held in registers
 static_assert(BR == WARPS * ROWS_PER_WARP, "warps split the query tile into 16-row tiles");
-static_assert(D % 16 == 0 && BC % 16 == 0, "tiles are whole m16n8k16 steps");
+static_assert(D % 8 == 0 && DP % 16 == 0 && DP - D < 16, "D in 16-byte chunks, DP = D rounded up to 16");
+static_assert(BC % 16 == 0, "tiles are whole m16n8k16 steps");
 static_assert(KT_QK % QK_CHAINS == 0, "the chains share the k-steps evenly");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
 static_assert(SMEM_BYTES == (BR + 2 * STAGES * BC) * LDS * (int)sizeof(elem_t), "smem layout");
@@ -75,6 +93,80 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 constexpr float LN2 = 0.6931471805599453f;
+constexpr float LOG2E = 1.4426950408889634f;
+
+// ---- which keys a query sees -------------------------------------------------------------
+// Query row i sits at key position p = i + tk - tq (bottom-right alignment). It sees key j when
+// j < tk, and (causal) j <= p, and (window) p - window_left <= j <= p + window_right.
+__device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int window_left,
+                                           int window_right) {
+  const int p = row + tk - tq;
+  return key >= tk || (CAUSAL && key > p) || (WINDOW && window_left >= 0 && key < p - window_left) ||
+         (WINDOW && window_right >= 0 && key > p + window_right);
+}
+
+// The keys rows [q0, q0 + BR) may see, as whole tiles: tiles [first, end) of BC keys. Tiles
+// wholly outside the causal diagonal or the window are never loaded.
+struct TileSpan {
+  int first, end;
+};
+__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
+  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
+  const long long p_last = p_first + BR - 1;          // ... and of its last
+  long long lo = 0, hi = tk;
+  if (CAUSAL) hi = min(hi, p_last + 1);
+  if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
+  if (WINDOW && window_left >= 0) lo = max(lo, p_first - window_left);
+  if (hi <= lo) return {0, 0};
+  return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
+}
+
+// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR):
+// the ragged end, a tile crossing the causal diagonal or either window edge. Every other tile
+// of the span is wholly visible to every row.
+__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
+                                                int window_right) {
+  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+  return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
+         (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
+         (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
+}
+
+// ---- logits that are not just scale * q.k (SOFTCAP, ALIBI) ---------------------------------
+// tanh for the softcap. fp32 storage: the accurate libdevice tanhf (the fp32 rule is 1e-5
+// relative). 16-bit storage: tanh(x) = 1 - 2 / (exp(2x) + 1) on the SFU (ex2 + rcp, within a
+// few 1e-7 absolute; x = +-inf gives +-1 and NaN stays NaN).
+__device__ __forceinline__ float softcap_tanh(float x) {
+  if (sizeof(elem_t) == 4) return tanhf(x);
+  const float e = fast_exp2(x * (2.0f * LOG2E));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+  return fmaf(-2.0f, r, 1.0f);
+}
+
+// Per block: the constants that turn a raw score s = q.k into a base-2 logit.
+//   plain     s * scale_log2
+//   softcap   c * log2(e) * tanh(s * scale / c)       (c = softcap)
+//   ALiBi     ... - slope[head] * log2(e) * |p - key|
+struct ScoreMod {
+  float pre;    // SOFTCAP: scale / c; otherwise scale * log2(e)
+  float post;   // SOFTCAP: c * log2(e)
+  float slope;  // ALIBI: slope[head] * log2(e)
+};
+__device__ __forceinline__ ScoreMod score_mod(float scale_log2, float softcap, const float* alibi_slopes,
+                                              int head) {
+  ScoreMod m;
+  m.pre = SOFTCAP ? scale_log2 / (softcap * LOG2E) : scale_log2;
+  m.post = SOFTCAP ? softcap * LOG2E : 1.0f;
+  m.slope = ALIBI ? alibi_slopes[head] * LOG2E : 0.0f;
+  return m;
+}
+// The base-2 logit of raw score s for query row `row` and key `key` (used when SCORE_MOD).
+__device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, int key, int tq, int tk) {
+  float x = SOFTCAP ? m.post * softcap_tanh(s * m.pre) : s * m.pre;
+  if (ALIBI) x = fmaf(-m.slope, fabsf((float)(row + tk - tq - key)), x);
+  return x;
+}
 
 // ---- PTX wrappers (sm_80+) -------------------------------------------------------------
 // Shared-memory address of a generic pointer, as the 32-bit value PTX wants.
@@ -133,16 +225,19 @@ struct Flag {
 };
 
 // Start copying `rows` rows of a (T, D) slab, tokens t0.., into a padded tile; rows at or past
-// t_len are zero-filled (no global read) so they contribute exact zeros.
+// t_len and the pad columns D..DP-1 are zero-filled (no global read) so they contribute exact
+// zeros.
 template <int ROWS>
 __device__ __forceinline__ void load_tile_async(elem_t* tile, const elem_t* slab, long long stride_t,
                                                 int t0, int t_len) {
 #pragma unroll
   for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
     const int r = c / CHUNKS, ch = c % CHUNKS;
-    const bool valid = t0 + r < t_len;
-    // an invalid row still needs a mapped address: token 0 of the slab always exists
-    const elem_t* src = slab + (valid ? (long long)(t0 + r) * stride_t : 0) + ch * 8;
+    const bool pad = CHUNKS != CHUNKS_IN && ch >= CHUNKS_IN;  // compile-time false when D == DP
+    const bool valid = t0 + r < t_len && !pad;
+    // an invalid row or pad chunk still needs a mapped address: token 0, column 0 of the slab
+    // always exists (the pad columns past D may not)
+    const elem_t* src = slab + (valid ? (long long)(t0 + r) * stride_t : 0) + (pad ? 0 : ch * 8);
     cp_async_16(tile + r * LDS + ch * 8, src, valid);
   }
 }
@@ -156,7 +251,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
     const long long v_sb, const long long v_sh, const long long v_st,
     const long long o_sb, const long long o_sh, const long long o_st,
     const float scale_log2,  // softmax scale times log2(e): the kernel works in base 2
-    const int kv_group)      // query heads per K/V head (GQA/MQA)
+    const int kv_group,      // query heads per K/V head (GQA/MQA)
+    const int window_left, const int window_right,  // WINDOW: keys p - left .. p + right
+    const float softcap,                            // SOFTCAP: c
+    const float* __restrict__ alibi_slopes)         // ALIBI: slope per query head
 
 {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -174,8 +272,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const elem_t* kb = k + batch * k_sb + kv_head * k_sh;
   const elem_t* vb = v + batch * v_sb + kv_head * v_sh;
 
-  // Causal: key tiles wholly above the diagonal are never loaded.
-  const int n_tiles = (visible_keys(q0, tq, tk) + BC - 1) / BC;
+  // Key tiles wholly above the causal diagonal or outside the window are never loaded.
+  const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
+  const int n_tiles = span.end - span.first;
+  const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);  // used when SCORE_MOD
 
   // Per thread: rows g and g+8 of each of its 16-row tiles (g = lane/4).
   float o_acc[M_TILES][NT_O][4];
@@ -200,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const int v_row = ((lane / 8) % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
 
   if (n_tiles > 0) {
-    const int last = n_tiles - 1;
+    const int last = span.end - 1;
     load_tile_async<BR>(Qs, qb, q_st, 0, tq - q0);
     load_tile_async<BC>(Ks, kb, k_st, last * BC, tk);
     load_tile_async<BC>(Vs, vb, v_st, last * BC, tk);
@@ -210,9 +310,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   uint32_t q_frag[Q_IN_REGS ? M_TILES : 1][Q_IN_REGS ? KT_QK : 1][4];
 
   // One key tile. `masked` is a compile-time flag: the body is instantiated twice, so the
-  // tiles that need no mask (all but the first few) run code with no mask arithmetic at all.
+  // tiles that need no mask (all but a few at either end) run code with no mask arithmetic.
   auto step = [&](const int it, auto masked) {
-    const int tile = n_tiles - 1 - it;  // last tile first
+    const int tile = span.end - 1 - it;  // last tile first
     const int kv0 = tile * BC;
     const bool more = it + 1 < n_tiles;
     const int buf = it % 2;
@@ -286,8 +386,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
           s[mt][nt][e] = sum;
         }
 
-    // ---- mask: only the ragged last tile and tiles crossing the causal diagonal ----------
-    if constexpr (decltype(masked)::value) {
+    // ---- score mods (every tile) then mask (the ragged end, the causal diagonal, window edges)
+    // A mod runs before the mask: tanh(-inf) is finite, so capping a masked score un-masks it.
+    if constexpr (SCORE_MOD || decltype(masked)::value) {
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
@@ -296,9 +397,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
           for (int e = 0; e < 4; ++e) {
             const int row = q0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
             const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-            if (key >= tk || (CAUSAL && key > row + tk - tq)) s[mt][nt][e] = -INFINITY;
+            if constexpr (SCORE_MOD) s[mt][nt][e] = mod_logit(sm, s[mt][nt][e], row, key, tq, tk);
+            if constexpr (decltype(masked)::value) {
+              if (key_hidden(row, key, tq, tk, window_left, window_right)) s[mt][nt][e] = -INFINITY;
+            }
           }
     }
+    // With a mod, s holds base-2 logits already; otherwise raw scores, scaled below.
+    const float sl = SCORE_MOD ? 1.0f : scale_log2;
 
     // ---- online softmax (rows g and g+8; a row's 4 owners are the lanes of one quad) -----
     // P leaves here already packed as the A fragments of P V: accumulator pairs (c0,c1) and
@@ -316,8 +422,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
         for (int nt = 0; nt < NT_S; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // scale > 0, so the max of raw scores scales to the max of scaled scores
-        const float m_new = fmaxf(m_run[mt][h], mx * scale_log2);
+        // sl > 0, so the max of raw scores scales to the max of scaled scores
+        const float m_new = fmaxf(m_run[mt][h], mx * sl);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // row saw no key yet
         const float alpha = fast_exp2(m_run[mt][h] - m_use);
         m_run[mt][h] = m_new;
@@ -325,8 +431,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt) {
           // one FFMA and one EX2 per score: exp2(s * scale_log2 - m)
-          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * h], scale_log2, -m_use));
-          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * h + 1], scale_log2, -m_use));
+          const float p0 = fast_exp2(fmaf(s[mt][nt][2 * h], sl, -m_use));
+          const float p1 = fast_exp2(fmaf(s[mt][nt][2 * h + 1], sl, -m_use));
           sum += p0 + p1;
           p_frag[mt][nt / 2][(nt % 2) * 2 + h] = pack2(p0, p1);
         }
@@ -337,11 +443,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
     }
     // Rescale O only when some row's max moved: on long rows the max settles early and the
     // D/2 multiplies per row per tile are skipped (warp-uniform branch; alpha == 1 is exact).
+    // The pad columns' accumulators are never stored, so they are left unscaled.
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt)
+        for (int nt = 0; nt < NT_OUT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] *= alphas[mt][e / 2];
     }
@@ -364,9 +471,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   };
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int kv0 = (n_tiles - 1 - it) * BC;
-    // only the ragged last tile and tiles crossing the causal diagonal need the mask
-    if (kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > q0 + tk - tq)) {
+    const int kv0 = (span.end - 1 - it) * BC;
+    // only the ragged last tile and tiles crossing the causal diagonal or a window edge
+    if (tile_needs_mask(kv0, q0, tq, tk, window_left, window_right)) {
       step(it, Flag<true>{});
     } else {
       step(it, Flag<false>{});
@@ -387,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
       if (row < tq) {
         elem_t* orow = ob + (long long)row * o_st + (lane % 4) * 2;
 #pragma unroll
-        for (int nt = 0; nt < NT_O; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
+        for (int nt = 0; nt < NT_OUT; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
           *reinterpret_cast<uint32_t*>(orow + nt * 8) =
               l == 0.0f ? 0u : pack2(o_acc[mt][nt][2 * h] * inv_l, o_acc[mt][nt][2 * h + 1] * inv_l);
         if (lane % 4 == 0) {

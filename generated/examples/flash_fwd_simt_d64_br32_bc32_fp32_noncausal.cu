@@ -15,15 +15,27 @@
 // Threads. LANES consecutive lanes share one query row: lane j computes the scores of keys
 // j, j+LANES, ... and owns output columns j, j+LANES, ...; the row's max and sum are combined
 // with warp shuffles, and the row's probabilities go through shared memory for P*V.
+//
+// Keys. Only the key tiles some row of the block can see are loaded (tile_span): causal
+// skips the tiles above the diagonal and a sliding window those outside it. Softcap and ALiBi
+// (SCORE_MOD) turn each raw score into its base-2 logit (mod_logit) before the mask, since
+// tanh(-inf) is finite: masking first and capping after would un-mask keys.
 #include <stdint.h>
 
 
 // ---- the configuration, as compile-time constants --------------------------------------
 using elem_t = float;            // storage type of Q, K, V and O
-constexpr int D = 64;             // head dimension
+constexpr int D = 64;             // head dimension (of q, k, v and o)
+constexpr int DP = 64;            // D as the math sees it: rounded up to the family's
+                                       // MMA granularity, the extra columns zero in shared memory
 constexpr int BR = 32;           // query rows per block
 constexpr int BC = 32;           // keys per K/V tile
 constexpr bool CAUSAL = false;
+// Compile-time features (their values are kernel arguments, so one variant serves them all):
+constexpr bool WINDOW = false;    // sliding-window mask, tiles outside it skipped
+constexpr bool SOFTCAP = false;  // logits c * tanh(s / c)
+constexpr bool ALIBI = false;      // logits - slope[head] * |p - key|
+constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 4;
 constexpr int THREADS = 128;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
@@ -38,6 +50,7 @@ constexpr int LDP = BC + 1;
 static_assert(THREADS == BR * LANES, "one group of LANES lanes per query row");
 static_assert(32 % LANES == 0, "a row's lanes must sit inside one warp");
 static_assert(BC % LANES == 0 && D % LANES == 0, "keys and columns split evenly over lanes");
+static_assert(DP == D, "CUDA cores need no padded head dim");
 static_assert(SMEM_BYTES == 4 * ((BR + 2 * BC) * LD + BR * LDP), "shared-memory layout");
 
 // Storage element <-> fp32 (all math is fp32 whatever the storage type).
@@ -64,6 +77,80 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 constexpr float LN2 = 0.6931471805599453f;
+constexpr float LOG2E = 1.4426950408889634f;
+
+// ---- which keys a query sees -------------------------------------------------------------
+// Query row i sits at key position p = i + tk - tq (bottom-right alignment). It sees key j when
+// j < tk, and (causal) j <= p, and (window) p - window_left <= j <= p + window_right.
+__device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int window_left,
+                                           int window_right) {
+  const int p = row + tk - tq;
+  return key >= tk || (CAUSAL && key > p) || (WINDOW && window_left >= 0 && key < p - window_left) ||
+         (WINDOW && window_right >= 0 && key > p + window_right);
+}
+
+// The keys rows [q0, q0 + BR) may see, as whole tiles: tiles [first, end) of BC keys. Tiles
+// wholly outside the causal diagonal or the window are never loaded.
+struct TileSpan {
+  int first, end;
+};
+__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
+  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
+  const long long p_last = p_first + BR - 1;          // ... and of its last
+  long long lo = 0, hi = tk;
+  if (CAUSAL) hi = min(hi, p_last + 1);
+  if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
+  if (WINDOW && window_left >= 0) lo = max(lo, p_first - window_left);
+  if (hi <= lo) return {0, 0};
+  return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
+}
+
+// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR):
+// the ragged end, a tile crossing the causal diagonal or either window edge. Every other tile
+// of the span is wholly visible to every row.
+__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
+                                                int window_right) {
+  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+  return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
+         (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
+         (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
+}
+
+// ---- logits that are not just scale * q.k (SOFTCAP, ALIBI) ---------------------------------
+// tanh for the softcap. fp32 storage: the accurate libdevice tanhf (the fp32 rule is 1e-5
+// relative). 16-bit storage: tanh(x) = 1 - 2 / (exp(2x) + 1) on the SFU (ex2 + rcp, within a
+// few 1e-7 absolute; x = +-inf gives +-1 and NaN stays NaN).
+__device__ __forceinline__ float softcap_tanh(float x) {
+  if (sizeof(elem_t) == 4) return tanhf(x);
+  const float e = fast_exp2(x * (2.0f * LOG2E));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+  return fmaf(-2.0f, r, 1.0f);
+}
+
+// Per block: the constants that turn a raw score s = q.k into a base-2 logit.
+//   plain     s * scale_log2
+//   softcap   c * log2(e) * tanh(s * scale / c)       (c = softcap)
+//   ALiBi     ... - slope[head] * log2(e) * |p - key|
+struct ScoreMod {
+  float pre;    // SOFTCAP: scale / c; otherwise scale * log2(e)
+  float post;   // SOFTCAP: c * log2(e)
+  float slope;  // ALIBI: slope[head] * log2(e)
+};
+__device__ __forceinline__ ScoreMod score_mod(float scale_log2, float softcap, const float* alibi_slopes,
+                                              int head) {
+  ScoreMod m;
+  m.pre = SOFTCAP ? scale_log2 / (softcap * LOG2E) : scale_log2;
+  m.post = SOFTCAP ? softcap * LOG2E : 1.0f;
+  m.slope = ALIBI ? alibi_slopes[head] * LOG2E : 0.0f;
+  return m;
+}
+// The base-2 logit of raw score s for query row `row` and key `key` (used when SCORE_MOD).
+__device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, int key, int tq, int tk) {
+  float x = SOFTCAP ? m.post * softcap_tanh(s * m.pre) : s * m.pre;
+  if (ALIBI) x = fmaf(-m.slope, fabsf((float)(row + tk - tq - key)), x);
+  return x;
+}
 
 
 // Reduce over the LANES lanes of one row (they are consecutive lanes of one warp).
@@ -98,7 +185,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
     const long long v_sb, const long long v_sh, const long long v_st,
     const long long o_sb, const long long o_sh, const long long o_st,
     const float scale_log2,  // softmax scale times log2(e): the kernel works in base 2
-    const int kv_group)      // query heads per K/V head (GQA/MQA)
+    const int kv_group,      // query heads per K/V head (GQA/MQA)
+    const int window_left, const int window_right,  // WINDOW: keys p - left .. p + right
+    const float softcap,                            // SOFTCAP: c
+    const float* __restrict__ alibi_slopes)         // ALIBI: slope per query head
 
 {
   extern __shared__ float smem[];
@@ -109,6 +199,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
 
   const int head = blockIdx.y, batch = blockIdx.z;
   const int q0 = query_tile() * BR;
+  const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);  // used when SCORE_MOD
   const int r = threadIdx.x / LANES;   // this thread's query row within the tile
   const int j = threadIdx.x % LANES;   // its lane within the row
   const int row = q0 + r;              // the global query row
@@ -126,10 +217,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
 #pragma unroll
   for (int i = 0; i < O_PER_LANE; ++i) acc[i] = 0.0f;
 
-  // Causal: key tiles wholly above the diagonal are never visited.
-  const int n_keys = visible_keys(q0, tq, tk);
-  const int diag = row + tk - tq;  // last key this row may see when causal
-  for (int kv0 = 0; kv0 < n_keys; kv0 += BC) {
+  // Key tiles wholly above the causal diagonal or outside the window are never visited.
+  const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
+  for (int kv0 = span.first * BC; kv0 < span.end * BC; kv0 += BC) {
     __syncthreads();  // the previous tile's K/V reads are done before they are overwritten
     load_tile(Ks, kb, k_st, kv0, tk, BC);
     load_tile(Vs, vb, v_st, kv0, tk, BC);
@@ -152,16 +242,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
         s[i] = t;
       }
     }
-    // The mask is needed only on the ragged last tile and on tiles crossing the diagonal.
-    const bool needs_mask = kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > q0 + tk - tq);
+    // Scores -> base-2 logits. The mask is needed only on the ragged last tile and on tiles
+    // crossing the causal diagonal or a window edge.
+    const bool needs_mask = tile_needs_mask(kv0, q0, tq, tk, window_left, window_right);
     float tile_max = -INFINITY;
 #pragma unroll
     for (int i = 0; i < S_PER_LANE; ++i) {
-      s[i] *= scale_log2;
-      if (needs_mask) {
-        const int key = kv0 + j + LANES * i;
-        if (key >= tk || (CAUSAL && key > diag)) s[i] = -INFINITY;
+      const int key = kv0 + j + LANES * i;
+      if (SCORE_MOD) {
+        s[i] = mod_logit(sm, s[i], row, key, tq, tk);  // every tile, and before the mask
+      } else {
+        s[i] *= scale_log2;
       }
+      if (needs_mask && key_hidden(row, key, tq, tk, window_left, window_right)) s[i] = -INFINITY;
       tile_max = fmaxf(tile_max, s[i]);
     }
 

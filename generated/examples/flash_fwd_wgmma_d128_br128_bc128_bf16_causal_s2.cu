@@ -26,18 +26,30 @@
 // Between consumers, ping-pong: the warpgroups take turns issuing their GEMMs (named barriers
 // pass the turn), so while one runs its softmax on the special-function units, the tensor
 // cores work for another.
-// Keys are visited last tile first, so the only tiles that need a mask (the ragged end and the
-// causal diagonal) come first and every later tile runs mask-free.
+// Keys are visited last tile first, over the span of tiles the block's rows may see (tiles
+// past the causal diagonal or outside the window are never loaded): the ragged end and the
+// causal diagonal come first, and only tiles crossing a mask edge (those two, or a window
+// edge) pay the per-element mask.
+// Head dims that are not a multiple of 64: shared memory, O and O += P V run at DP (D rounded
+// up to 64); the TMA zero-fills the columns >= D of each 64-column slab, S = Q K^T issues only
+// the k-steps that touch real columns, and the epilogue writes only columns < D.
 #include <stdint.h>
 #include <cuda_bf16.h>
 
 
 // ---- the configuration, as compile-time constants --------------------------------------
 using elem_t = __nv_bfloat16;            // storage type of Q, K, V and O
-constexpr int D = 128;             // head dimension
+constexpr int D = 128;             // head dimension (of q, k, v and o)
+constexpr int DP = 128;            // D as the math sees it: rounded up to the family's
+                                       // MMA granularity, the extra columns zero in shared memory
 constexpr int BR = 128;           // query rows per block
 constexpr int BC = 128;           // keys per K/V tile
 constexpr bool CAUSAL = true;
+// Compile-time features (their values are kernel arguments, so one variant serves them all):
+constexpr bool WINDOW = false;    // sliding-window mask, tiles outside it skipped
+constexpr bool SOFTCAP = false;  // logits c * tanh(s / c)
+constexpr bool ALIBI = false;      // logits - slope[head] * |p - key|
+constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 12;
 constexpr int THREADS = 384;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
@@ -47,18 +59,20 @@ static_assert(THREADS == WARPS * 32, "a block is whole warps");
 constexpr int CONSUMERS = 2;       // consumer warpgroups, 64 query rows each
 constexpr int STAGES = 2;             // K/V ring depth
 constexpr int CHUNK = 64;                        // columns per 128-byte swizzled row chunk
-constexpr int D_CHUNKS = D / CHUNK;              // d is loaded as D_CHUNKS [rows][64] slabs
+constexpr int D_CHUNKS = DP / CHUNK;             // d is loaded as D_CHUNKS [rows][64] slabs
+constexpr int QK_STEPS = (D + 15) / 16;          // k-steps of S = Q K^T over real columns
 constexpr int PRODUCER_REGS = 24;  // setmaxnreg after the split
 constexpr int CONSUMER_REGS = 240;
-constexpr int Q_BYTES = BR * D * (int)sizeof(elem_t);
-constexpr int KV_BYTES = BC * D * (int)sizeof(elem_t);  // one K or V tile
+constexpr int Q_BYTES = BR * DP * (int)sizeof(elem_t);   // = the bytes of its D_CHUNKS TMA boxes
+constexpr int KV_BYTES = BC * DP * (int)sizeof(elem_t);  // one K or V tile
 constexpr int SMEM_ALIGN = 1024;                 // a 128-byte swizzle atom is 8 rows x 128 B
 constexpr int BARRIERS = 1 + 4 * STAGES;         // q_full, k_full/k_empty/v_full/v_empty rings
 static_assert(BR == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 static_assert(THREADS == 128 * (CONSUMERS + 1), "one producer warpgroup plus the consumers");
-static_assert(D % CHUNK == 0 && CHUNK * sizeof(elem_t) == 128, "d splits into 128-byte rows");
+static_assert(DP % CHUNK == 0 && CHUNK * sizeof(elem_t) == 128, "dp splits into 128-byte rows");
+static_assert(D % 8 == 0 && D <= DP && DP - D < CHUNK, "d: whole 16-byte chunks, padded to the next 64");
 static_assert(BC % 16 == 0 && BC <= 256, "S = Q K^T is one m64nBCk16 wgmma per k-step");
-static_assert(D <= 256, "O += P V is one m64nDk16 wgmma per k-step");
+static_assert(DP <= 256, "O += P V is one m64nDPk16 wgmma per k-step");
 static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_BYTES % SMEM_ALIGN == 0, "tiles keep swizzle atoms aligned");
 static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS, "smem layout");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
@@ -89,6 +103,80 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 constexpr float LN2 = 0.6931471805599453f;
+constexpr float LOG2E = 1.4426950408889634f;
+
+// ---- which keys a query sees -------------------------------------------------------------
+// Query row i sits at key position p = i + tk - tq (bottom-right alignment). It sees key j when
+// j < tk, and (causal) j <= p, and (window) p - window_left <= j <= p + window_right.
+__device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int window_left,
+                                           int window_right) {
+  const int p = row + tk - tq;
+  return key >= tk || (CAUSAL && key > p) || (WINDOW && window_left >= 0 && key < p - window_left) ||
+         (WINDOW && window_right >= 0 && key > p + window_right);
+}
+
+// The keys rows [q0, q0 + BR) may see, as whole tiles: tiles [first, end) of BC keys. Tiles
+// wholly outside the causal diagonal or the window are never loaded.
+struct TileSpan {
+  int first, end;
+};
+__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
+  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
+  const long long p_last = p_first + BR - 1;          // ... and of its last
+  long long lo = 0, hi = tk;
+  if (CAUSAL) hi = min(hi, p_last + 1);
+  if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
+  if (WINDOW && window_left >= 0) lo = max(lo, p_first - window_left);
+  if (hi <= lo) return {0, 0};
+  return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
+}
+
+// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR):
+// the ragged end, a tile crossing the causal diagonal or either window edge. Every other tile
+// of the span is wholly visible to every row.
+__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
+                                                int window_right) {
+  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+  return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
+         (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
+         (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
+}
+
+// ---- logits that are not just scale * q.k (SOFTCAP, ALIBI) ---------------------------------
+// tanh for the softcap. fp32 storage: the accurate libdevice tanhf (the fp32 rule is 1e-5
+// relative). 16-bit storage: tanh(x) = 1 - 2 / (exp(2x) + 1) on the SFU (ex2 + rcp, within a
+// few 1e-7 absolute; x = +-inf gives +-1 and NaN stays NaN).
+__device__ __forceinline__ float softcap_tanh(float x) {
+  if (sizeof(elem_t) == 4) return tanhf(x);
+  const float e = fast_exp2(x * (2.0f * LOG2E));
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+  return fmaf(-2.0f, r, 1.0f);
+}
+
+// Per block: the constants that turn a raw score s = q.k into a base-2 logit.
+//   plain     s * scale_log2
+//   softcap   c * log2(e) * tanh(s * scale / c)       (c = softcap)
+//   ALiBi     ... - slope[head] * log2(e) * |p - key|
+struct ScoreMod {
+  float pre;    // SOFTCAP: scale / c; otherwise scale * log2(e)
+  float post;   // SOFTCAP: c * log2(e)
+  float slope;  // ALIBI: slope[head] * log2(e)
+};
+__device__ __forceinline__ ScoreMod score_mod(float scale_log2, float softcap, const float* alibi_slopes,
+                                              int head) {
+  ScoreMod m;
+  m.pre = SOFTCAP ? scale_log2 / (softcap * LOG2E) : scale_log2;
+  m.post = SOFTCAP ? softcap * LOG2E : 1.0f;
+  m.slope = ALIBI ? alibi_slopes[head] * LOG2E : 0.0f;
+  return m;
+}
+// The base-2 logit of raw score s for query row `row` and key `key` (used when SCORE_MOD).
+__device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, int key, int tq, int tk) {
+  float x = SOFTCAP ? m.post * softcap_tanh(s * m.pre) : s * m.pre;
+  if (ALIBI) x = fmaf(-m.slope, fabsf((float)(row + tk - tq - key)), x);
+  return x;
+}
 
 
 // ---- PTX wrappers (sm_90a) ---------------------------------------------------------------
@@ -218,7 +306,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     const long long k_sb, const long long k_sh, const long long k_st,
     const long long v_sb, const long long v_sh, const long long v_st,
     const long long o_sb, const long long o_sh, const long long o_st,
-    const float scale_log2, const int kv_group)
+    const float scale_log2, const int kv_group,
+    const int window_left, const int window_right,  // WINDOW: keys p - left .. p + right
+    const float softcap,                            // SOFTCAP: c
+    const float* __restrict__ alibi_slopes)         // ALIBI: slope per query head
 {
   extern __shared__ unsigned char smem_raw[];
   // swizzle atoms must start on 1024-byte boundaries: align the base by hand
@@ -237,7 +328,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / kv_group;  // grouped-query attention: query heads share K/V
   const int q0 = query_tile() * BR;
-  const int n_tiles = (visible_keys(q0, tq, tk) + BC - 1) / BC;  // causal: skip tiles above
+  // key tiles [span.first, span.end) may be seen by these rows; step `it` handles the tile at
+  // kv0 = (span.end - 1 - it) * BC (last first), in the producer and the consumers alike
+  const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
+  const int n_tiles = span.end - span.first;
   const int wg = threadIdx.x / 128;  // 0: producer, 1..CONSUMERS: consumers
 
   if (threadIdx.x == 0) {
@@ -264,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       // K runs one tile ahead of V, in the order the consumers need them: step `it` issues
       // S = Q K(it)^T together with O += P V(it-1)
       auto load_k = [&](int it) {
-        const int s = it % STAGES, use = it / STAGES, kv0 = (n_tiles - 1 - it) * BC;
+        const int s = it % STAGES, use = it / STAGES, kv0 = (span.end - 1 - it) * BC;
         // a fresh barrier counts as having completed the phase before its first: parity 1
         mbar_wait(&k_empty[s], (use & 1) ^ 1);
         mbar_expect_tx(&k_full[s], KV_BYTES);
@@ -273,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
           tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, kv_head, batch);
       };
       auto load_v = [&](int it) {
-        const int s = it % STAGES, use = it / STAGES, kv0 = (n_tiles - 1 - it) * BC;
+        const int s = it % STAGES, use = it / STAGES, kv0 = (span.end - 1 - it) * BC;
         mbar_wait(&v_empty[s], (use & 1) ^ 1);
         mbar_expect_tx(&v_full[s], KV_BYTES);
 #pragma unroll
@@ -295,11 +389,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     // this thread's rows within the block: g and g + 8 of its warp's 16-row slice
     const int row0 = 64 * c + 16 * warp + lane / 4;
 
-    float o_acc[D / 2];
+    float o_acc[DP / 2];  // columns >= D stay zero (P times the zero-filled V columns)
     float m_run[2] = {-INFINITY, -INFINITY};  // running max, base-2 units
     float l_run[2] = {0.0f, 0.0f};            // running sum, this thread's columns only
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o_acc[i] = 0.0f;
+    for (int i = 0; i < DP / 2; ++i) o_acc[i] = 0.0f;
+    // SOFTCAP / ALIBI: the constants that turn raw scores into base-2 logits (once per block)
+    const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);
+    const float sc_k1 = sm.pre * (2.0f * LOG2E), sc_k2 = -2.0f * sm.post;  // SOFTCAP (see softmax)
 
     // Descriptors: Q rows of this warpgroup (K-major), each K stage (K-major), each V stage
     // (N-major: leading byte offset = the stride between d-chunks of one stage).
@@ -313,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       const elem_t* kt = Ks + s * D_CHUNKS * BC * CHUNK;
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < QK_STEPS; ++kk) {  // columns >= D are zeros: their k-steps add nothing
         const int ch = kk / 4, col = (kk % 4) * 16;  // 16 columns = 32 B inside a 128-B row
         wgmma_m64n128k16_ss(s_acc, make_desc(q_wg + ch * BR * CHUNK + col, 16),
                     make_desc(kt + ch * BC * CHUNK + col, 16), kk > 0);
@@ -329,19 +426,62 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         wgmma_m64n128k16_rs_tb(o_acc, p_frag[kk], make_desc(vt + kk * 16 * CHUNK, BC * CHUNK * sizeof(elem_t)), 1);
       wgmma_commit();
     };
-    // Mask (when `masked`) and online softmax of S, in place: S becomes the unnormalised
-    // probabilities (fp32). `alpha` says how much each row's O must shrink. Nothing here
-    // writes P: P is an input of the O += P V that may still be in flight (see pack_p).
+    // Score mod (SOFTCAP / ALIBI, every tile), mask (when `masked`) and online softmax of S, in
+    // place: S becomes the unnormalised probabilities (fp32). `alpha` says how much each row's
+    // O must shrink. Nothing here writes P: P is an input of the O += P V that may still be in
+    // flight (see pack_p).
     auto softmax = [&](int it, auto masked, float (&alpha)[2]) {
-      const int kv0 = (n_tiles - 1 - it) * BC;
-      if constexpr (decltype(masked)::value) {
+      const int kv0 = (span.end - 1 - it) * BC;
+      if constexpr (SCORE_MOD || decltype(masked)::value) {
+        // Element i is row g + 8h (h = (i % 4) / 2) and key kb + x (x = (i / 4) * 8 + i % 2) of
+        // this thread. The consumers of br = 192 have ~no registers to spare (160 per thread,
+        // 128 of them O, S and P), so the per-element work below is what mod_logit and
+        // key_hidden compute, with the per-row parts hoisted out of the loop.
+        const int kb = kv0 + (lane % 4) * 2;  // this thread's first key of the tile
+        const int rg = q0 + row0;             // its row g (and g + 8)
+        const int pg = rg + tk - tq;          // the key position of row g (row g + 8: pg + 8)
+        // ALIBI: p - kb of rows g and g + 8 in fp32 (exact below 2^24), so |p - key| is one FADD
+        const float pb0 = ALIBI ? (float)(pg - kb) : 0.0f;
+        // WINDOW: row g + 8h sees keys kb + x for lo[h] <= x < hi[h] (= !key_hidden)
+        int lo[2], hi[2];
+        if constexpr (WINDOW && decltype(masked)::value) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int p = pg + 8 * h;
+            int e = tk;
+            if (CAUSAL) e = min(e, p + 1);
+            if (window_right >= 0) e = min(e, p + window_right + 1);
+            hi[h] = e - kb;
+            lo[h] = window_left >= 0 ? p - window_left - kb : -BC;
+          }
+        }
 #pragma unroll
         for (int i = 0; i < BC / 2; ++i) {
-          const int row = q0 + row0 + ((i % 4) / 2) * 8;
-          const int key = kv0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-          if (key >= tk || (CAUSAL && key > row + tk - tq)) s_acc[i] = -INFINITY;
+          const int h = (i % 4) / 2, x = (i / 4) * 8 + (i % 2);
+          // the logit first (mod_logit): a masked key's -inf must not go through tanh
+          if constexpr (SCORE_MOD) {
+            float y;
+            if constexpr (SOFTCAP && sizeof(elem_t) == 2) {
+              // softcap_tanh with the constants folded: post * tanh(s * pre)
+              // = post - 2 post / (exp2(s * pre * 2 log2(e)) + 1)
+              float r;
+              asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(s_acc[i] * sc_k1) + 1.0f));
+              y = fmaf(sc_k2, r, sm.post);
+            } else {
+              y = SOFTCAP ? sm.post * softcap_tanh(s_acc[i] * sm.pre) : s_acc[i] * sm.pre;
+            }
+            if constexpr (ALIBI) y = fmaf(-sm.slope, fabsf(pb0 + (float)(8 * h - x)), y);
+            s_acc[i] = y;
+          }
+          if constexpr (WINDOW && decltype(masked)::value) {
+            if (x < lo[h] || x >= hi[h]) s_acc[i] = -INFINITY;
+          } else if constexpr (decltype(masked)::value) {
+            if (key_hidden(rg + 8 * h, kb + x, tq, tk, window_left, window_right)) s_acc[i] = -INFINITY;
+          }
         }
       }
+      // S in base-2 units: plain scores still need scale * log2(e); modded ones are logits already
+      const float sl = SCORE_MOD ? 1.0f : scale_log2;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
@@ -350,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         // scale > 0, so the max of raw scores scales to the max of scaled scores
-        const float m_new = fmaxf(m_run[h], mx * scale_log2);
+        const float m_new = fmaxf(m_run[h], mx * sl);
         const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // row saw no key yet
         alpha[h] = fast_exp2(m_run[h] - m_use);
         m_run[h] = m_new;
@@ -360,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s_acc[4 * nt + 2 * h + e];
-            x = fast_exp2(fmaf(x, scale_log2, -m_use));  // one FFMA and one EX2 per score
+            x = fast_exp2(fmaf(x, sl, -m_use));  // one FFMA and one EX2 per score
             sum += x;
           }
         }
@@ -389,9 +529,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     auto pass_turn = [&](bool last) {
       if (PINGPONG && !(last && c == CONSUMERS - 1)) bar_arrive(TURN_BARRIER + (c + 1) % CONSUMERS, 256);
     };
-    auto needs_mask = [&](int it) {
-      const int kv0 = (n_tiles - 1 - it) * BC;
-      return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > q0 + tk - tq);
+    auto needs_mask = [&](int it) {  // the tile crosses the ragged end, the diagonal or a window edge
+      return tile_needs_mask((span.end - 1 - it) * BC, q0, tq, tk, window_left, window_right);
     };
 
     if (n_tiles > 0) {
@@ -429,7 +568,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         release(&v_empty[sp]);
         pack_p();
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i % 4) / 2];
+        for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i % 4) / 2];  // columns >= D: never read
       };
       for (int it = 1; it < n_tiles; ++it) {
         if (needs_mask(it)) step(it, Flag<true>{}); else step(it, Flag<false>{});
@@ -451,6 +590,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     // 128-byte row segments instead of 4-byte pieces.
     elem_t* ob = o + batch * o_sb + head * o_sh;
     elem_t* os = Qs + 64 * c * CHUNK;  // row r, column x: os[(x / 64) * BR * 64 + r * 64 + x % 64]
+    // (only columns < D are staged and written: D is whole 16-byte chunks of 8 elements)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l = l_run[h];

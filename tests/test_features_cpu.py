@@ -1,0 +1,160 @@
+"""Features (window, softcap, ALiBi) on the host side: validation, the values a launch passes,
+the variant a call gets, the property suite's draws and the oracle's bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashgen
+from flashgen.generator import oracle, strategies
+from flashgen.generator.features import (
+    FeatureArgs,
+    alibi_host,
+    check_fits,
+    check_softcap,
+    check_window,
+)
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+
+MMA = KernelSpec(family="mma", d=64, dtype="fp16", causal=True)
+
+
+def test_window_values_are_checked_and_unbounded_on_both_sides_is_no_window():
+    assert check_window(None) is None and check_window((-1, -1)) is None
+    assert check_window((4096, 0)) == (4096, 0) and check_window([3, -1]) == (3, -1)
+    for bad, rule in [
+        ((1,), "must be a pair"), ((1.5, 0), "must be a pair"), ((True, 0), "must be a pair"),
+        ((-2, 0), "each side must be >= 0 keys, or -1"), ("4096", "must be a pair"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=rf"window=.*{rule}"):
+            check_window(bad)
+
+
+def test_softcap_zero_is_off_and_the_value_must_be_positive_and_finite():
+    assert check_softcap(None) is None and check_softcap(0.0) is None
+    assert check_softcap(30) == 30.0
+    for bad in (-1.0, float("inf"), float("nan"), 1e9, "x"):
+        with pytest.raises(ValueError, match="softcap="):
+            check_softcap(bad)
+
+
+def test_kernel_args_pass_minus_one_for_a_side_that_reaches_every_key():
+    assert FeatureArgs().kernel_args(10, 20) == (-1, -1, 0.0, 0)
+    assert FeatureArgs(window=(5, 0)).kernel_args(10, 20) == (5, 0, 0.0, 0)
+    assert FeatureArgs(window=(30, 29)).kernel_args(10, 20) == (-1, 29, 0.0, 0)
+    assert FeatureArgs(softcap=30.0, alibi=0x1000).kernel_args(1, 1) == (-1, -1, 30.0, 0x1000)
+    assert FeatureArgs(window=(1, 0), softcap=2.0, alibi=8).tokens == ("window", "softcap", "alibi")
+
+
+def test_a_variant_without_a_used_feature_is_refused_with_the_one_to_use():
+    check_fits(MMA, FeatureArgs())
+    check_fits(MMA.replace(features=("window",)), FeatureArgs())  # off: the variant serves it
+    with pytest.raises(ValueError, match=r"uses window .* use flash_fwd_mma_d64_.*_window_"):
+        check_fits(MMA, FeatureArgs(window=(8, 0)))
+
+
+def test_alibi_slopes_must_be_one_float32_per_query_head():
+    assert alibi_host(None, 4) is None
+    assert alibi_host(np.ones(4, np.float32), 4).dtype == np.float32
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(3,\): must be \(4,\)"):
+        alibi_host(np.ones(3, np.float32), 4)
+    with pytest.raises(ValueError, match="alibi_slopes.dtype=float64: must be float32"):
+        alibi_host(np.ones(4), 4)
+
+
+# ---- through flashgen.attention on a fake GPU ------------------------------------------------
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from _fakecuda import install_libcuda, install_pycuda
+
+    from flashgen import api
+
+    install_pycuda(monkeypatch, cc=(8, 0))
+    cuda = install_libcuda(monkeypatch)
+    monkeypatch.setattr(api, "_entries", {})
+    return cuda
+
+
+def gpuarrays(h=4, h_kv=2, d=64):
+    from _fakecuda import FakeGPUArray
+
+    shapes = ((1, h, 50, d), (1, h_kv, 70, d), (1, h_kv, 70, d))
+    return tuple(
+        FakeGPUArray(s, np.float16, gpudata=0x1000_0000 * (i + 1)) for i, s in enumerate(shapes)
+    )
+
+
+def test_a_window_call_runs_the_window_variant_with_its_sizes(fake_gpu):
+    from _fakecuda import FakeGPUArray
+
+    from flashgen import api
+
+    flashgen.attention(*gpuarrays(), causal=True, window=(16, 0))
+    slopes = FakeGPUArray((4,), np.float32, gpudata=0x9000_0000)
+    flashgen.attention(*gpuarrays(), softcap=30.0, alibi_slopes=slopes)
+    flashgen.attention(*gpuarrays(), causal=True)
+    first, second, plain = fake_gpu.launches
+    assert (first.window, first.softcap, first.alibi) == ((16, 0), 0.0, 0)
+    assert (second.window, second.softcap, second.alibi) == ((-1, -1), 30.0, 0x9000_0000)
+    assert (plain.window, plain.softcap, plain.alibi) == ((-1, -1), 0.0, 0)
+    names = [e.spec.name for e in api._entries.values()]
+    assert any(n.endswith("_causal_window_w4_s2") for n in names)
+    assert any("_noncausal_softcap_alibi_" in n for n in names)
+    assert any(n.endswith("_causal_w4_s2") for n in names)
+
+
+def test_feature_values_are_validated_before_anything_runs(fake_gpu):
+    with pytest.raises(ValueError, match="window="):
+        flashgen.attention(*gpuarrays(), window=(-5, 0))
+    with pytest.raises(ValueError, match="softcap="):
+        flashgen.attention(*gpuarrays(), softcap=-1.0)
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(2,\): must be \(4,\)"):
+        from _fakecuda import FakeGPUArray
+
+        flashgen.attention(*gpuarrays(), alibi_slopes=FakeGPUArray((2,), np.float32, gpudata=64))
+    with pytest.raises(ValueError, match="uses window but the variant is not compiled with it"):
+        flashgen.attention(
+            *gpuarrays(), window=(4, 4), spec=KernelSpec(family="mma", d=64, dtype="fp16")
+        )
+    assert fake_gpu.launches == []
+
+
+def test_any_head_dim_that_is_a_multiple_of_8_is_generated(fake_gpu):
+    from flashgen import api
+
+    flashgen.attention(*gpuarrays(d=80))
+    (entry,) = api._entries.values()
+    assert entry.spec.d == 80 and entry.spec not in shipped()
+
+
+# ---- the property suite ------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_feature_variants_draw_their_values_and_plain_ones_none(data):
+    plain = data.draw(strategies.cases(MMA))
+    assert not plain.has_features
+    spec = MMA.replace(features=("window", "softcap", "alibi"))
+    case = data.draw(strategies.cases(spec))
+    assert case.window is not None and case.softcap is not None and case.alibi is not None
+    left, right = case.window
+    assert -1 <= left <= case.tq + case.tk + 2 and -1 <= right <= case.tq + case.tk + 2
+    assert case.alibi_slopes().shape == (case.h,)
+
+
+def test_feature_variants_pin_windows_that_skip_tiles_and_empty_rows():
+    spec = MMA.replace(features=("window",))
+    windows = [c.window for c in strategies.pinned_cases(spec) if c.window is not None]
+    assert (0, 0) in windows and (spec.bc, 0) in windows
+    assert not [c for c in strategies.pinned_cases(MMA) if c.has_features]
+
+
+def test_the_lse_bound_grows_with_the_softcap_and_alibi_terms():
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 1, 1, 9, 16))
+    base = oracle.lse_bound(q, k, scale=0.25)
+    assert oracle.lse_bound(q, k, scale=0.25, softcap=50.0) > base
+    assert oracle.lse_bound(q, k, scale=0.25, alibi_slopes=np.array([1.0])) > base
