@@ -137,6 +137,12 @@ def alibi_host(slopes: Any, heads: int) -> np.ndarray | None:
 def check_fits(spec: KernelSpec, features: FeatureArgs) -> None:
     """ValueError unless `spec` compiles in every feature the call uses (a variant without
     `window` would ignore the window and return attention over every key: wrong output)."""
+    if "softcap" in spec.features and features.softcap is None:
+        plain = spec.replace(features=tuple(f for f in spec.features if f != "softcap"))
+        raise ValueError(
+            f"spec {spec.name}: compiled with softcap, so it needs softcap > 0 (its tanh has "
+            f"no 'off'); pass softcap=c, or use {plain.name}"
+        )
     missing = [t for t in features.tokens if t not in spec.features]
     if missing:
         want = spec.replace(features=tuple(sorted({*spec.features, *missing})))
