@@ -47,7 +47,8 @@ def main() -> None:
                   fh, indent=1)  # fmt: skip
     for k, s in summary.items():
         ok = "ok" if s["median"] >= bf.COST_BAR else "BELOW BAR"
-        print(f"{k}: x plain median {s['median']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}) {ok}")
+        spread = f"min {s['min']:.3f}, max {s['max']:.3f}"
+        print(f"{k}: x plain median {s['median']:.3f} ({spread}) {ok}")
 
 
 if __name__ == "__main__":
