@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -55,4 +56,6 @@ def test_every_variant_runs_the_pinned_thorough_failure() -> None:
     case = PINNED_FAILURES[0]
     assert (case.b, case.h, case.tq, case.tk, case.scale, case.seed) == (1, 1, 1, 1, 0.5, 11242)
     for spec in shipped():
-        assert case in pinned_cases(spec)
+        # a softcap variant runs it with a cap (its tanh has no "off"); the problem is the same
+        want = dataclasses.replace(case, softcap=50.0) if "softcap" in spec.features else case
+        assert want in pinned_cases(spec)

@@ -142,7 +142,8 @@ __device__ __forceinline__ ScoreMod score_mod(float scale_log2, float softcap, c
   ScoreMod m;
   m.pre = SOFTCAP ? scale_log2 / (softcap * LOG2E) : scale_log2;
   m.post = SOFTCAP ? softcap * LOG2E : 1.0f;
-  m.slope = ALIBI ? alibi_slopes[head] * LOG2E : 0.0f;
+  // no slopes (a plain call on an ALiBi variant): a zero slope adds exactly nothing
+  m.slope = ALIBI && alibi_slopes != nullptr ? alibi_slopes[head] * LOG2E : 0.0f;
   return m;
 }
 // The base-2 logit of raw score s for query row `row` and key `key` (used when SCORE_MOD).
