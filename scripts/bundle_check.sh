@@ -5,11 +5,14 @@
 #      single-variant bundle (mma, fp16, non-causal); `python3 -m flashgen bundle --family wgmma`
 #      writes a Hopper bundle (wgmma, bf16, d 64 and 128, causal and not: four variants, whose
 #      launchers build TMA tensor maps through the driver entry point at run time);
+#      `--features` writes a Hopper bundle with feature variants beside a plain one (wgmma bf16
+#      d 128 causal: plain, window, softcap+alibi; dispatch by the features the params use);
 #   2. each is configured and built with CMake for sm_90 only (FLASHGEN_CUDA_ARCHITECTURES,
 #      default 90-real; wgmma kernels always sm_90a) -- plain CMake + nvcc, no Python involved;
 #   3. each bundle's `example` runs every variant on the GPU against its float64 CPU
 #      reference and checks that bad parameters are refused; with compute-sanitizer present,
 #      the multi-variant and the wgmma examples also run under memcheck.
+# BUNDLES (default "multi single wgmma features") picks which to build.
 # Everything goes to OUTDIR/bundle.txt; the last line is PASS or FAIL; exit 0 only on PASS.
 # Needs the checkout importable (PYTHONPATH, set below), nvcc, cmake and a CUDA GPU; no PyCUDA.
 set -euo pipefail
@@ -19,6 +22,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py=${PYTHON:-python3}
 archs=${FLASHGEN_CUDA_ARCHITECTURES:-90-real}
 jobs=${JOBS:-8}
+bundles=" ${BUNDLES:-multi single wgmma features} "
+want() { [[ "$bundles" == *" $1 "* ]]; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 log=$out/bundle.txt
@@ -67,20 +72,31 @@ build_and_run() {  # build_and_run NAME DIR: configure, build, run the example
   fi
 }
 
-step "write multi" "$py" -m flashgen bundle "$work/multi" --name "$SIMT" --name "$MMA"
-build_and_run multi "$work/multi"
-step "write single" "$py" -m flashgen build --family mma --d 64 --dtype fp16 --no-causal \
-  --no-compile --bundle "$work/single"
-build_and_run single "$work/single"
-step "write wgmma" "$py" -m flashgen bundle "$work/wgmma" --family wgmma --d 64 --d 128
-if grep -q "add_library(flashgen_kernels_sm90a OBJECT" "$work/wgmma/CMakeLists.txt" 2>/dev/null; then
-  build_and_run wgmma "$work/wgmma"
-else
-  note "wgmma: the bundle holds no sm_90a object library"
-  failures+=("wgmma bundle (no wgmma variant)")
+if want multi; then
+  step "write multi" "$py" -m flashgen bundle "$work/multi" --name "$SIMT" --name "$MMA"
+  build_and_run multi "$work/multi"
+fi
+if want single; then
+  step "write single" "$py" -m flashgen build --family mma --d 64 --dtype fp16 --no-causal \
+    --no-compile --bundle "$work/single"
+  build_and_run single "$work/single"
+fi
+if want wgmma; then
+  step "write wgmma" "$py" -m flashgen bundle "$work/wgmma" --family wgmma --d 64 --d 128
+  if grep -q "add_library(flashgen_kernels_sm90a OBJECT" "$work/wgmma/CMakeLists.txt" 2>/dev/null; then
+    build_and_run wgmma "$work/wgmma"
+  else
+    note "wgmma: the bundle holds no sm_90a object library"
+    failures+=("wgmma bundle (no wgmma variant)")
+  fi
+fi
+if want features; then
+  step "write features" "$py" -m flashgen bundle "$work/features" --family wgmma --d 128 \
+    --causal --features window --features softcap,alibi
+  build_and_run features "$work/features"
 fi
 
-for name in multi wgmma; do
+for name in multi wgmma features; do
   if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$work/$name/build/example" ]; then
     step "$name memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 \
       "$work/$name/build/example"
@@ -92,8 +108,9 @@ done
 # the example's verdict lines, then ours
 grep -E "^(PASS|FAIL)|FAIL$|ERROR SUMMARY" "$log" | sed 's/^/  /' || true
 if [ "${#failures[@]}" -eq 0 ]; then
-  note "PASS: bundle_check (multi: $SIMT + $MMA; single: mma d64 fp16 non-causal;" \
-    "wgmma: d64/d128 bf16 causal + non-causal for sm_90a; archs $archs)"
+  note "PASS: bundle_check (${bundles# }: multi = $SIMT + $MMA; single = mma d64 fp16" \
+    "non-causal; wgmma = d64/d128 bf16 causal + non-causal for sm_90a; features = wgmma d128" \
+    "bf16 causal plain, window, softcap+alibi; archs $archs)"
   exit 0
 fi
 note "FAIL: bundle_check: ${failures[*]}"

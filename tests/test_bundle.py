@@ -49,6 +49,11 @@ MMA = KernelSpec(family="mma", d=32, br=64, bc=32, dtype="bf16", causal=True, wa
 PAIR = [SIMT, MMA]
 # the smallest shipped wgmma variant (sm_90a: TMA tensor maps ahead of the common ABI)
 WGMMA = KernelSpec(family="wgmma", d=64, br=128, bc=64, dtype="fp16", causal=False, stages=2)
+# beside their plain siblings: dispatch picks by the features the params use
+FEATURED = [
+    SIMT.replace(features=("window", "softcap", "alibi")),
+    MMA.replace(features=("window",)),
+]
 TRIO = [SIMT, MMA, WGMMA]
 INVALID_DEVICE_FUNCTION, INSUFFICIENT_DRIVER = 98, 35  # cudaError_t values
 FIXED_FILES = {"CMakeLists.txt", "README.md", "example.cu", HEADER, LAUNCHER}
@@ -258,11 +263,26 @@ def test_header_and_readme_document_the_wgmma_rules() -> None:
 
 def test_example_covers_every_variant_a_causal_tall_and_a_gqa_problem() -> None:
     ex = bundle_files(TRIO)["example.cu"]
-    assert f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false}},' in ex
-    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 3, 2e-2, false, 8, false}},' in ex
-    assert f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 3, 2e-2, false, 8, false}},' in ex
-    wg = f'{{"{WGMMA.name}", FLASHGEN_FP16, 0, 64, 2, 3, 77, 131, 3, 2e-2, false, 8, true}},'
+    off = "0, -1, -1, 0.0, 0.0"  # no features: no window, softcap or ALiBi
+    assert (
+        f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false, {off}}},'
+        in ex
+    )
+    assert (
+        f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 3, 2e-2, false, 8, false, {off}}},'
+        in ex
+    )
+    assert (
+        f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 3, 2e-2, false, 8, false, {off}}},'
+        in ex
+    )
+    wg = f'{{"{WGMMA.name}", FLASHGEN_FP16, 0, 64, 2, 3, 77, 131, 3, 2e-2, false, 8, true, {off}}},'
     assert wg in ex
+    # a feature variant runs with its values: window (17 back, 3 ahead), softcap 30, ALiBi 0.5
+    feat = bundle_files([FEATURED[0]])["example.cu"]
+    values = "1, 17, 3, 30.0, 0.5"
+    row = f"FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false, {values}"
+    assert f'{{"{FEATURED[0].name}", {row}}},' in feat
     # grouped-query attention: 8 query heads on 2 K/V heads, for every variant
     assert ex.count(", 1, 8, 65, 97, 2, ") == 3
     assert "return pass ? 0 : 1;" in ex and "kSeed" in ex
@@ -1041,7 +1061,7 @@ def stand_in_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nvcc = require_nvcc()
     gxx = _tool("g++")
     includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
-    specs = [*PAIR, BIG, WGMMA]
+    specs = [*PAIR, BIG, WGMMA, *FEATURED]
     root = tmp_path_factory.mktemp("stand_in")
     write_bundle(bundle_files(specs), root)
     (root / "example.cpp").write_text((root / "example.cu").read_text())
@@ -1067,9 +1087,13 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     proc = subprocess.run([str(stand_in_example)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("PASS: 9 of 9 problems and 4 of 4 variants' parameter checks")
+    assert lines[-1].startswith("PASS: 14 of 14 problems and 6 of 6 variants' parameter checks")
     assert "bounds: O max abs error 2e-2 for bf16/fp16" in lines[-1]
-    assert sum(ln.endswith("  ok") for ln in lines) == 9 + 4  # problems + rejection checks
+    assert sum(ln.endswith("  ok") for ln in lines) == 14 + 6  # problems + rejection checks
+    # the feature variants ran with their values (window, softcap, ALiBi) and refused bad ones
+    # 13 plain refusals, plus a bad window side and a negative softcap
+    refused = f"  {FEATURED[0].name}: 15 of 15 invalid parameter sets refused before launch  ok"
+    assert refused in lines
     assert f"  {WGMMA.name}: 16 of 16 invalid parameter sets refused before launch  ok" in lines
     assert f"  {MMA.name} B=2 H=3 Tq=131 Tk=77 H_kv=3" in lines  # the causal Tq > Tk problem
 
@@ -1204,10 +1228,10 @@ def test_example_on_another_gpu_refuses_the_wgmma_variant_with_the_reason(
         f"{INVALID_DEVICE_FUNCTION} (refused, as it must)  FAIL"
     ) in lines
     # the sm_80+ families still run on sm_86
-    assert lines[-1].startswith("FAIL: 7 of 9 problems and 4 of 4 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 12 of 14 problems and 6 of 6 variants' parameter checks")
     old = _stand_in_run(stand_in_example, MOCK_CC="75")  # and nothing runs on a Turing GPU
     assert "needs compute capability 8.0 or newer" in old.stdout
-    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 9 problems")
+    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 14 problems")
 
 
 @pytest.mark.parametrize(("mode", "code"), [("fail", INVALID), ("missing", INSUFFICIENT_DRIVER)])
@@ -1220,4 +1244,4 @@ def test_wgmma_launcher_reports_a_refused_map_or_a_driver_without_the_encoder(
     i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131 H_kv=3")
     assert lines[i + 1] == f"    flashgen_fwd: stand-in error {code}"
     # the other variants need no tensor map
-    assert lines[-1].startswith("FAIL: 7 of 9 problems and 4 of 4 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 12 of 14 problems and 6 of 6 variants' parameter checks")

@@ -68,6 +68,11 @@ EXAMPLE_GQA = (1, 8, 65, 97, 2)
 # The example's pass bounds for unit-normal inputs: max abs error of O for 16-bit storage
 # (bf16 keeps 8 significant bits: O of magnitude ~3 rounds by up to 0.008), relative error
 # (Frobenius) of O for fp32, max abs error of the natural-log LSE.
+# The feature values the example runs a feature variant with: a window of 17 keys back (and 3
+# ahead when not causal), a softcap of 30, ALiBi slopes 0.5 * 2^(-8 (h + 1) / H)
+EXAMPLE_WINDOW = {False: (17, 3), True: (17, 0)}
+EXAMPLE_SOFTCAP = "30.0"
+EXAMPLE_ALIBI = "0.5"
 EXAMPLE_O_BOUND = {"fp32": "1e-4", "fp16": "2e-2", "bf16": "2e-2"}
 EXAMPLE_LSE_BOUND = "1e-3"
 # Families whose kernels take the TMA tensor maps of Q, K and V ahead of the common ABI.
@@ -146,6 +151,10 @@ class Variant:
             "exact_cc": _arch_specific(s),
             "cc_text": _cc_text(s),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
+            "ex_window": EXAMPLE_WINDOW[s.causal] if "window" in s.features else (-1, -1),
+            "ex_use_window": int("window" in s.features),
+            "ex_softcap": EXAMPLE_SOFTCAP if "softcap" in s.features else "0.0",
+            "ex_alibi": EXAMPLE_ALIBI if "alibi" in s.features else "0.0",
             "o_relative": s.dtype == "fp32",
             "problems": [
                 EXAMPLE_PROBLEM,
