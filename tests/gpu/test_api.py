@@ -152,3 +152,17 @@ def test_calls_from_another_thread_use_the_same_context() -> None:
     worker.start()
     worker.join()
     np.testing.assert_array_equal(out[0].view(np.uint16), main.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_features_on_numpy_inputs_match_the_oracle(dtype: str) -> None:
+    """flashgen.attention with GQA, a window (both sides), softcap and ALiBi at d = 40."""
+    rng = np.random.default_rng(3)
+    store = {"bf16": ml_dtypes.bfloat16, "fp32": np.float32}[dtype]
+    q = rng.standard_normal((1, 4, 97, 40)).astype(store)
+    k, v = (rng.standard_normal((1, 2, 131, 40)).astype(store) for _ in "kv")
+    slopes = np.array([0.5, 0.25, 0.125, 0.0625], np.float32)
+    kw = {"window": (20, 7), "softcap": 15.0, "alibi_slopes": slopes}
+    o, lse = flashgen.attention(q, k, v, return_lse=True, **kw)
+    out = check_outputs(o, lse, q, k, v, causal=False, scale=40**-0.5, dtype=dtype, **kw)
+    assert out.passed, out

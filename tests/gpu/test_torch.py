@@ -233,3 +233,28 @@ def test_inputs_on_two_devices_are_refused():
     _, k, v = model_layout(1, 10, 2, 64, "bf16", seed=8, device="cuda:1")
     with pytest.raises(ValueError, match=r"q, k, v on cuda:0, cuda:1, cuda:1: must be on one"):
         fgt.attention(q, k, v)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("d", [64, 80])
+def test_features_through_the_op_match_the_oracle(dtype: str, d: int):
+    """GQA (8 query heads on 2), a causal window, softcap and ALiBi slopes as a CUDA tensor,
+    eagerly and through the dispatcher (torch.ops), at a shipped and an on-demand head dim."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    dt = TORCH_TYPES[dtype]
+    q = torch.randn(2, 8, 150, d, device="cuda", dtype=dt, generator=g)
+    k, v = (torch.randn(2, 2, 190, d, device="cuda", dtype=dt, generator=g) for _ in "kv")
+    slopes = 2.0 ** (-torch.arange(1, 9, device="cuda", dtype=torch.float32))
+    kw = {"causal": True, "window": (33, 0), "softcap": 20.0, "alibi_slopes": slopes}
+    o, lse = fgt.attention(q, k, v, return_lse=True, **kw)
+    o2, lse2 = torch.ops.flashgen.attention(q, k, v, True, None, None, 33, 0, 20.0, slopes)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    out = check_outputs(
+        to_np(o, dtype), lse.cpu().numpy(), to_np(q, dtype), to_np(k, dtype), to_np(v, dtype),
+        causal=True, scale=d**-0.5, dtype=dtype, window=(33, 0), softcap=20.0,
+        alibi_slopes=slopes.cpu().numpy(),
+    )  # fmt: skip
+    assert out.passed, out
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(2,\): must be \(8,\)"):
+        fgt.attention(q, k, v, alibi_slopes=slopes[:2])
