@@ -204,10 +204,10 @@ def _prepare(
         spec = select(
             problem.d, problem.dtype, causal, runtime.device_arch(),
             alignment=problem.alignment(pointers=True), gpu_name=runtime.device_name(),
-            features=features.tokens,
+            features=features.tokens, dv=problem.value_dim,
         )  # fmt: skip
     plan = runtime.get_function(spec)
-    b, h, tq, d = problem.b, problem.h, problem.tq, problem.d
+    b, h, tq, d = problem.b, problem.h, problem.tq, problem.value_dim  # O has v's head dim
     dtype = np.dtype(DTYPES[problem.dtype].numpy)
     size = dtype.itemsize
     o_like = _Layout((b, h, tq, d), (h * tq * d * size, tq * d * size, d * size, size), dtype)

@@ -263,6 +263,12 @@ def spec_options(fn: F) -> F:
         ),
         once("--d", "d", type=int, help="Head dimension, e.g. 64."),
         once(
+            "--dv",
+            "dv",
+            type=int,
+            help="Value head dim (of v and o) when it differs from d, e.g. --d 192 --dv 128.",
+        ),
+        once(
             "--br",
             type=int,
             help="Query rows per block (default: the family's shipped tile for this d).",
@@ -311,6 +317,7 @@ def spec_from_options(
     warps: int | None,
     stages: int | None,
     features: str | None = None,
+    dv: int | None = None,
 ) -> KernelSpec:
     """Build the KernelSpec the options describe; SpecError / CliError when they do not."""
     feats = parse_features(features)
@@ -324,6 +331,7 @@ def spec_from_options(
         "--warps": warps,
         "--stages": stages,
         "--features": features,
+        "--dv": dv,
     }
     if name is not None:
         clash = [opt for opt, value in given.items() if value is not None]
@@ -338,7 +346,7 @@ def spec_from_options(
         )
     fam = family or "simt"
     fields = _default_fields(fam, d, br, bc, dtype, bool(causal), warps, stages)
-    return KernelSpec(family=fam, d=d, causal=bool(causal), features=feats, **fields)
+    return KernelSpec(family=fam, d=d, causal=bool(causal), features=feats, dv=dv or 0, **fields)
 
 
 def parse_features(text: str | None) -> tuple[str, ...]:
@@ -409,7 +417,9 @@ def _default_fields(
 
 
 def _spec(kw: dict[str, Any]) -> KernelSpec:
-    keys = ("name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "features")
+    keys = (
+        "name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "features", "dv",
+    )  # fmt: skip
     return spec_from_options(*(kw.pop(k) for k in keys))
 
 

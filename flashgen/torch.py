@@ -126,7 +126,8 @@ def _fake(
     check_softcap(softcap)
     if variant is not None:
         KernelSpec.from_name(variant)
-    o = q.new_empty_strided(tuple(q.shape), out_strides(tuple(q.shape), tuple(q.stride())))
+    o_shape = (*tuple(q.shape)[:3], v.shape[3])  # v's head dim (dv)
+    o = q.new_empty_strided(o_shape, out_strides(o_shape, tuple(q.stride())))
     lse = q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)
     return o, lse
 
@@ -217,7 +218,7 @@ def _prepare(
     )  # fmt: skip
     dev = int(q.get_device())
     chosen = _variant_for(problem, bool(causal), variant, dev, features)
-    shape = tuple(int(n) for n in q.shape)
+    shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))  # O: q's rows, v's head dim
     o_stride = out_strides(shape, tuple(int(s) for s in q.stride()))
     o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
     lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
@@ -242,7 +243,8 @@ def _variant_for(
 ) -> launch.LaunchPlan:
     """The plan for this call's variant: the named one (checked against the call) or selected."""
     align = problem.alignment(pointers=True)
-    key = (dev, problem.d, problem.dtype, causal, align, variant, features.tokens)
+    dims = (problem.d, problem.value_dim)
+    key = (dev, dims, problem.dtype, causal, align, variant, features.tokens)
     hit = _plans.get(key)
     if variant is not None:
         spec = hit.spec if hit is not None else KernelSpec.from_name(variant)
@@ -255,6 +257,7 @@ def _variant_for(
         spec = select(
             problem.d, problem.dtype, causal, arch, alignment=align,
             gpu_name=torch.cuda.get_device_name(dev), features=features.tokens,
+            dv=problem.value_dim,
         )  # fmt: skip
     with runtime.for_device_arch(arch):
         karch = runtime.kernel_arch(spec)
@@ -277,6 +280,7 @@ def _without_pointers(p: Problem) -> Problem:
         p.v_strides,
         p.o_strides,
         h_kv=p.h_kv,
+        dv=p.dv,
     )
 
 

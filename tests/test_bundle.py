@@ -49,6 +49,8 @@ MMA = KernelSpec(family="mma", d=32, br=64, bc=32, dtype="bf16", causal=True, wa
 PAIR = [SIMT, MMA]
 # the smallest shipped wgmma variant (sm_90a: TMA tensor maps ahead of the common ABI)
 WGMMA = KernelSpec(family="wgmma", d=64, br=128, bc=64, dtype="fp16", causal=False, stages=2)
+# a value head dim of its own (v and o rows of 64 under d = 128; the V tensor map follows)
+WGMMA_DV = KernelSpec(family="wgmma", d=128, dv=64, dtype="bf16", causal=True)
 # beside their plain siblings: dispatch picks by the features the params use
 FEATURED = [
     SIMT.replace(features=("window", "softcap", "alibi")),
@@ -135,7 +137,8 @@ def test_launcher_validates_before_it_launches_and_dispatches_on_the_key() -> No
         assert f"constexpr int BR = {s.br};" in body
         assert f"constexpr int SMEM_BYTES = {s.smem_bytes};" in body
         key = (
-            f"p->d == {s.d} && dtype == FLASHGEN_{s.dtype.upper()} && c == {int(s.causal)} &&\n"
+            f"p->d == {s.d} && value_dim(p) == {s.dv} && dtype == FLASHGEN_{s.dtype.upper()} && "
+            f"c == {int(s.causal)} &&\n"
             "      (need & ~0) == 0"
         )
         assert f"if ({key}) {{\n    return {symbol(s)}_fwd(p, stream);" in text
@@ -264,24 +267,18 @@ def test_header_and_readme_document_the_wgmma_rules() -> None:
 def test_example_covers_every_variant_a_causal_tall_and_a_gqa_problem() -> None:
     ex = bundle_files(TRIO)["example.cu"]
     off = "0, -1, -1, 0.0, 0.0"  # no features: no window, softcap or ALiBi
-    assert (
-        f'{{"{SIMT.name}", FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false, {off}}},'
-        in ex
-    )
-    assert (
-        f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 77, 131, 3, 2e-2, false, 8, false, {off}}},'
-        in ex
-    )
-    assert (
-        f'{{"{MMA.name}", FLASHGEN_BF16, 1, 32, 2, 3, 131, 77, 3, 2e-2, false, 8, false, {off}}},'
-        in ex
-    )
-    wg = f'{{"{WGMMA.name}", FLASHGEN_FP16, 0, 64, 2, 3, 77, 131, 3, 2e-2, false, 8, true, {off}}},'
-    assert wg in ex
+    rows = [
+        (SIMT, "FLASHGEN_FP32, 0, 32, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false"),
+        (MMA, "FLASHGEN_BF16, 1, 32, 32, 2, 3, 77, 131, 3, 2e-2, false, 8, false"),
+        (MMA, "FLASHGEN_BF16, 1, 32, 32, 2, 3, 131, 77, 3, 2e-2, false, 8, false"),
+        (WGMMA, "FLASHGEN_FP16, 0, 64, 64, 2, 3, 77, 131, 3, 2e-2, false, 8, true"),
+    ]
+    for spec, row in rows:  # name, dtype, causal, d, dv, B, H, Tq, Tk, H_kv, bound, ...
+        assert f'{{"{spec.name}", {row}, {off}}},' in ex
     # a feature variant runs with its values: window (17 back, 3 ahead), softcap 30, ALiBi 0.5
     feat = bundle_files([FEATURED[0]])["example.cu"]
     values = "1, 17, 3, 30.0, 0.5"
-    row = f"FLASHGEN_FP32, 0, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false, {values}"
+    row = f"FLASHGEN_FP32, 0, 32, 32, 2, 3, 77, 131, 3, 1e-4, true, 1, false, {values}"
     assert f'{{"{FEATURED[0].name}", {row}}},' in feat
     # grouped-query attention: 8 query heads on 2 K/V heads, for every variant
     assert ex.count(", 1, 8, 65, 97, 2, ") == 3
@@ -902,7 +899,7 @@ cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long
 @CONVERT@
 
 
-template <class T, int D, int BR, int THREADS, int SMEM, bool CAUSAL>
+template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
 static void attend(const void* self, const T* q, const T* k, const T* v, T* o, float* lse,
                    int tq, int tk, long long q_sb, long long q_sh, long long q_st,
                    long long k_sb, long long k_sh, long long k_st, long long v_sb,
@@ -928,7 +925,7 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
         const T* qi = q + b * q_sb + h * q_sh + i * q_st;
         const int pos = i + tk - tq;  // the row's key position (bottom-right alignment)
         int n = 0;
-        float m = -INFINITY, l = 0.0f, acc[D] = {};
+        float m = -INFINITY, l = 0.0f, acc[DV] = {};
         for (int j = 0; j < tk; ++j) {
           const bool hidden =
               (CAUSAL && j > pos) || (wl >= 0 && j < pos - wl) || (wr >= 0 && j > pos + wr);
@@ -948,11 +945,11 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
           const float p = std::exp2(s[j] - m);
           const T* vj = v + b * v_sb + (h / kv_group) * v_sh + j * v_st;
           l += p;
-          for (int x = 0; x < D; ++x) acc[x] += p * to_f32(vj[x]);
+          for (int x = 0; x < DV; ++x) acc[x] += p * to_f32(vj[x]);
         }
         T* oi = o + b * o_sb + h * o_sh + i * o_st;
-        for (int x = 0; x < D; ++x) {
-          if (skip && b == B - 1 && h == H - 1 && i == tq - 1 && x == D - 1) continue;
+        for (int x = 0; x < DV; ++x) {
+          if (skip && b == B - 1 && h == H - 1 && i == tq - 1 && x == DV - 1) continue;
           const float bump = perturb && b == 0 && h == 0 && i == tq - 1 && x == 0 ? 0.5f : 0.0f;
           oi[x] = from_f32<T>((n ? acc[x] / l : 0.0f) + bump);
         }
@@ -961,13 +958,13 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
       }
 }
 
-#define STAND_IN(NAME, T, D, BR, THREADS, SMEM, CAUSAL)                                     \
+#define STAND_IN(NAME, T, D, DV, BR, THREADS, SMEM, CAUSAL)                                   \
   extern "C" void NAME(const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk, \
                        long long a, long long b, long long c, long long d, long long e,       \
                        long long f, long long g, long long h, long long i, long long j,       \
                        long long k2, long long l, float s, int group, int wl, int wr,         \
                        float cap, const float* slopes) {                                      \
-    attend<T, D, BR, THREADS, SMEM, CAUSAL>((const void*)&NAME, q, k, v, o, lse, tq, tk, a, b, \
+    attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>((const void*)&NAME, q, k, v, o, lse, tq, tk, a, b, \
                                             c, d, e, f, g, h, i, j, k2, l, s, group, wl, wr,  \
                                             cap, slopes);                                     \
   }
@@ -1006,7 +1003,7 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
   }
 }
 
-#define STAND_IN_TMA(NAME, T, D, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                        \
+#define STAND_IN_TMA(NAME, T, D, DV, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                      \
   extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, const T* q, const T* k,  \
                        const T* v, T* o, float* lse, int tq, int tk, long long a, long long b,  \
                        long long c, long long d, long long e, long long f, long long g,         \
@@ -1016,8 +1013,8 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
     long long sq[3], sk[3], sv[3];                                                               \
     check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
     check_map(tm_k, k, D, tk, H / group, B, BC, DTYPE, d, e, f, sizeof(T), sk);                  \
-    check_map(tm_v, v, D, tk, H / group, B, BC, DTYPE, g, h, i, sizeof(T), sv);                  \
-    attend<T, D, BR, THREADS, SMEM, CAUSAL>(                                                     \
+    check_map(tm_v, v, DV, tk, H / group, B, BC, DTYPE, g, h, i, sizeof(T), sv);                 \
+    attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>(                                                 \
         (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
         sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes);                           \
@@ -1040,10 +1037,10 @@ def _stand_in_source(specs: list[KernelSpec]) -> str:
             f"template <> {info.ctype} from_f32<{info.ctype}>(float x) {{ return {back}; }}"
         )
     stand_ins = "\n".join(
-        f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {s.d}, {s.br}, {s.bc}, {s.threads}, "
+        f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, "
         f"{s.smem_bytes}, {'true' if s.causal else 'false'}, {TMA_DTYPE[s.dtype]})"
         if s.family == "wgmma"
-        else f"STAND_IN({s.name}, {s.dtype_info.ctype}, {s.d}, {s.br}, {s.threads}, "
+        else f"STAND_IN({s.name}, {s.dtype_info.ctype}, {s.d}, {s.dv}, {s.br}, {s.threads}, "
         f"{s.smem_bytes}, {'true' if s.causal else 'false'})"
         for s in specs
     )
@@ -1061,7 +1058,7 @@ def stand_in_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nvcc = require_nvcc()
     gxx = _tool("g++")
     includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
-    specs = [*PAIR, BIG, WGMMA, *FEATURED]
+    specs = [*PAIR, BIG, WGMMA, *FEATURED, WGMMA_DV]
     root = tmp_path_factory.mktemp("stand_in")
     write_bundle(bundle_files(specs), root)
     (root / "example.cpp").write_text((root / "example.cu").read_text())
@@ -1087,9 +1084,9 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     proc = subprocess.run([str(stand_in_example)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("PASS: 14 of 14 problems and 6 of 6 variants' parameter checks")
+    assert lines[-1].startswith("PASS: 17 of 17 problems and 7 of 7 variants' parameter checks")
     assert "bounds: O max abs error 2e-2 for bf16/fp16" in lines[-1]
-    assert sum(ln.endswith("  ok") for ln in lines) == 14 + 6  # problems + rejection checks
+    assert sum(ln.endswith("  ok") for ln in lines) == 17 + 7  # problems + rejection checks
     # the feature variants ran with their values (window, softcap, ALiBi) and refused bad ones
     # 13 plain refusals, plus a bad window side and a negative softcap
     refused = f"  {FEATURED[0].name}: 15 of 15 invalid parameter sets refused before launch  ok"
@@ -1228,10 +1225,10 @@ def test_example_on_another_gpu_refuses_the_wgmma_variant_with_the_reason(
         f"{INVALID_DEVICE_FUNCTION} (refused, as it must)  FAIL"
     ) in lines
     # the sm_80+ families still run on sm_86
-    assert lines[-1].startswith("FAIL: 12 of 14 problems and 6 of 6 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 12 of 17 problems and 7 of 7 variants' parameter checks")
     old = _stand_in_run(stand_in_example, MOCK_CC="75")  # and nothing runs on a Turing GPU
     assert "needs compute capability 8.0 or newer" in old.stdout
-    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 14 problems")
+    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 17 problems")
 
 
 @pytest.mark.parametrize(("mode", "code"), [("fail", INVALID), ("missing", INSUFFICIENT_DRIVER)])
@@ -1244,4 +1241,4 @@ def test_wgmma_launcher_reports_a_refused_map_or_a_driver_without_the_encoder(
     i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131 H_kv=3")
     assert lines[i + 1] == f"    flashgen_fwd: stand-in error {code}"
     # the other variants need no tensor map
-    assert lines[-1].startswith("FAIL: 12 of 14 problems and 6 of 6 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 12 of 17 problems and 7 of 7 variants' parameter checks")

@@ -158,3 +158,57 @@ def test_the_lse_bound_grows_with_the_softcap_and_alibi_terms():
     base = oracle.lse_bound(q, k, scale=0.25)
     assert oracle.lse_bound(q, k, scale=0.25, softcap=50.0) > base
     assert oracle.lse_bound(q, k, scale=0.25, alibi_slopes=np.array([1.0])) > base
+
+
+# ---- a value head dim of its own -----------------------------------------------------------------
+def test_dv_is_in_the_name_only_when_it_differs_and_round_trips():
+    spec = KernelSpec(family="wgmma", d=192, dv=128, causal=True)
+    assert spec.name == "flash_fwd_wgmma_d192_dv128_br128_bc64_bf16_causal_s2"
+    assert KernelSpec.from_name(spec.name) == spec and "--dv 128" in spec.build_command
+    assert KernelSpec(family="mma", d=64).dv == 64 and "_dv" not in KernelSpec(family="mma").name
+    with pytest.raises(ValueError, match="not canonical"):
+        KernelSpec.from_name("flash_fwd_mma_d64_dv64_br128_bc64_bf16_causal_w8_s2")
+    with pytest.raises(ValueError, match=r"dv=12: must be a multiple of 8"):
+        KernelSpec(family="mma", d=64, dv=12)
+    with pytest.raises(ValueError, match=r"dv=128: family wgmma stages O through Q"):
+        KernelSpec(family="wgmma", d=64, dv=128)
+
+
+def test_select_gives_dv_the_tile_of_d_or_the_next_family():
+    from flashgen.generator.select import select
+
+    mla = select(192, "bf16", True, "sm_90", dv=128, gpu_name="NVIDIA H200")
+    assert (mla.family, mla.d, mla.dv) == ("wgmma", 192, 128)
+    wide = select(64, "bf16", True, "sm_90", dv=128, gpu_name="NVIDIA H200")
+    assert (wide.family, wide.dv) == ("mma", 128)  # wgmma refuses dv > d
+
+
+def test_a_call_with_v_of_its_own_head_dim_runs_a_dv_variant(fake_gpu):
+    from _fakecuda import FakeGPUArray
+
+    from flashgen import api
+
+    q = FakeGPUArray((1, 4, 50, 192), np.float16, gpudata=0x1000_0000)
+    k = FakeGPUArray((1, 2, 70, 192), np.float16, gpudata=0x2000_0000)
+    v = FakeGPUArray((1, 2, 70, 128), np.float16, gpudata=0x3000_0000)
+    o = flashgen.attention(q, k, v, causal=True)
+    assert o.shape == (1, 4, 50, 128)
+    (entry,) = api._entries.values()
+    assert (entry.spec.d, entry.spec.dv) == (192, 128)
+    # o's strides (B = 1: its batch stride is never stepped and passed as 0)
+    assert fake_gpu.launches[-1].strides[9:] == (0, 50 * 128, 128)
+    with pytest.raises(ValueError, match=r"k.shape\[3\]=128: head dim must equal q's d=192"):
+        flashgen.attention(q, v, v)
+
+
+def test_cli_builds_a_dv_variant(tmp_path):
+    from click.testing import CliRunner
+
+    from flashgen.cli import main
+
+    res = CliRunner().invoke(
+        main, ["build", "--family", "mma", "--d", "192", "--dv", "128", "--no-compile",
+               "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "flash_fwd_mma_d192_dv128_br128_bc64_bf16_noncausal_w8_s2.cu").exists()

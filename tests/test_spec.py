@@ -127,7 +127,15 @@ RULES: list[tuple[dict[str, Any], str, str, str]] = [
         "lower bc",
     ),
     (
-        {"family": "mma", "dtype": "bf16", "br": 256, "warps": 16, "d": 128, "bc": 128},
+        {
+            "family": "mma",
+            "dtype": "bf16",
+            "br": 256,
+            "warps": 16,
+            "d": 128,
+            "bc": 128,
+            "stages": 2,
+        },
         "smem=208896 B",
         f"exceeds the {SM80_SMEM} B per block of sm_80, the tightest of the archs family mma ships",
         "lower bc or stages",

@@ -117,11 +117,14 @@ def test_grouped_query_attention_is_a_problem_with_fewer_kv_heads(h, h_kv, group
     assert (p.h, p.kv_heads, p.kv_group) == (h, h_kv, group)
 
 
-def test_head_dim_must_match():
-    q, k, _ = qkv()
-    v = np.zeros((2, 3, 12, 32), np.float16)
-    with pytest.raises(ValueError, match=r"v.shape\[3\]=32: head dim must equal q's d=64"):
+def test_k_head_dim_must_match_and_v_may_have_its_own():
+    q, _, v = qkv()
+    k = np.zeros((2, 3, 12, 32), np.float16)
+    with pytest.raises(ValueError, match=r"k.shape\[3\]=32: head dim must equal q's d=64"):
         check_layout(q, k, v)
+    q, k, _ = qkv()
+    p = check_layout(q, k, np.zeros((2, 3, 12, 32), np.float16))
+    assert (p.d, p.value_dim) == (64, 32)
 
 
 def test_k_and_v_must_have_the_same_length():
@@ -219,10 +222,10 @@ def test_lengths_leave_room_for_the_kernels_tile_loops(axis):
 def test_output_must_match_q():
     q, k, v = qkv()
     with pytest.raises(
-        ValueError, match=r"o: shape \(2, 3, 9, 64\).*must match q.*allocate o like q"
+        ValueError, match=r"o: shape \(2, 3, 9, 64\).*must be \(2, 3, 10, 64\).*allocate o"
     ):
         check_layout(q, k, v, o=np.zeros((2, 3, 9, 64), np.float16))
-    with pytest.raises(ValueError, match=r"o: .*dtype float32.*must match q"):
+    with pytest.raises(ValueError, match=r"o: .*dtype float32: must be \(2, 3, 10, 64\) float16"):
         check_layout(q, k, v, o=np.zeros((2, 3, 10, 64), np.float32))
 
 

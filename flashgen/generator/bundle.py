@@ -116,6 +116,8 @@ class Variant:
             "file": f"{KERNEL_DIR}/{s.name}.cu",
             "family": s.family,
             "d": s.d,
+            "dv": s.dv,
+            "dv_text": f" dv={s.dv}" if s.dv != s.d else "",
             "br": s.br,
             "bc": s.bc,
             "warps": s.warps,
@@ -217,9 +219,9 @@ def arch_specific_gencode(specs: Iterable[KernelSpec]) -> str:
 
 
 def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
-    by_key: dict[tuple[int, str, bool, tuple[str, ...]], KernelSpec] = {}
+    by_key: dict[tuple[int, int, str, bool, tuple[str, ...]], KernelSpec] = {}
     for s in sorted(set(specs), key=lambda s: s.name):
-        key = (s.d, s.dtype, s.causal, s.features)
+        key = (s.d, s.dv, s.dtype, s.causal, s.features)
         if key in by_key:
             mask = "causal" if s.causal else "non-causal"
             feats = f" with {'+'.join(s.features)}" if s.features else ""

@@ -201,7 +201,7 @@ def make_inputs(spec: KernelSpec, case: Case) -> Arrays:
     rng = np.random.default_rng(case.seed)
     q = rng.standard_normal((case.b, case.h, case.tq, spec.d))
     k = rng.standard_normal((case.b, case.kv_heads, case.tk, spec.d))
-    shape_v = (case.b, case.kv_heads, case.tk, spec.d)
+    shape_v = (case.b, case.kv_heads, case.tk, spec.dv)
     if case.v_dof is None:
         v = rng.standard_normal(shape_v)
     else:
@@ -234,7 +234,8 @@ def gpu_execute(
     whole buffer is poisoned, so a write outside O's view (into padding) is reported.
     The features' values (window, softcap, ALiBi slopes) go to a variant compiled with them.
     """
-    b, h, tq, d = q.shape
+    b, h, tq, _ = q.shape
+    d = v.shape[3]  # o has v's head dim
     lq, lk, lv, lo = layouts or ("bhtd",) * 4
     dq, dk, dv = (_device_view(x, lay) for x, lay in ((q, lq), (k, lk), (v, lv)))
     o_host = layout_backing(np.zeros((b, h, tq, d), q.dtype), lo)
@@ -305,7 +306,7 @@ def check_problem(
     for label, value in (("b", b), ("h", h), ("tq", tq), ("tk", tk)):
         if value < 1:
             raise ValueError(f"{label}={value}: must be >= 1; attention needs a non-empty problem")
-    elements = b * h * (tq + 2 * tk) * spec.d
+    elements = b * h * (tq + tk) * spec.d + b * h * (tq + tk) * spec.dv
     if elements > MAX_CHECK_ELEMENTS:
         raise ValueError(
             f"b*h*(tq+2*tk)*d={elements:,} elements: a check holds its inputs on the host for "

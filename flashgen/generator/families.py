@@ -68,6 +68,19 @@ class Family:
         extra columns are zeros in shared memory, never a copy of the user's tensors)."""
         return spec.d
 
+    def dv_pad(self, spec: KernelSpec) -> int:
+        """The value head dim the math runs at (P V's columns), padded like `d_pad`."""
+        return spec.dv
+
+    def dv_rule(self, spec: KernelSpec) -> list[str]:
+        """The value head dim's rule: a multiple of 8 in [8, 256], like d (dv = d: d's rule)."""
+        if spec.dv != spec.d and (spec.dv % 8 or not 8 <= spec.dv <= 256):
+            return [
+                f"dv={spec.dv}: must be a multiple of 8 in [8, 256] for family {self.name}; "
+                "leave it unset for dv = d"
+            ]
+        return []
+
     def default_tile(self, d: int) -> tuple[int, int]:
         """(br, bc) for a spec that names no tiles: the family's usual tile for head dim d."""
         return self.default_br, self.default_bc
@@ -137,13 +150,17 @@ class SimtFamily(Family):
 
     def smem_bytes(self, spec: KernelSpec) -> int:
         # fp32 tiles, each row padded by one word so lanes of different rows hit different banks
-        return 4 * ((spec.br + 2 * spec.bc) * (spec.d + 1) + spec.br * (spec.bc + 1))
+        # Q and K rows of d, V rows of dv (+1 word each), and the row's probabilities
+        return 4 * (
+            (spec.br + spec.bc) * (spec.d + 1) + spec.bc * (spec.dv + 1) + spec.br * (spec.bc + 1)
+        )
 
     def check(self, spec: KernelSpec) -> list[str]:
         p: list[str] = []
         g = SIMT_LANES_PER_ROW
         if spec.d < 8 or spec.d > 256 or spec.d % 8:
             p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family simt; try 64")
+        p += self.dv_rule(spec)
         if spec.br < 8 or spec.br > 128 or spec.br % 8:
             fix = _pick([16, 32, 64], lambda v: True)
             p.append(
@@ -161,13 +178,14 @@ class SimtFamily(Family):
         if not p:
             # registers: each lane holds d/G output columns and bc/G scores of its row, each
             # score with its Kahan compensation term
-            regs = spec.d // g + 2 * spec.bc // g
+            regs = spec.dv // g + 2 * spec.bc // g
             if regs > 64:
+                dim = "d" if spec.dv == spec.d else "dv"  # the output columns are v's
                 p.append(
-                    f"d={spec.d}, bc={spec.bc}: {regs} accumulators per thread "
-                    f"(d/{g} + 2*bc/{g}) exceed 64 and would spill; lower bc or d"
+                    f"{dim}={spec.dv}, bc={spec.bc}: {regs} accumulators per thread "
+                    f"({dim}/{g} + 2*bc/{g}) exceed 64 and would spill; lower bc or {dim}"
                 )
-            p += self.smem_rule(spec, "4*((br+2*bc)*(d+1) + br*(bc+1))", "lower bc or br")
+            p += self.smem_rule(spec, "4*((br+bc)*(d+1) + bc*(dv+1) + br*(bc+1))", "lower bc or br")
         return p
 
     def context(self, spec: KernelSpec) -> dict[str, Any]:
@@ -185,10 +203,20 @@ class MmaFamily(Family):
         # m16n8k16: Q K^T takes the head dim in k-steps of 16
         return -(-spec.d // 16) * 16
 
+    def dv_pad(self, spec: KernelSpec) -> int:
+        # P V's columns go through ldmatrix.trans 16 at a time
+        return -(-spec.dv // 16) * 16
+
     def default_stages(self, spec: KernelSpec) -> int:
-        # two stages unless their registers would spill (then one: e.g. d=256 at 128x64)
+        # two stages unless their registers would spill or their shared memory not fit (then
+        # one: e.g. d=256 at 128x64)
         two = self.register_estimate(spec, stages=2)
-        return 2 if two <= MMA_REG_BUDGET[2] else 1
+        item = spec.dtype_info.itemsize
+        smem_two = (self.d_pad(spec) + MMA_ROW_PAD) * item * (spec.br + 2 * spec.bc) + (
+            self.dv_pad(spec) + MMA_ROW_PAD
+        ) * item * 2 * spec.bc
+        fits = smem_two <= min(ARCHS[a].smem_per_block for a in self.archs)
+        return 2 if two <= MMA_REG_BUDGET[2] and fits else 1
 
     def align_elems(self, spec: KernelSpec) -> int:
         # K/V/Q tiles move in 16-byte cp.async chunks
@@ -207,7 +235,7 @@ class MmaFamily(Family):
         # with alibi; d=128 bc=64 causal with window+softcap), 16-row ones never
         feature_regs = MMA_FEATURE_REGS * (mt - 1) if spec.features and n_stages == 1 else 0
         return (
-            mt * (self.d_pad(spec) // 2 + 3 * spec.bc // 4 + (chains - 1) * spec.bc // 2)
+            mt * (self.dv_pad(spec) // 2 + 3 * spec.bc // 4 + (chains - 1) * spec.bc // 2)
             + 16 * (n_stages - 1)
             + feature_regs
         )
@@ -230,13 +258,16 @@ class MmaFamily(Family):
         return spec.br // max(spec.warps, 1)
 
     def smem_bytes(self, spec: KernelSpec) -> int:
-        row = (self.d_pad(spec) + MMA_ROW_PAD) * spec.dtype_info.itemsize
-        return row * (spec.br + 2 * spec.stages * spec.bc)
+        item = spec.dtype_info.itemsize
+        qk_row = (self.d_pad(spec) + MMA_ROW_PAD) * item  # Q and K rows
+        v_row = (self.dv_pad(spec) + MMA_ROW_PAD) * item
+        return qk_row * (spec.br + spec.stages * spec.bc) + v_row * spec.stages * spec.bc
 
     def check(self, spec: KernelSpec) -> list[str]:
         p = self.tensor_core_rule(spec)
         if spec.d < 8 or spec.d > 256 or spec.d % 8:
             p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family mma; try 64")
+        p += self.dv_rule(spec)
         if spec.br % 16 or not 16 <= spec.br <= 256:
             p.append(f"br={spec.br}: must be a multiple of 16 in [16, 256] for family mma; try 128")
         if spec.bc % 16 or not 16 <= spec.bc <= 256:
@@ -263,25 +294,32 @@ class MmaFamily(Family):
                 p.append(
                     f"d={spec.d}, bc={spec.bc}, rows/warp={self.rows_per_warp(spec)}, "
                     f"stages={spec.stages}: ~{regs} registers per thread "
-                    "(rows/16*(dp/2 + 3*bc/4, + bc/2 if d >= 256) + 16*(stages-1), + "
-                    "16*(rows/16-1) with features at stages=1, dp = d rounded up to 16) exceed "
+                    "(rows/16*(dvp/2 + 3*bc/4, + bc/2 if d >= 256) + 16*(stages-1), + "
+                    "16*(rows/16-1) with features at stages=1, dvp = dv rounded up to 16) exceed "
                     f"{budget} and would spill; lower bc, use stages=1, or more warps"
                 )
             p += self.smem_rule(
-                spec, "(dp+8)*2*(br + 2*stages*bc)", "lower bc or stages, or use br=64"
+                spec,
+                "2*((dp+8)*(br + stages*bc) + (dvp+8)*stages*bc)",
+                "lower bc or stages, or use br=64",
             )
         return p
 
     def context(self, spec: KernelSpec) -> dict[str, Any]:
         m_tiles = self.rows_per_warp(spec) // 16
+        q_regs = m_tiles * self.d_pad(spec) // 16 * 4
         return {
             "row_pad": MMA_ROW_PAD,
             "m_tiles": m_tiles,
             "qk_chains": self.qk_chains(spec),
             "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
             "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
-            # Q fragments stay in registers when they are few (<= 32 per thread)
-            "q_in_regs": m_tiles * self.d_pad(spec) // 16 * 4 <= MMA_Q_REGS,
+            # Q fragments stay in registers when they are few (<= 32 per thread); with its own
+            # dv, also only when the O, S and P arrays leave room for them: O grows with dv
+            # while Q stays small (measured: d=64 dv=128 w4 s1 spilled 100 B with Q held, 0
+            # without). dv = d keeps the rule its variants were proven with.
+            "q_in_regs": q_regs <= MMA_Q_REGS
+            and (spec.dv == spec.d or self.register_estimate(spec) + q_regs <= MMA_REG_BUDGET[1]),
         }
 
 
@@ -317,6 +355,9 @@ class WgmmaFamily(Family):
         # past d with zeros
         return -(-spec.d // 64) * 64
 
+    def dv_pad(self, spec: KernelSpec) -> int:
+        return -(-spec.dv // 64) * 64
+
     def default_tile(self, d: int) -> tuple[int, int]:
         # 128 x 128 (two consumers); d = 256 has registers for bc = 64 only
         return (128, 64) if d > 128 else (128, 128)
@@ -328,10 +369,13 @@ class WgmmaFamily(Family):
     def register_estimate(self, spec: KernelSpec) -> int:
         """Consumer registers: O (d/2), S (bc/2) and the P in flight beside it (bc/4), plus
         WGMMA_INDEX_REGS; the zero-spill compile test guards it."""
-        return self.d_pad(spec) // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
+        return self.dv_pad(spec) // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
 
     def smem_bytes(self, spec: KernelSpec) -> int:
-        tiles = spec.dtype_info.itemsize * self.d_pad(spec) * (spec.br + 2 * spec.stages * spec.bc)
+        dp, dvp = self.d_pad(spec), self.dv_pad(spec)
+        tiles = spec.dtype_info.itemsize * (
+            dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
+        )
         return WGMMA_SMEM_ALIGN + tiles + 8 * (1 + 4 * spec.stages)
 
     def check(self, spec: KernelSpec) -> list[str]:
@@ -340,6 +384,13 @@ class WgmmaFamily(Family):
             p.append(
                 f"d={spec.d}: must be a multiple of 8 in [8, 256] for family wgmma (rows of "
                 "16-byte multiples, as the TMA needs); try 128"
+            )
+        p += self.dv_rule(spec)
+        if not p and self.dv_pad(spec) > self.d_pad(spec):
+            p.append(
+                f"dv={spec.dv}: family wgmma stages O through Q's shared memory, so dv rounded "
+                f"up to 64 ({self.dv_pad(spec)}) may not exceed d rounded up to 64 "
+                f"({self.d_pad(spec)}); use family mma for dv > d"
             )
         if spec.br not in (64, 128, 192):
             p.append(
@@ -363,12 +414,14 @@ class WgmmaFamily(Family):
             if regs > budget:
                 p.append(
                     f"d={spec.d}, bc={spec.bc}, br={spec.br}: ~{regs} registers per consumer "
-                    f"thread (dp/2 + bc/2 + bc/4 + {WGMMA_INDEX_REGS}, dp = d rounded up to 64) "
+                    f"thread (dvp/2 + bc/2 + bc/4 + {WGMMA_INDEX_REGS}, dvp = dv rounded up to 64) "
                     f"exceed the {budget} "
                     f"that {self.consumers(spec)} consumer warpgroups get; lower bc or br"
                 )
             p += self.smem_rule(
-                spec, "2*dp*(br + 2*stages*bc) + 1024 + barriers", "lower bc or stages"
+                spec,
+                "2*(dp*(br + stages*bc) + dvp*stages*bc) + 1024 + barriers",
+                "lower bc or stages",
             )
         return p
 
@@ -377,7 +430,7 @@ class WgmmaFamily(Family):
 
         mma_type = "bf16" if spec.dtype == "bf16" else "f16"
         qk = Wgmma(n=spec.bc, a_regs=False, trans_b=False, mma_type=mma_type)
-        pv = Wgmma(n=self.d_pad(spec), a_regs=True, trans_b=True, mma_type=mma_type)
+        pv = Wgmma(n=self.dv_pad(spec), a_regs=True, trans_b=True, mma_type=mma_type)
         producer, consumer = WGMMA_REGS[self.consumers(spec)]
         return {
             "consumers": self.consumers(spec),

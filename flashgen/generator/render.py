@@ -59,6 +59,8 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "build_command": spec.build_command,
         "d": spec.d,
         "d_pad": spec.fam.d_pad(spec),
+        "dv": spec.dv,
+        "dv_pad": spec.fam.dv_pad(spec),
         "features": spec.features,
         "log2e": f"{LOG2E!r}f",
         "br": spec.br,

@@ -264,7 +264,7 @@ def poison(ptr: int, count: int, dtype: str, stream: Any = None) -> None:
 
 
 def _contiguous(problem: Problem) -> bool:
-    b, h, tq, d = problem.b, problem.h, problem.tq, problem.d
+    b, h, tq, d = problem.b, problem.h, problem.tq, problem.value_dim  # o's head dim
     want = (h * tq * d if b > 1 else 0, tq * d if h > 1 else 0, d if tq > 1 else 0)
     return problem.o_strides == want
 
@@ -304,7 +304,7 @@ def launch(
                 "allocate o as a fresh GPUArray"
             )
         count = problem.b * problem.h * problem.tq
-        poison(problem.o_ptr, count * problem.d, spec.dtype, stream)
+        poison(problem.o_ptr, count * problem.value_dim, spec.dtype, stream)
         poison(problem.lse_ptr, count, "fp32", stream)
     launch_problem(spec, plan, problem, value, stream, sync=sync, features=features)
     return problem

@@ -77,6 +77,7 @@ def select(
     candidates: Sequence[KernelSpec] | None = None,
     gpu_name: str | None = None,
     features: tuple[str, ...] = (),
+    dv: int | None = None,
 ) -> KernelSpec:
     """The variant to run for this call; ValueError naming what is shipped when none fits.
 
@@ -84,9 +85,11 @@ def select(
     a variant that needs more is skipped. `candidates` replaces `shipped()` (and then no tuning
     table is read and nothing is generated on demand); `gpu_name` (e.g. 'NVIDIA H200') names
     the tuning table to consult. `features` are the feature tokens the call uses: the variant
-    is the plain choice compiled with them (features never change the tile).
+    is the plain choice compiled with them (features never change the tile). `dv` is the
+    value head dim (None: d); a dv nothing ships takes the tile of d's choice, or (wgmma
+    cannot stage a dv wider than d) the next family's.
     """
-    plain = _select_plain(d, dtype, causal, arch, alignment, candidates, gpu_name)
+    plain = _select_plain(d, dtype, causal, arch, alignment, candidates, gpu_name, dv or d)
     feats = tuple(features)
     if not feats:
         return plain
@@ -112,6 +115,7 @@ def _select_plain(
     alignment: int | None,
     candidates: Sequence[KernelSpec] | None,
     gpu_name: str | None,
+    dv: int,
 ) -> KernelSpec:
     """`select` without features: tuned, shipped, or (no candidates) the family default tile."""
     if dtype not in DTYPES:
@@ -124,7 +128,7 @@ def _select_plain(
     if gpu_name is not None and candidates is None:
         from .tuning import lookup
 
-        tuned = lookup(gpu_name, d, dtype, causal)
+        tuned = _with_dv(lookup(gpu_name, d, dtype, causal), dv)
         if tuned is not None and aligned(tuned):
             return tuned
     pool = list(shipped()) if candidates is None else list(candidates)
@@ -132,18 +136,23 @@ def _select_plain(
         runs_here = pref.min_major <= major <= pref.max_major
         if not runs_here or (pref.tensor_core_only and not DTYPES[dtype].tensor_core):
             continue
-        fits = [
+        same_d = [
             s
             for s in pool
             if s.family == pref.family and s.d == d and s.dtype == dtype and s.causal == causal
             and not s.features and aligned(s)
         ]  # fmt: skip
+        fits = [s for s in same_d if s.dv == dv]
         if fits:
             return min(fits, key=lambda s: _distance(s, pref))  # min keeps the first of ties
         if candidates is not None:
             continue
+        if same_d:  # a dv nothing ships: d's tile with v's head dim, compiled on demand
+            best = _with_dv(min(same_d, key=lambda s: _distance(s, pref)), dv)
+            if best is not None:
+                return best
         try:  # a head dim nothing ships: the family's default tile for it, compiled on demand
-            fresh = KernelSpec(family=pref.family, d=d, dtype=dtype, causal=causal)
+            fresh = KernelSpec(family=pref.family, d=d, dv=dv, dtype=dtype, causal=causal)
         except ValueError:
             continue
         if aligned(fresh):
@@ -155,6 +164,16 @@ def _select_plain(
         "on demand): pad d to a multiple of 8, or generate one with `flashgen build` and pass "
         "it as spec="
     )
+
+
+def _with_dv(spec: KernelSpec | None, dv: int) -> KernelSpec | None:
+    """`spec` with value head dim `dv`; None if that is not a valid spec."""
+    if spec is None or spec.dv == dv:
+        return spec
+    try:
+        return spec.replace(dv=dv)
+    except ValueError:
+        return None
 
 
 def _with(spec: KernelSpec | None, features: tuple[str, ...]) -> KernelSpec | None:

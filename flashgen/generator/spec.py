@@ -32,10 +32,11 @@ class KernelSpec:
     `warps` and `stages` are performance knobs of families that have them; 0 means "the
     family's default" and is replaced by it on construction, so two specs that generate the
     same kernel compare equal. `features` are compile-time feature tokens (see `FEATURES`),
-    kept in canonical order.
+    kept in canonical order. `dv` is the value head dim (of v and o; 0 means d).
 
     The name grammar (`name`, `from_name`):
-    `flash_<direction>_<family>_d<D>_br<BR>_bc<BC>_<dtype>_<causal|noncausal>[_<feature>...][_<knob><N>...]`
+    `flash_<direction>_<family>_d<D>[_dv<DV>]_br<BR>_bc<BC>_<dtype>_<causal|noncausal>[_<feature>...][_<knob><N>...]`
+    (`_dv<DV>` only when it differs from d)
     where the knob tokens are the family's own (`Family.knobs`, e.g. `w4_s1` for mma).
     """
 
@@ -49,6 +50,7 @@ class KernelSpec:
     stages: int = 0
     direction: str = "fwd"
     features: tuple[str, ...] = ()
+    dv: int = 0
 
     def __post_init__(self) -> None:
         from .families import FAMILIES, family_of  # families import KernelSpec for typing only
@@ -60,6 +62,8 @@ class KernelSpec:
         except KeyError:
             fam = None
         if fam is not None:  # the family's defaults first, so its rules judge the real values
+            if self.dv == 0 and isinstance(self.d, int):
+                object.__setattr__(self, "dv", self.d)
             if self.dtype == "":
                 object.__setattr__(self, "dtype", fam.default_dtype)
             if isinstance(self.d, int) and (self.br == 0 or self.bc == 0):
@@ -68,7 +72,7 @@ class KernelSpec:
                     object.__setattr__(self, "br", br)
                 if self.bc == 0:
                     object.__setattr__(self, "bc", bc)
-        for fname in ("d", "br", "bc", "warps", "stages"):
+        for fname in ("d", "br", "bc", "warps", "stages", "dv"):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int):
                 problems.append(f"{fname}={value!r}: must be an integer; e.g. {fname}=64")
@@ -111,6 +115,7 @@ class KernelSpec:
             self.direction,
             self.family,
             f"d{self.d}",
+            *([f"dv{self.dv}"] if self.dv != self.d else []),
             f"br{self.br}",
             f"bc{self.bc}",
             self.dtype,
@@ -127,6 +132,7 @@ class KernelSpec:
             "flashgen build",
             f"--family {self.family}",
             f"--d {self.d}",
+            *([f"--dv {self.dv}"] if self.dv != self.d else []),
             f"--br {self.br}",
             f"--bc {self.bc}",
             f"--dtype {self.dtype}",
@@ -148,6 +154,8 @@ class KernelSpec:
     def to_json(self) -> str:
         """The spec as one sorted JSON line (the banner of every generated file carries it)."""
         data = asdict(self)
+        if self.dv == self.d:  # dv only when v has a head dim of its own (as in the name)
+            del data["dv"]
         return json.dumps(data, sort_keys=True, separators=(", ", ": "))
 
     # ---- derived values -------------------------------------------------------------------
@@ -190,6 +198,8 @@ class KernelSpec:
     def replace(self, **changes: object) -> KernelSpec:
         """A copy with some fields changed (validated again)."""
         data = asdict(self)
+        if "d" in changes and "dv" not in changes and self.dv == self.d:
+            data["dv"] = 0  # dv followed d: it follows the new d
         data.update(changes)
         return KernelSpec(**data)  # type: ignore[arg-type]
 
@@ -211,12 +221,13 @@ supports in `Family.features`.
 """
 
 _HEAD = re.compile(
-    r"flash_(?P<direction>[a-z]+)_(?P<family>[a-z0-9]+)_d(?P<d>\d+)_br(?P<br>\d+)_bc(?P<bc>\d+)_"
+    r"flash_(?P<direction>[a-z]+)_(?P<family>[a-z0-9]+)_d(?P<d>\d+)(?:_dv(?P<dv>\d+))?_br(?P<br>\d+)"
+    r"_bc(?P<bc>\d+)_"
     r"(?P<dtype>[a-z0-9]+)_(?P<mask>causal|noncausal)(?P<rest>(?:_[a-z0-9]+)*)"
 )
 _KNOB = re.compile(r"(?P<token>[a-z]+)(?P<value>\d+)")
 _EXPECTED = (
-    "expected flash_<direction>_<family>_d<D>_br<BR>_bc<BC>_<dtype>_<causal|noncausal>"
+    "expected flash_<direction>_<family>_d<D>[_dv<DV>]_br<BR>_bc<BC>_<dtype>_<causal|noncausal>"
     "[_<feature>...][_<knob><N>...], e.g. flash_fwd_simt_d64_br32_bc32_fp32_noncausal"
 )
 
@@ -232,6 +243,7 @@ def _parse_name(name: str) -> dict[str, object]:
         "direction": m["direction"],
         "family": m["family"],
         "d": int(m["d"]),
+        "dv": int(m["dv"]) if m["dv"] else 0,
         "br": int(m["br"]),
         "bc": int(m["bc"]),
         "dtype": m["dtype"],

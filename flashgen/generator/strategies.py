@@ -196,6 +196,8 @@ PROBE_FEATURES: tuple[tuple[str, ...], ...] = (
     ("window", "softcap", "alibi"),
 )
 PROBE_DTYPES = {"simt": ("fp32", "bf16"), "mma": ("bf16", "fp16"), "wgmma": ("bf16", "fp16")}
+# (d, dv): a value head dim of its own (DeepSeek's MLA: 192/128), narrower and wider than d
+PROBE_DV = ((192, 128), (128, 64), (80, 40), (64, 128))
 
 
 def head_dim_probes() -> list[KernelSpec]:
@@ -213,6 +215,16 @@ def head_dim_probes() -> list[KernelSpec]:
                     break
                 except SpecError:
                     continue  # (simt cannot hold d = 248 at all: that probe is skipped)
+        for j, (d, dv) in enumerate(PROBE_DV):
+            try:  # (wgmma stages O in Q's rows: it refuses dv > d, and that probe is skipped)
+                out.append(
+                    KernelSpec(
+                        family=family, d=d, dv=dv, dtype=dtypes[j % 2], causal=j % 2 == 0,
+                        features=PROBE_FEATURES[(j + 1) % len(PROBE_FEATURES)],
+                    )  # fmt: skip
+                )
+            except SpecError:
+                continue
     return out
 
 

@@ -108,8 +108,8 @@ _maps: OrderedDict[tuple[Any, ...], tuple[TensorMap, TensorMap, TensorMap]] = Or
 
 def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, TensorMap]:
     """Q, K and V tensor maps for `spec` on `p`, from a small LRU cache keyed by all inputs."""
-    key = (spec.dtype, spec.br, spec.bc, p.b, p.h, p.kv_heads, p.tq, p.tk, p.d, p.q_ptr, p.k_ptr,
-           p.v_ptr, p.q_strides, p.k_strides, p.v_strides)  # fmt: skip
+    key = (spec.dtype, spec.br, spec.bc, p.b, p.h, p.kv_heads, p.tq, p.tk, p.d, p.value_dim,
+           p.q_ptr, p.k_ptr, p.v_ptr, p.q_strides, p.k_strides, p.v_strides)  # fmt: skip
     hit = _maps.get(key)
     if hit is not None:
         _maps.move_to_end(key)
@@ -118,7 +118,7 @@ def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, Ten
     maps = (
         encode(p.q_ptr, spec.dtype, p.b, p.h, p.tq, p.d, p.q_strides, spec.br),
         encode(p.k_ptr, spec.dtype, p.b, p.kv_heads, p.tk, p.d, p.k_strides, spec.bc),
-        encode(p.v_ptr, spec.dtype, p.b, p.kv_heads, p.tk, p.d, p.v_strides, spec.bc),
+        encode(p.v_ptr, spec.dtype, p.b, p.kv_heads, p.tk, p.value_dim, p.v_strides, spec.bc),
     )
     _maps[key] = maps
     if len(_maps) > _CACHE_SIZE:

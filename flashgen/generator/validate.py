@@ -234,6 +234,12 @@ class Problem:
     o_ptr: int | None = None
     lse_ptr: int | None = None
     h_kv: int = 0  # K/V heads (grouped-query attention); 0 means h (plain multi-head)
+    dv: int = 0  # head dim of v and o; 0 means d
+
+    @property
+    def value_dim(self) -> int:
+        """Head dim of v and o: d unless the problem has its own (DeepSeek's MLA: 128 < 192)."""
+        return self.dv or self.d
 
     @property
     def kv_heads(self) -> int:
@@ -316,11 +322,12 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
                 f"head serves H / H_kv query heads); use H_kv in "
                 f"{[n for n in range(1, h + 1) if h % n == 0]}"
             )
-        if a.shape[3] != d:
-            raise ValueError(
-                f"{a.name}.shape[3]={a.shape[3]}: head dim must equal q's d={d}; "
-                "q, k and v share one head dimension"
-            )
+    if ki.shape[3] != d:
+        raise ValueError(
+            f"k.shape[3]={ki.shape[3]}: head dim must equal q's d={d}; "
+            "q and k share one head dimension (v may have its own)"
+        )
+    dv = vi.shape[3]
     if vi.shape[2] != tk:
         raise ValueError(
             f"v.shape[2]={vi.shape[2]}: v must have as many tokens as k (Tk={tk}); "
@@ -328,14 +335,17 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
         )
     dtype = _check_dtypes(qi, ki, vi)
     _check_sizes(b, h, tq, tk, d)
+    if dv != d:
+        _check_sizes(b, h, tq, tk, dv)
     strides = [_check_operand(a) for a in (qi, ki, vi)]
     o_strides, o_ptr = None, None
     if o is not None:
         oi = describe("o", o)
-        if oi.shape != qi.shape or oi.dtype != qi.dtype:
+        o_shape = (b, h, tq, dv)
+        if oi.shape != o_shape or oi.dtype != qi.dtype:
             raise ValueError(
-                f"o: shape {oi.shape} dtype {oi.dtype}: must match q ({qi.shape}, {qi.dtype}); "
-                "allocate o like q"
+                f"o: shape {oi.shape} dtype {oi.dtype}: must be {o_shape} {qi.dtype} (q's "
+                "batch, heads and length, v's head dim); allocate o like that"
             )
         o_strides = _check_operand(oi)
         _check_no_overlap(oi)
@@ -344,7 +354,7 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
     return Problem(
         b, h, tq, tk, d, dtype, strides[0], strides[1], strides[2],
         o_strides=o_strides, q_ptr=qi.ptr, k_ptr=ki.ptr, v_ptr=vi.ptr, o_ptr=o_ptr,
-        lse_ptr=lse_ptr, h_kv=0 if h_kv == h else h_kv,
+        lse_ptr=lse_ptr, h_kv=0 if h_kv == h else h_kv, dv=0 if dv == d else dv,
     )  # fmt: skip
 
 
@@ -427,6 +437,11 @@ def check_spec(spec: KernelSpec, problem: Problem, *, check_pointers: bool = Tru
         raise ValueError(
             f"d={problem.d}: variant {spec.name} is compiled for d={spec.d}; "
             f"pass inputs with head dim {spec.d}, or a spec with d={problem.d}"
+        )
+    if problem.value_dim != spec.dv:
+        raise ValueError(
+            f"dv={problem.value_dim}: variant {spec.name} is compiled for a value head dim of "
+            f"{spec.dv}; pass v with head dim {spec.dv}, or a spec with dv={problem.value_dim}"
         )
     if problem.dtype != spec.dtype:
         raise ValueError(

@@ -22,9 +22,12 @@
 // K and V tiles arrive by cp.async into a 2-stage ring, so loads overlap math.
 // Shared-memory rows are padded by 16 bytes: the 8 rows one ldmatrix phase reads then start
 // in 8 different bank quads, which makes every ldmatrix conflict-free without a swizzle.
-// Head dims that are not a multiple of 16 run at DP = D rounded up to 16: columns D..DP-1 of
-// the Q, K and V tiles are zero-filled in shared memory (never read from the user's tensors),
-// so they add nothing to Q K^T, and the O columns they produce are never stored.
+// Q K^T runs over the head dim D of q and k, P V over the value head dim DV of v and o (DV may
+// differ from D, as in DeepSeek's MLA); the V tiles have rows of their own width.
+// Head dims that are not a multiple of 16 run at DP = D (DVP = DV) rounded up to 16: columns
+// D..DP-1 of the Q and K tiles and DV..DVP-1 of the V tiles are zero-filled in shared memory
+// (never read from the user's tensors), so they add nothing to Q K^T, and the O columns
+// DV..DVP-1 they produce are never stored.
 #include <stdint.h>
 #include <cuda_bf16.h>
 
@@ -34,6 +37,8 @@ using elem_t = __nv_bfloat16;            // storage type of Q, K, V and O
 constexpr int D = 128;             // head dimension (of q, k, v and o)
 constexpr int DP = 128;            // D as the math sees it: rounded up to the family's
                                        // MMA granularity, the extra columns zero in shared memory
+constexpr int DV = 128;            // value head dim (of v and o; DeepSeek's MLA: DV < D)
+constexpr int DVP = 128;           // DV as P V sees it, padded like DP
 constexpr int BR = 128;           // query rows per block
 constexpr int BC = 64;           // keys per K/V tile
 constexpr bool CAUSAL = true;
@@ -51,23 +56,26 @@ static_assert(THREADS == WARPS * 32, "a block is whole warps");
 constexpr int STAGES = 2;       // K/V pipeline depth
 constexpr int M_TILES = 1;     // 16-row tiles per warp
 constexpr int ROWS_PER_WARP = 16 * M_TILES;
-constexpr int LDS = DP + 8;    // shared-memory row stride (elements)
+constexpr int LDS = DP + 8;    // Q/K shared-memory row stride (elements)
+constexpr int LDV = DVP + 8;   // V shared-memory row stride (elements)
 constexpr int NT_S = BC / 8;               // n-tiles of S per warp row tile
-constexpr int NT_O = DP / 8;               // n-tiles of O computed
-constexpr int NT_OUT = D / 8;              // ... of which hold real columns (stored)
+constexpr int NT_O = DVP / 8;              // n-tiles of O computed
+constexpr int NT_OUT = DV / 8;             // ... of which hold real columns (stored)
 constexpr int KT_QK = DP / 16;             // k-steps of Q K^T
 constexpr int KT_PV = BC / 16;             // k-steps of P V
-constexpr int CHUNKS = DP / 8;             // 16-byte chunks per shared-memory row
-constexpr int CHUNKS_IN = D / 8;           // ... of which come from the user's tensors
 constexpr int QK_CHAINS = 1;  // accumulator sets for S = Q K^T
 constexpr bool Q_IN_REGS = true;  // Q fragments held in registers
 static_assert(BR == WARPS * ROWS_PER_WARP, "warps split the query tile into 16-row tiles");
 static_assert(D % 8 == 0 && DP % 16 == 0 && DP - D < 16, "D in 16-byte chunks, DP = D rounded up to 16");
+static_assert(DV % 8 == 0 && DVP % 16 == 0 && DVP - DV < 16 && DVP >= DV,
+              "DV in 16-byte chunks, DVP = DV rounded up to 16");
 static_assert(BC % 16 == 0, "tiles are whole m16n8k16 steps");
 static_assert(KT_QK % QK_CHAINS == 0, "the chains share the k-steps evenly");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
-static_assert(SMEM_BYTES == (BR + 2 * STAGES * BC) * LDS * (int)sizeof(elem_t), "smem layout");
-static_assert((LDS * sizeof(elem_t)) % 16 == 0, "rows stay 16-byte aligned for cp.async/ldmatrix");
+static_assert(SMEM_BYTES == ((BR + STAGES * BC) * LDS + STAGES * BC * LDV) * (int)sizeof(elem_t),
+              "smem layout: Qs [BR][LDS], Ks [STAGES][BC][LDS], Vs [STAGES][BC][LDV]");
+static_assert((LDS * sizeof(elem_t)) % 16 == 0 && (LDV * sizeof(elem_t)) % 16 == 0,
+              "rows stay 16-byte aligned for cp.async/ldmatrix");
 
 // Storage element <-> fp32 (all math is fp32 whatever the storage type).
 __device__ __forceinline__ float to_f32(elem_t x) { return __bfloat162float(x); }
@@ -225,22 +233,35 @@ struct Flag {
   static constexpr bool value = B;
 };
 
-// Start copying `rows` rows of a (T, D) slab, tokens t0.., into a padded tile; rows at or past
-// t_len and the pad columns D..DP-1 are zero-filled (no global read) so they contribute exact
-// zeros.
-template <int ROWS>
+// Start copying `rows` rows of a (T, COLS) slab, tokens t0.., into a tile with rows of COLS_PAD
+// + row_pad elements (Q, K: COLS = D, COLS_PAD = DP; V: DV, DVP); rows at or past t_len and the
+// pad columns COLS..COLS_PAD-1 are zero-filled (no global read) so they contribute exact zeros.
+template <int ROWS, int COLS, int COLS_PAD>
 __device__ __forceinline__ void load_tile_async(elem_t* tile, const elem_t* slab, long long stride_t,
                                                 int t0, int t_len) {
+  constexpr int CHUNKS = COLS_PAD / 8;     // 16-byte chunks per shared-memory row
+  constexpr int CHUNKS_IN = COLS / 8;      // ... of which come from the user's tensor
+  constexpr int LD = COLS_PAD + 8;  // the tile's row stride (elements)
 #pragma unroll
   for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
     const int r = c / CHUNKS, ch = c % CHUNKS;
-    const bool pad = CHUNKS != CHUNKS_IN && ch >= CHUNKS_IN;  // compile-time false when D == DP
+    const bool pad = CHUNKS != CHUNKS_IN && ch >= CHUNKS_IN;  // compile-time false if unpadded
     const bool valid = t0 + r < t_len && !pad;
     // an invalid row or pad chunk still needs a mapped address: token 0, column 0 of the slab
-    // always exists (the pad columns past D may not)
+    // always exists (the pad columns past COLS may not)
     const elem_t* src = slab + (valid ? (long long)(t0 + r) * stride_t : 0) + (pad ? 0 : ch * 8);
-    cp_async_16(tile + r * LDS + ch * 8, src, valid);
+    cp_async_16(tile + r * LD + ch * 8, src, valid);
   }
+}
+// The three tiles: Q and K rows of D columns, V rows of DV.
+template <int ROWS>
+__device__ __forceinline__ void load_qk_async(elem_t* tile, const elem_t* slab, long long stride_t,
+                                              int t0, int t_len) {
+  load_tile_async<ROWS, D, DP>(tile, slab, stride_t, t0, t_len);
+}
+__device__ __forceinline__ void load_v_async(elem_t* tile, const elem_t* slab, long long stride_t,
+                                             int t0, int t_len) {
+  load_tile_async<BC, DV, DVP>(tile, slab, stride_t, t0, t_len);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_d128_br128_bc64_bf16_causal_w8_s2(
@@ -261,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   extern __shared__ __align__(16) unsigned char smem_raw[];
   elem_t* Qs = reinterpret_cast<elem_t*>(smem_raw);  // [BR][LDS]
   elem_t* Ks = Qs + BR * LDS;                          // [STAGES][BC][LDS]
-  elem_t* Vs = Ks + STAGES * BC * LDS;                 // [STAGES][BC][LDS]
+  elem_t* Vs = Ks + STAGES * BC * LDS;                 // [STAGES][BC][LDV]
 
   const int head = blockIdx.y, batch = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -302,9 +323,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
 
   if (n_tiles > 0) {
     const int last = span.end - 1;
-    load_tile_async<BR>(Qs, qb, q_st, 0, tq - q0);
-    load_tile_async<BC>(Ks, kb, k_st, last * BC, tk);
-    load_tile_async<BC>(Vs, vb, v_st, last * BC, tk);
+    load_qk_async<BR>(Qs, qb, q_st, 0, tq - q0);
+    load_qk_async<BC>(Ks, kb, k_st, last * BC, tk);
+    load_v_async(Vs, vb, v_st, last * BC, tk);
     cp_async_commit();
   }
 
@@ -318,11 +339,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
     const bool more = it + 1 < n_tiles;
     const int buf = it % 2;
     const elem_t* Kt = Ks + buf * BC * LDS;
-    const elem_t* Vt = Vs + buf * BC * LDS;
+    const elem_t* Vt = Vs + buf * BC * LDV;
     // Prefetch the next K/V tile into the other buffer, then wait for this one.
     if (more) {
-      load_tile_async<BC>(Ks + (buf ^ 1) * BC * LDS, kb, k_st, kv0 - BC, tk);
-      load_tile_async<BC>(Vs + (buf ^ 1) * BC * LDS, vb, v_st, kv0 - BC, tk);
+      load_qk_async<BC>(Ks + (buf ^ 1) * BC * LDS, kb, k_st, kv0 - BC, tk);
+      load_v_async(Vs + (buf ^ 1) * BC * LDV, vb, v_st, kv0 - BC, tk);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -443,8 +464,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
       }
     }
     // Rescale O only when some row's max moved: on long rows the max settles early and the
-    // D/2 multiplies per row per tile are skipped (warp-uniform branch; alpha == 1 is exact).
-    // The pad columns' accumulators are never stored, so they are left unscaled.
+    // DV/2 multiplies per row per tile are skipped (warp-uniform branch; alpha == 1 is exact).
+    // The pad columns' accumulators (DV..DVP-1) are never stored, so they are left unscaled.
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
@@ -460,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
 #pragma unroll
       for (int dp = 0; dp < NT_O / 2; ++dp) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, Vt + (kk * 16 + v_row) * LDS + dp * 16 + v_col);
+        ldmatrix_x4_trans(b, Vt + (kk * 16 + v_row) * LDV + dp * 16 + v_col);
 #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) {
           mma_16816(o_acc[mt][2 * dp], p_frag[mt][kk], b[0], b[1]);
@@ -495,7 +516,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
       if (row < tq) {
         elem_t* orow = ob + (long long)row * o_st + (lane % 4) * 2;
 #pragma unroll
-        for (int nt = 0; nt < NT_OUT; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
+        for (int nt = 0; nt < NT_OUT; ++nt)  // the DV real columns; no key seen: exact zeros,
+                                             // even if V held inf/NaN
           *reinterpret_cast<uint32_t*>(orow + nt * 8) =
               l == 0.0f ? 0u : pack2(o_acc[mt][nt][2 * h] * inv_l, o_acc[mt][nt][2 * h + 1] * inv_l);
         if (lane % 4 == 0) {

@@ -15,6 +15,8 @@
 // Threads. LANES consecutive lanes share one query row: lane j computes the scores of keys
 // j, j+LANES, ... and owns output columns j, j+LANES, ...; the row's max and sum are combined
 // with warp shuffles, and the row's probabilities go through shared memory for P*V.
+// Q K^T runs over the D columns of q and k, P V over the DV columns of v (DV may differ from
+// D, as in DeepSeek's MLA): V's tile has rows of its own width and o rows have DV columns.
 //
 // Keys. Only the key tiles some row of the block can see are loaded (tile_span): causal
 // skips the tiles above the diagonal and a sliding window those outside it. Softcap and ALiBi
@@ -28,6 +30,8 @@ using elem_t = float;            // storage type of Q, K, V and O
 constexpr int D = 64;             // head dimension (of q, k, v and o)
 constexpr int DP = 64;            // D as the math sees it: rounded up to the family's
                                        // MMA granularity, the extra columns zero in shared memory
+constexpr int DV = 64;            // value head dim (of v and o; DeepSeek's MLA: DV < D)
+constexpr int DVP = 64;           // DV as P V sees it, padded like DP
 constexpr int BR = 32;           // query rows per block
 constexpr int BC = 32;           // keys per K/V tile
 constexpr bool CAUSAL = false;
@@ -44,14 +48,16 @@ static_assert(THREADS == WARPS * 32, "a block is whole warps");
 
 constexpr int LANES = 4;         // lanes per query row
 constexpr int S_PER_LANE = BC / LANES;             // scores each lane computes per tile
-constexpr int O_PER_LANE = D / LANES;              // output columns each lane owns
-constexpr int LD = D + 1;                          // padded row: rows fall in different banks
+constexpr int O_PER_LANE = DV / LANES;             // output columns each lane owns
+constexpr int LD = D + 1;                          // padded Q/K row: rows fall in different banks
+constexpr int LDV = DV + 1;                        // padded V row
 constexpr int LDP = BC + 1;
 static_assert(THREADS == BR * LANES, "one group of LANES lanes per query row");
 static_assert(32 % LANES == 0, "a row's lanes must sit inside one warp");
-static_assert(BC % LANES == 0 && D % LANES == 0, "keys and columns split evenly over lanes");
-static_assert(DP == D, "CUDA cores need no padded head dim");
-static_assert(SMEM_BYTES == 4 * ((BR + 2 * BC) * LD + BR * LDP), "shared-memory layout");
+static_assert(BC % LANES == 0 && D % LANES == 0 && DV % LANES == 0,
+              "keys and columns split evenly over lanes");
+static_assert(DP == D && DVP == DV, "CUDA cores need no padded head dim");
+static_assert(SMEM_BYTES == 4 * ((BR + BC) * LD + BC * LDV + BR * LDP), "shared-memory layout");
 
 // Storage element <-> fp32 (all math is fp32 whatever the storage type).
 __device__ __forceinline__ float to_f32(elem_t x) { return (x); }
@@ -166,14 +172,16 @@ __device__ __forceinline__ float row_sum(float x) {
   return x;
 }
 
-// Copy `rows` rows of a (T, D) slab starting at token t0 into a padded fp32 tile; rows past
-// the end (t0 + r >= t_len) are zero-filled so they can never inject NaN or Inf.
+// Copy `rows` rows of a (T, COLS) slab starting at token t0 into an fp32 tile with rows of
+// COLS + 1; rows past the end (t0 + r >= t_len) are zero-filled so they can never inject NaN
+// or Inf. COLS is D for Q and K, DV for V.
+template <int COLS>
 __device__ __forceinline__ void load_tile(float* tile, const elem_t* src, long long stride_t,
                                           int t0, int t_len, int rows) {
-  for (int idx = threadIdx.x; idx < rows * D; idx += THREADS) {
-    const int r = idx / D, c = idx % D;
+  for (int idx = threadIdx.x; idx < rows * COLS; idx += THREADS) {
+    const int r = idx / COLS, c = idx % COLS;
     const int t = t0 + r;
-    tile[r * LD + c] = t < t_len ? to_f32(src[(long long)t * stride_t + c]) : 0.0f;
+    tile[r * (COLS + 1) + c] = t < t_len ? to_f32(src[(long long)t * stride_t + c]) : 0.0f;
   }
 }
 
@@ -195,8 +203,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
   extern __shared__ float smem[];
   float* Qs = smem;                 // [BR][LD]
   float* Ks = Qs + BR * LD;         // [BC][LD]
-  float* Vs = Ks + BC * LD;         // [BC][LD]
-  float* Ps = Vs + BC * LD;         // [BR][LDP] this tile's probabilities
+  float* Vs = Ks + BC * LD;         // [BC][LDV]
+  float* Ps = Vs + BC * LDV;        // [BR][LDP] this tile's probabilities
 
   const int head = blockIdx.y, batch = blockIdx.z;
   const int q0 = query_tile() * BR;
@@ -210,11 +218,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
   const elem_t* kb = k + batch * k_sb + kv_head * k_sh;
   const elem_t* vb = v + batch * v_sb + kv_head * v_sh;
 
-  load_tile(Qs, qb + (long long)q0 * q_st, q_st, 0, tq - q0, BR);
+  load_tile<D>(Qs, qb + (long long)q0 * q_st, q_st, 0, tq - q0, BR);
 
   float m = -INFINITY;      // running max of this row's scores (base-2 units)
   float l = 0.0f;           // running sum of exp2(score - m), this lane's share
-  float acc[O_PER_LANE];    // running un-normalised output, columns j + LANES*i
+  float acc[O_PER_LANE];    // running un-normalised output, columns j + LANES*i (of DV)
 #pragma unroll
   for (int i = 0; i < O_PER_LANE; ++i) acc[i] = 0.0f;
 
@@ -222,8 +230,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
   const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
   for (int kv0 = span.first * BC; kv0 < span.end * BC; kv0 += BC) {
     __syncthreads();  // the previous tile's K/V reads are done before they are overwritten
-    load_tile(Ks, kb, k_st, kv0, tk, BC);
-    load_tile(Vs, vb, v_st, kv0, tk, BC);
+    load_tile<D>(Ks, kb, k_st, kv0, tk, BC);
+    load_tile<DV>(Vs, vb, v_st, kv0, tk, BC);
     __syncthreads();
 
     // S = Q K^T for this lane's keys. Compensated (Kahan) summation: a plain fp32 dot of D
@@ -280,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
     for (int y = 0; y < BC; ++y) {
       const float p = Ps[r * LDP + y];
 #pragma unroll
-      for (int i = 0; i < O_PER_LANE; ++i) acc[i] += p * Vs[y * LD + j + LANES * i];
+      for (int i = 0; i < O_PER_LANE; ++i) acc[i] += p * Vs[y * LDV + j + LANES * i];
     }
     __syncwarp();  // all lanes read Ps before the next tile overwrites it
   }

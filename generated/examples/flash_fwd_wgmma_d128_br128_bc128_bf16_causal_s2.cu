@@ -30,9 +30,12 @@
 // past the causal diagonal or outside the window are never loaded): the ragged end and the
 // causal diagonal come first, and only tiles crossing a mask edge (those two, or a window
 // edge) pay the per-element mask.
-// Head dims that are not a multiple of 64: shared memory, O and O += P V run at DP (D rounded
-// up to 64); the TMA zero-fills the columns >= D of each 64-column slab, S = Q K^T issues only
-// the k-steps that touch real columns, and the epilogue writes only columns < D.
+// Head dims that are not a multiple of 64: Q and K live in shared memory at DP (D rounded up
+// to 64), V, O and O += P V at DVP (DV rounded up to 64); the TMA zero-fills the columns >= D
+// (>= DV for V) of each 64-column slab, S = Q K^T issues only the k-steps that touch real
+// columns, and the epilogue writes only columns < DV.
+// A value head dim DV other than D (DeepSeek's MLA: D = 192, DV = 128): v and o have DV
+// columns, loaded and stored as DV_CHUNKS slabs; O is staged through the Q slabs, so DVP <= DP.
 #include <stdint.h>
 #include <cuda_bf16.h>
 
@@ -42,6 +45,8 @@ using elem_t = __nv_bfloat16;            // storage type of Q, K, V and O
 constexpr int D = 128;             // head dimension (of q, k, v and o)
 constexpr int DP = 128;            // D as the math sees it: rounded up to the family's
                                        // MMA granularity, the extra columns zero in shared memory
+constexpr int DV = 128;            // value head dim (of v and o; DeepSeek's MLA: DV < D)
+constexpr int DVP = 128;           // DV as P V sees it, padded like DP
 constexpr int BR = 128;           // query rows per block
 constexpr int BC = 128;           // keys per K/V tile
 constexpr bool CAUSAL = true;
@@ -59,22 +64,28 @@ static_assert(THREADS == WARPS * 32, "a block is whole warps");
 constexpr int CONSUMERS = 2;       // consumer warpgroups, 64 query rows each
 constexpr int STAGES = 2;             // K/V ring depth
 constexpr int CHUNK = 64;                        // columns per 128-byte swizzled row chunk
-constexpr int D_CHUNKS = DP / CHUNK;             // d is loaded as D_CHUNKS [rows][64] slabs
+constexpr int D_CHUNKS = DP / CHUNK;             // q and k are loaded as D_CHUNKS [rows][64] slabs
+constexpr int DV_CHUNKS = DVP / CHUNK;           // v as DV_CHUNKS [rows][64] slabs (o staged alike)
 constexpr int QK_STEPS = (D + 15) / 16;          // k-steps of S = Q K^T over real columns
 constexpr int PRODUCER_REGS = 24;  // setmaxnreg after the split
 constexpr int CONSUMER_REGS = 240;
 constexpr int Q_BYTES = BR * DP * (int)sizeof(elem_t);   // = the bytes of its D_CHUNKS TMA boxes
-constexpr int KV_BYTES = BC * DP * (int)sizeof(elem_t);  // one K or V tile
+constexpr int K_BYTES = BC * DP * (int)sizeof(elem_t);   // one K tile (D_CHUNKS TMA boxes)
+constexpr int V_BYTES = BC * DVP * (int)sizeof(elem_t);  // one V tile (DV_CHUNKS TMA boxes)
 constexpr int SMEM_ALIGN = 1024;                 // a 128-byte swizzle atom is 8 rows x 128 B
 constexpr int BARRIERS = 1 + 4 * STAGES;         // q_full, k_full/k_empty/v_full/v_empty rings
 static_assert(BR == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 static_assert(THREADS == 128 * (CONSUMERS + 1), "one producer warpgroup plus the consumers");
 static_assert(DP % CHUNK == 0 && CHUNK * sizeof(elem_t) == 128, "dp splits into 128-byte rows");
 static_assert(D % 8 == 0 && D <= DP && DP - D < CHUNK, "d: whole 16-byte chunks, padded to the next 64");
+static_assert(DVP % CHUNK == 0, "dvp splits into 128-byte rows");
+static_assert(DV % 8 == 0 && DV <= DVP && DVP - DV < CHUNK, "dv: whole 16-byte chunks, padded to the next 64");
+static_assert(DVP <= DP, "O is staged through this warpgroup's rows of the Q slabs: dvp <= dp");
 static_assert(BC % 16 == 0 && BC <= 256, "S = Q K^T is one m64nBCk16 wgmma per k-step");
-static_assert(DP <= 256, "O += P V is one m64nDPk16 wgmma per k-step");
-static_assert(Q_BYTES % SMEM_ALIGN == 0 && KV_BYTES % SMEM_ALIGN == 0, "tiles keep swizzle atoms aligned");
-static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS, "smem layout");
+static_assert(DVP <= 256, "O += P V is one m64nDVPk16 wgmma per k-step");
+static_assert(Q_BYTES % SMEM_ALIGN == 0 && K_BYTES % SMEM_ALIGN == 0 && V_BYTES % SMEM_ALIGN == 0,
+              "tiles keep swizzle atoms aligned");
+static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 8 * BARRIERS, "smem layout");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
 // setmaxnreg only works with a register cap at entry: one block per SM, 65536 / THREADS each
 static_assert(MIN_BLOCKS == 1, "one block per SM: the warpgroups' registers are split by setmaxnreg");
@@ -296,7 +307,8 @@ struct Flag {
 };
 
 // The kernel ABI: three tensor maps (Q with BR-row boxes, K and V with BC-row boxes, each box
-// 64 columns wide, 128-byte swizzle), then the C ABI every family shares.
+// 64 columns wide, 128-byte swizzle; V's innermost dimension is DV), then the C ABI every
+// family shares.
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2(
     const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,
     const __grid_constant__ TensorMap tm_v,
@@ -318,8 +330,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       (reinterpret_cast<uintptr_t>(smem_raw) + SMEM_ALIGN - 1) & ~(uintptr_t)(SMEM_ALIGN - 1));
   elem_t* Qs = reinterpret_cast<elem_t*>(base);                   // [D_CHUNKS][BR][64]
   elem_t* Ks = reinterpret_cast<elem_t*>(base + Q_BYTES);         // [STAGES][D_CHUNKS][BC][64]
-  elem_t* Vs = reinterpret_cast<elem_t*>(base + Q_BYTES + STAGES * KV_BYTES);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + Q_BYTES + 2 * STAGES * KV_BYTES);
+  elem_t* Vs = reinterpret_cast<elem_t*>(base + Q_BYTES + STAGES * K_BYTES);  // [STAGES][DV_CHUNKS][BC][64]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + Q_BYTES + STAGES * (K_BYTES + V_BYTES));
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* k_empty = k_full + STAGES;
@@ -362,7 +374,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         const int s = it % STAGES, use = it / STAGES, kv0 = (span.end - 1 - it) * BC;
         // a fresh barrier counts as having completed the phase before its first: parity 1
         mbar_wait(&k_empty[s], (use & 1) ^ 1);
-        mbar_expect_tx(&k_full[s], KV_BYTES);
+        mbar_expect_tx(&k_full[s], K_BYTES);
 #pragma unroll
         for (int c = 0; c < D_CHUNKS; ++c)
           tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, kv_head, batch);
@@ -370,10 +382,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       auto load_v = [&](int it) {
         const int s = it % STAGES, use = it / STAGES, kv0 = (span.end - 1 - it) * BC;
         mbar_wait(&v_empty[s], (use & 1) ^ 1);
-        mbar_expect_tx(&v_full[s], KV_BYTES);
+        mbar_expect_tx(&v_full[s], V_BYTES);
 #pragma unroll
-        for (int c = 0; c < D_CHUNKS; ++c)
-          tma_load_4d(Vs + (s * D_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, kv_head, batch);
+        for (int c = 0; c < DV_CHUNKS; ++c)
+          tma_load_4d(Vs + (s * DV_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, kv_head, batch);
       };
       load_k(0);
       for (int it = 1; it < n_tiles; ++it) {
@@ -390,17 +402,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     // this thread's rows within the block: g and g + 8 of its warp's 16-row slice
     const int row0 = 64 * c + 16 * warp + lane / 4;
 
-    float o_acc[DP / 2];  // columns >= D stay zero (P times the zero-filled V columns)
+    float o_acc[DVP / 2];  // columns >= DV stay zero (P times the zero-filled V columns)
     float m_run[2] = {-INFINITY, -INFINITY};  // running max, base-2 units
     float l_run[2] = {0.0f, 0.0f};            // running sum, this thread's columns only
 #pragma unroll
-    for (int i = 0; i < DP / 2; ++i) o_acc[i] = 0.0f;
+    for (int i = 0; i < DVP / 2; ++i) o_acc[i] = 0.0f;
     // SOFTCAP / ALIBI: the constants that turn raw scores into base-2 logits (once per block)
     const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);
     const float sc_k1 = sm.pre * (2.0f * LOG2E), sc_k2 = -2.0f * sm.post;  // SOFTCAP (see softmax)
 
     // Descriptors: Q rows of this warpgroup (K-major), each K stage (K-major), each V stage
-    // (N-major: leading byte offset = the stride between d-chunks of one stage).
+    // (N-major: leading byte offset = the stride between the dv-chunks of one stage).
     const elem_t* q_wg = Qs + 64 * c * CHUNK;
 
     float s_acc[BC / 2];
@@ -420,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     };
     // O += P V for one stage, issued (not waited for).
     auto issue_pv = [&](int s) {
-      const elem_t* vt = Vs + s * D_CHUNKS * BC * CHUNK;
+      const elem_t* vt = Vs + s * DV_CHUNKS * BC * CHUNK;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
@@ -569,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         release(&v_empty[sp]);
         pack_p();
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o_acc[i] *= a[(i % 4) / 2];  // columns >= D: never read
+        for (int i = 0; i < DV / 2; ++i) o_acc[i] *= a[(i % 4) / 2];  // columns >= DV: never read
       };
       for (int it = 1; it < n_tiles; ++it) {
         if (needs_mask(it)) step(it, Flag<true>{}); else step(it, Flag<false>{});
@@ -591,7 +603,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     // 128-byte row segments instead of 4-byte pieces.
     elem_t* ob = o + batch * o_sb + head * o_sh;
     elem_t* os = Qs + 64 * c * CHUNK;  // row r, column x: os[(x / 64) * BR * 64 + r * 64 + x % 64]
-    // (only columns < D are staged and written: D is whole 16-byte chunks of 8 elements)
+    // (only columns < DV are staged and written: DV is whole 16-byte chunks of 8 elements; they
+    // fit: the DV_CHUNKS <= D_CHUNKS slabs of these 64 rows)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l = l_run[h];
@@ -600,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key writes zeros
       const int r = row0 - 64 * c + h * 8;              // row within this warpgroup's 64
 #pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {  // no key seen: exact zeros, even if V held inf/NaN
+      for (int nt = 0; nt < DV / 8; ++nt) {  // no key seen: exact zeros, even if V held inf/NaN
         const int chunk = (nt % 8) ^ (r % 8);
         *reinterpret_cast<uint32_t*>(os + (nt / 8) * BR * CHUNK + r * CHUNK + chunk * 8 + (lane % 4) * 2) =
             l == 0.0f ? 0u : pack2(o_acc[4 * nt + 2 * h] * inv_l, o_acc[4 * nt + 2 * h + 1] * inv_l);
@@ -613,8 +626,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     }
     bar_sync(EPILOGUE_BARRIER + c, 128);  // this warpgroup's O is in shared memory
 #pragma unroll
-    for (int i = threadIdx.x % 128; i < 64 * (D / 8); i += 128) {
-      const int r = i / (D / 8), k = i % (D / 8);
+    for (int i = threadIdx.x % 128; i < 64 * (DV / 8); i += 128) {
+      const int r = i / (DV / 8), k = i % (DV / 8);
       const int row = q0 + 64 * c + r;
       if (row < tq)
         *reinterpret_cast<uint4*>(ob + (long long)row * o_st + k * 8) =
