@@ -166,3 +166,16 @@ def test_features_on_numpy_inputs_match_the_oracle(dtype: str) -> None:
     o, lse = flashgen.attention(q, k, v, return_lse=True, **kw)
     out = check_outputs(o, lse, q, k, v, causal=False, scale=40**-0.5, dtype=dtype, **kw)
     assert out.passed, out
+
+
+@pytest.mark.parametrize(("d", "dv"), [(192, 128), (64, 128), (80, 40)])
+def test_v_with_a_head_dim_of_its_own_matches_the_oracle(d: int, dv: int) -> None:
+    """O has v's head dim; the selected variant (wgmma on Hopper when dv <= d) computes it."""
+    rng = np.random.default_rng(d + dv)
+    q = rng.standard_normal((2, 4, 133, d)).astype(ml_dtypes.bfloat16)
+    k = rng.standard_normal((2, 2, 151, d)).astype(ml_dtypes.bfloat16)
+    v = rng.standard_normal((2, 2, 151, dv)).astype(ml_dtypes.bfloat16)
+    o, lse = flashgen.attention(q, k, v, causal=True, return_lse=True)
+    assert o.shape == (2, 4, 133, dv)
+    out = check_outputs(o, lse, q, k, v, causal=True, scale=d**-0.5, dtype="bf16")
+    assert out.passed, out
