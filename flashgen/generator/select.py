@@ -93,7 +93,7 @@ def select(
     feats = tuple(features)
     if not feats:
         return plain
-    want = _with(plain, feats)
+    want = _with(plain, features=feats)
     if want is None or (candidates is not None and want not in candidates):
         raise ValueError(
             f"d={d}, dtype={dtype}, causal={causal}, features={','.join(feats)}, arch={arch}: "
@@ -128,7 +128,7 @@ def _select_plain(
     if gpu_name is not None and candidates is None:
         from .tuning import lookup
 
-        tuned = _with_dv(lookup(gpu_name, d, dtype, causal), dv)
+        tuned = _with(lookup(gpu_name, d, dtype, causal), dv=dv)
         if tuned is not None and aligned(tuned):
             return tuned
     pool = list(shipped()) if candidates is None else list(candidates)
@@ -148,7 +148,7 @@ def _select_plain(
         if candidates is not None:
             continue
         if same_d:  # a dv nothing ships: d's tile with v's head dim, compiled on demand
-            best = _with_dv(min(same_d, key=lambda s: _distance(s, pref)), dv)
+            best = _with(min(same_d, key=lambda s: _distance(s, pref)), dv=dv)
             if best is not None:
                 return best
         try:  # a head dim nothing ships: the family's default tile for it, compiled on demand
@@ -166,21 +166,11 @@ def _select_plain(
     )
 
 
-def _with_dv(spec: KernelSpec | None, dv: int) -> KernelSpec | None:
-    """`spec` with value head dim `dv`; None if that is not a valid spec."""
-    if spec is None or spec.dv == dv:
+def _with(spec: KernelSpec | None, **changes: object) -> KernelSpec | None:
+    """`spec` with some fields changed (features, dv); None if that is not a valid spec."""
+    if spec is None or all(getattr(spec, k) == v for k, v in changes.items()):
         return spec
     try:
-        return spec.replace(dv=dv)
-    except ValueError:
-        return None
-
-
-def _with(spec: KernelSpec | None, features: tuple[str, ...]) -> KernelSpec | None:
-    """`spec` compiled with `features` instead of its own; None if that is not a valid spec."""
-    if spec is None or spec.features == features:
-        return spec
-    try:
-        return spec.replace(features=features)
+        return spec.replace(**changes)
     except ValueError:
         return None
