@@ -1,6 +1,7 @@
 """Launch one variant on one benchmark-sized problem (for ncu / nsys to attach to).
 
 Usage: python3 scripts/profile_one.py KERNEL_NAME [T]   (B*T = 16384 tokens, H*d = 2048)
+A `window` variant runs the bench's sliding window (4096 keys back, bench_features.WINDOW).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ def main() -> int:
     t = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
     case = bench.Case(spec.dtype, spec.d, spec.causal, t)
     q, k, v = bench._inputs(case)
-    run, _ = bench.flashgen_runner(spec, q, k, v)
+    if "window" in spec.features:
+        from flashgen.generator import bench_features as bf
+        from flashgen.generator.features import FeatureArgs
+
+        run = bf._runner(spec, q, k, v, FeatureArgs(window=bf.WINDOW))
+    else:
+        run, _ = bench.flashgen_runner(spec, q, k, v)
     for _ in range(4):
         run()
     bench._torch().cuda.synchronize()
