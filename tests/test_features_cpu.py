@@ -212,3 +212,20 @@ def test_cli_builds_a_dv_variant(tmp_path):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert (tmp_path / "flash_fwd_mma_d192_dv128_br128_bc64_bf16_noncausal_w8_s2.cu").exists()
+
+
+def test_check_runs_a_feature_variant_with_its_values():
+    from flashgen.generator import checks
+    from flashgen.generator.oracle import reference
+
+    seen = {}
+
+    def emulate(spec, q, k, v, scale, **feats):
+        seen.update(feats)
+        o, lse = reference(q, k, v, causal=spec.causal, scale=scale, **feats)
+        return o.astype(q.dtype), lse.astype(np.float32)
+
+    spec = KernelSpec(family="simt", d=32, causal=True, features=("window", "softcap", "alibi"))
+    r = checks.check_variant(spec, b=1, h=2, tq=40, tk=90, seed=1, execute=emulate)
+    assert r.passed and seen["window"] == (64, 16) and seen["softcap"] == 30.0
+    assert seen["alibi_slopes"].shape == (2,)

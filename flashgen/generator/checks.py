@@ -295,6 +295,11 @@ def run_case(spec: KernelSpec, case: Case, execute: Execute | None = None) -> Ch
     )  # fmt: skip
 
 
+# The feature values `check_variant` (`flashgen check`) runs a feature variant with: a window
+# of 64 keys back and 16 ahead, a softcap of 30, ALiBi slopes 0.5 * 2^(-8 (h + 1) / H)
+CHECK_FEATURE_VALUES: dict[str, Any] = {"window": (64, 16), "softcap": 30.0, "alibi": 0.5}
+
+
 def check_problem(
     spec: KernelSpec, *, b: int, h: int, tq: int, tk: int, seed: int, scale: float | None
 ) -> float:
@@ -329,12 +334,15 @@ def check_variant(
     logit_max: float | None = None,
     execute: Execute | None = None,
 ) -> CheckResult:
-    """Run one variant on one random problem (standard normal inputs unless `logit_max`).
+    """Run one variant on one random problem (standard normal inputs unless `logit_max`); a
+    feature variant runs with CHECK_FEATURE_VALUES.
 
     The request is validated first (`check_problem`: ValueError before any allocation).
     """
     check_problem(spec, b=b, h=h, tq=tq, tk=tk, seed=seed, scale=scale)
-    return run_case(spec, Case(b, h, tq, tk, scale, logit_max, seed), execute)
+    feats = {k: v for k, v in CHECK_FEATURE_VALUES.items() if k in spec.features}
+    case = Case(b, h, tq, tk, scale, logit_max, seed, **feats)
+    return run_case(spec, case, execute)
 
 
 def compile_all(
