@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 
 from flashgen.generator import bench
+from flashgen.generator.bench_features import WINDOW
+from flashgen.generator.features import FeatureArgs
 from flashgen.generator.spec import KernelSpec
 
 
@@ -18,13 +20,8 @@ def main() -> int:
     t = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
     case = bench.Case(spec.dtype, spec.d, spec.causal, t)
     q, k, v = bench._inputs(case)
-    if "window" in spec.features:
-        from flashgen.generator import bench_features as bf
-        from flashgen.generator.features import FeatureArgs
-
-        run = bf._runner(spec, q, k, v, FeatureArgs(window=bf.WINDOW))
-    else:
-        run, _ = bench.flashgen_runner(spec, q, k, v)
+    window = WINDOW if "window" in spec.features else None
+    run, _ = bench.flashgen_runner(spec, q, k, v, FeatureArgs(window=window))
     for _ in range(4):
         run()
     bench._torch().cuda.synchronize()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from .features import NO_FEATURES, FeatureArgs
 from .spec import KernelSpec
 
 TOKENS = 16384  # B * T
@@ -175,18 +176,20 @@ def _inputs(case: Case, seed: int = 0) -> tuple[Any, Any, Any]:
     )
 
 
-def flashgen_runner(spec: KernelSpec, q: Any, k: Any, v: Any) -> tuple[Callable[[], None], Any]:
-    """A closure launching `spec` on torch tensors (validated once, bound once) on torch's
-    current stream, and its output tensor."""
+def flashgen_runner(
+    spec: KernelSpec, q: Any, k: Any, v: Any, features: FeatureArgs = NO_FEATURES
+) -> tuple[Callable[[], None], Any]:
+    """A closure launching `spec` on torch tensors (validated once, bound once, with the
+    call's feature values) on torch's current stream, and its output tensor."""
     torch = _torch()
     from . import runtime
     from .validate import LOG2E, check_scale, validate_inputs
 
-    o = torch.empty_like(q)
+    o = q.new_empty((*q.shape[:3], v.shape[3]))  # q's rows, v's head dim
     lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
     problem = validate_inputs(spec, q, k, v, o=o, lse=lse)
     scale = check_scale(None, spec.d)
-    bound = runtime.get_function(spec).bind(problem, scale * LOG2E)
+    bound = runtime.get_function(spec).bind(problem, scale * LOG2E, features)
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
     stream = int(torch.cuda.current_stream().cuda_stream)
 

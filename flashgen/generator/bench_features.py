@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .bench import TOKENS, Row, _torch, fa4_available, time_ms
+from .bench import TOKENS, Row, _torch, fa4_available, flashgen_runner, time_ms
 from .features import FeatureArgs
 from .spec import KernelSpec
 
@@ -112,17 +112,7 @@ def _inputs(fc: FeatureCase, h_kv: int, seed: int = 0) -> tuple[Any, Any, Any]:
 
 
 def _runner(spec: KernelSpec, q: Any, k: Any, v: Any, feats: FeatureArgs) -> Callable[[], None]:
-    torch = _torch()
-    from . import runtime
-    from .validate import LOG2E, check_scale, validate_inputs
-
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
-    problem = validate_inputs(spec, q, k, v, o=o, lse=lse)
-    bound = runtime.get_function(spec).bind(problem, check_scale(None, spec.d) * LOG2E, feats)
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
-    stream = int(torch.cuda.current_stream().cuda_stream)
-    return lambda: bound(*ptrs, stream)
+    return flashgen_runner(spec, q, k, v, feats)[0]
 
 
 def _peer(peer: str, fc: FeatureCase, q: Any, k: Any, v: Any) -> Callable[[], Any]:

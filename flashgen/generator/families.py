@@ -122,9 +122,13 @@ class Family:
             "bf16, or family simt for fp32"
         ]
 
+    def smem_limit(self) -> int:
+        """Shared memory per block on the tightest arch the family ships for."""
+        return min(ARCHS[a].smem_per_block for a in self.archs)
+
     def smem_rule(self, spec: KernelSpec, formula: str, fix: str) -> list[str]:
         """The shared-memory rule: the block must fit every arch the family ships for."""
-        limit = min(ARCHS[a].smem_per_block for a in self.archs)
+        limit = self.smem_limit()
         need = self.smem_bytes(spec)
         if need > limit:
             arch = min(self.archs, key=lambda a: ARCHS[a].smem_per_block)
@@ -211,11 +215,7 @@ class MmaFamily(Family):
         # two stages unless their registers would spill or their shared memory not fit (then
         # one: e.g. d=256 at 128x64)
         two = self.register_estimate(spec, stages=2)
-        item = spec.dtype_info.itemsize
-        smem_two = (self.d_pad(spec) + MMA_ROW_PAD) * item * (spec.br + 2 * spec.bc) + (
-            self.dv_pad(spec) + MMA_ROW_PAD
-        ) * item * 2 * spec.bc
-        fits = smem_two <= min(ARCHS[a].smem_per_block for a in self.archs)
+        fits = self.smem_bytes(spec, stages=2) <= self.smem_limit()
         return 2 if two <= MMA_REG_BUDGET[2] and fits else 1
 
     def align_elems(self, spec: KernelSpec) -> int:
@@ -257,11 +257,13 @@ class MmaFamily(Family):
         """Query rows each warp owns (16 per m16n8k16 row tile)."""
         return spec.br // max(spec.warps, 1)
 
-    def smem_bytes(self, spec: KernelSpec) -> int:
+    def smem_bytes(self, spec: KernelSpec, stages: int | None = None) -> int:
+        """Shared memory of Q, the K ring and the V ring; `stages` overrides the spec's."""
+        n = spec.stages if stages is None else stages
         item = spec.dtype_info.itemsize
         qk_row = (self.d_pad(spec) + MMA_ROW_PAD) * item  # Q and K rows
         v_row = (self.dv_pad(spec) + MMA_ROW_PAD) * item
-        return qk_row * (spec.br + spec.stages * spec.bc) + v_row * spec.stages * spec.bc
+        return qk_row * (spec.br + n * spec.bc) + v_row * n * spec.bc
 
     def check(self, spec: KernelSpec) -> list[str]:
         p = self.tensor_core_rule(spec)
