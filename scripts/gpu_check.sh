@@ -37,6 +37,14 @@ for stage in $stages; do
     done
     rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    # the wgmma variants again on a GPU played as 3 SMs: small problems take the persistent grid
+    pids=()
+    for i in $(seq 0 $((jobs - 1))); do
+      FLASHGEN_SM_LIMIT=3 FLASHGEN_GPU_SHARD=$i/$jobs \
+        $py -m pytest -q -p no:cacheprovider tests/gpu/test_property.py -k wgmma >"$out/pytest-gpu-persistent-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
     [ $rc = 0 ] || status=1
     $py scripts/merge_gpu_summaries.py "$out" | tee -a "$summary"
     grep -h -E "^(FAILED|ERROR)" "$out"/pytest-gpu-*.log | head -20 | tee -a "$summary"

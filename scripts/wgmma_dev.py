@@ -29,6 +29,7 @@ from flashgen.generator.oracle import check_outputs
 from flashgen.generator.spec import KernelSpec
 from flashgen.generator.validate import LOG2E, Problem
 
+GRID = "auto"  # --grid
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16}
 NUMPY = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 PROBLEMS = [  # (b, h, tq, tk)
@@ -64,6 +65,8 @@ def run(
     bound = _bound.get(key)
     if bound is None:
         bound = _bound[key] = func.bind(p, scale * LOG2E)
+        if GRID == "tiles" and spec.family == "wgmma":  # A/B: a block per query tile
+            bound.grid = (-(-tq // spec.br) * b * h, 1, 1)
     bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream)
 
 
@@ -165,9 +168,13 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("names", nargs="+")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--grid", choices=("auto", "tiles"), default="auto",
+                    help="wgmma: the launch's grid (auto) or a block per query tile (tiles)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--bench-t", default="4096,16384")
     args = ap.parse_args()
+    global GRID
+    GRID = args.grid
     runtime.gpu()
     torch.cuda.init()
     specs = [KernelSpec.from_name(n) for n in args.names]

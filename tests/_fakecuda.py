@@ -124,6 +124,9 @@ class FakeLibcuda:
         return 0
 
     def _cuDeviceGetAttribute(self, ref: Any, attr: int, dev: int) -> int:
+        if attr == launch.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+            _out(ref, 132)  # an H200's
+            return 0
         assert attr == launch.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         _out(ref, self.optin)
         return 0

@@ -831,6 +831,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   const int n = cc ? std::atoi(cc) : 90;
   if (attr == cudaDevAttrComputeCapabilityMajor) *value = n / 10;
   else if (attr == cudaDevAttrComputeCapabilityMinor) *value = n % 10;
+  else if (attr == cudaDevAttrMultiProcessorCount) *value = 132;  // an H200's
   else return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -905,16 +906,22 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
                    long long k_sb, long long k_sh, long long k_st, long long v_sb,
                    long long v_sh, long long v_st, long long o_sb, long long o_sh,
                    long long o_st, float scale_log2, int kv_group, int wl, int wr, float cap,
-                   const float* slopes) {
+                   const float* slopes, int H, int B, bool persistent) {
   if (!g_configured) die("kernel called without a launch configuration");
   if (kv_group < 1) die("kv_group < 1");
   if (wl < -1 || wr < -1 || wl > tq + tk || wr > tq + tk) die("window sides out of range");
   if (!(cap >= 0.0f)) die("softcap < 0");
-  if (g_grid.x != (unsigned)((tq + BR - 1) / BR) || g_block.x != THREADS) die("grid or block");
+  // a block per (query tile, head, batch), or for wgmma one-dimensional: a block per tile or,
+  // with more tiles than the 132 SMs, persistent blocks (one per SM)
+  const long long tiles = (long long)((tq + BR - 1) / BR) * H * B;
+  const unsigned one_d = tiles > 132 && g_grid.x == 132 ? 132u : (unsigned)tiles;
+  const dim3 want = persistent ? dim3(one_d, 1, 1)
+                               : dim3((unsigned)((tq + BR - 1) / BR), (unsigned)H, (unsigned)B);
+  if (g_grid.x != want.x || g_grid.y != want.y || g_grid.z != want.z || g_block.x != THREADS)
+    die("grid or block");
   if (g_smem != SMEM) die("dynamic shared memory");
   if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("no opt-in above 48 KiB");
   g_configured = false;
-  const int H = (int)g_grid.y, B = (int)g_grid.z;
   const char* bug = std::getenv("MOCK_BUG");
   const bool skip = bug && !std::strcmp(bug, "skip"), perturb = bug && !std::strcmp(bug, "perturb");
   const bool bad_lse = bug && !std::strcmp(bug, "lse");
@@ -966,13 +973,14 @@ static void attend(const void* self, const T* q, const T* k, const T* v, T* o, f
                        float cap, const float* slopes) {                                      \
     attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>((const void*)&NAME, q, k, v, o, lse, tq, tk, a, b, \
                                             c, d, e, f, g, h, i, j, k2, l, s, group, wl, wr,  \
-                                            cap, slopes);                                     \
+                                            cap, slopes, (int)g_grid.y, (int)g_grid.z, false); \
   }
 
-// A wgmma kernel: three tensor maps, then the common ABI. The maps must be what the launcher
-// documents (4-d over (d, t, head, batch), boxes of 64 x BR or BC rows, 128-byte swizzle, L2
-// promotion 128B, no OOB fill, dense element strides, this dtype), and Q, K and V are read
-// through them: the pointer and stride arguments are only compared with them.
+// A wgmma kernel: three tensor maps, heads and batch (its grid is persistent), then the common
+// ABI. The maps must be what the launcher documents (4-d over (d, t, head, batch), boxes of
+// 64 x BR or BC rows, 128-byte swizzle, L2 promotion 128B, no OOB fill, dense element strides,
+// this dtype), and Q, K and V are read through them: the pointer and stride arguments are
+// only compared with them.
 struct alignas(64) TensorMap { unsigned long long opaque[16]; };
 
 static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h, int b, int rows,
@@ -1004,12 +1012,12 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
 }
 
 #define STAND_IN_TMA(NAME, T, D, DV, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                      \
-  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, const T* q, const T* k,  \
-                       const T* v, T* o, float* lse, int tq, int tk, long long a, long long b,  \
-                       long long c, long long d, long long e, long long f, long long g,         \
-                       long long h, long long i, long long j, long long k2, long long l,        \
+  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, int H, int B,          \
+                       const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk,  \
+                       long long a, long long b, long long c, long long d, long long e,       \
+                       long long f, long long g, long long h, long long i, long long j,       \
+                       long long k2, long long l,                                             \
                        float s, int group, int wl, int wr, float cap, const float* slopes) {    \
-    const int H = (int)g_grid.y, B = (int)g_grid.z;                                              \
     long long sq[3], sk[3], sv[3];                                                               \
     check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
     check_map(tm_k, k, D, tk, H / group, B, BC, DTYPE, d, e, f, sizeof(T), sk);                  \
@@ -1017,7 +1025,7 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
     attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>(                                                 \
         (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
-        sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes);                           \
+        sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes, H, B, true);              \
   }
 @STAND_INS@
 """

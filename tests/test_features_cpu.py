@@ -170,8 +170,8 @@ def test_dv_is_in_the_name_only_when_it_differs_and_round_trips():
         KernelSpec.from_name("flash_fwd_mma_d64_dv64_br128_bc64_bf16_causal_w8_s2")
     with pytest.raises(ValueError, match=r"dv=12: must be a multiple of 8"):
         KernelSpec(family="mma", d=64, dv=12)
-    with pytest.raises(ValueError, match=r"dv=128: family wgmma stages O through Q"):
-        KernelSpec(family="wgmma", d=64, dv=128)
+    wide = KernelSpec(family="wgmma", d=64, dv=128)  # O lives in registers, not Q's slabs
+    assert wide.name == "flash_fwd_wgmma_d64_dv128_br128_bc128_bf16_noncausal_s2"
 
 
 def test_select_gives_dv_the_tile_of_d_or_the_next_family():
@@ -180,7 +180,8 @@ def test_select_gives_dv_the_tile_of_d_or_the_next_family():
     mla = select(192, "bf16", True, "sm_90", dv=128, gpu_name="NVIDIA H200")
     assert (mla.family, mla.d, mla.dv) == ("wgmma", 192, 128)
     wide = select(64, "bf16", True, "sm_90", dv=128, gpu_name="NVIDIA H200")
-    assert (wide.family, wide.dv) == ("mma", 128)  # wgmma refuses dv > d
+    assert (wide.family, wide.dv) == ("wgmma", 128)
+    assert (wide.br, wide.bc) == (128, 128)  # d = 64's br = 192 has no registers for dv = 128
 
 
 def test_a_call_with_v_of_its_own_head_dim_runs_a_dv_variant(fake_gpu):
@@ -229,3 +230,24 @@ def test_check_runs_a_feature_variant_with_its_values():
     r = checks.check_variant(spec, b=1, h=2, tq=40, tk=90, seed=1, execute=emulate)
     assert r.passed and seen["window"] == (64, 16) and seen["softcap"] == 30.0
     assert seen["alibi_slopes"].shape == (2,)
+
+
+# ---- the wgmma grid: a block per query tile, or persistent blocks --------------------------------
+def test_wgmma_grid_is_persistent_only_for_many_short_tiles():
+    from flashgen.generator.families import FAMILIES, PERSISTENT_MAX_KEY_TILES, key_tiles
+
+    wg = FAMILIES["wgmma"]
+    spec = KernelSpec(family="wgmma", d=128, causal=False)  # br = bc = 128
+    assert wg.grid(spec, 16, 16, 1024, 1024, 132) == (132, 1, 1)  # 2048 tiles of 8 key tiles
+    assert wg.grid(spec, 1, 16, 16384, 16384, 132) == (2048, 1, 1)  # 128 key tiles each
+    assert wg.grid(spec, 1, 2, 1024, 1024, 132) == (16, 1, 1)  # fewer tiles than SMs
+    assert wg.grid(spec, 16, 16, 1024, 1024, 0) == (2048, 1, 1)  # SM count unknown
+    causal = spec.replace(causal=True)
+    assert key_tiles(causal, 4096, 4096, (-1, -1)) == 16.0
+    assert key_tiles(causal, 16384, 16384, (4096, 0)) == 4097 / 128
+    assert key_tiles(spec, 100, 16384, (7, 9)) == 17 / 128
+    assert wg.grid(causal, 1, 16, 16384, 16384, 132, (4096, 0))[0] == 2048  # 32.0 + 1/128
+    assert key_tiles(causal, 8192, 8192, (-1, -1)) <= PERSISTENT_MAX_KEY_TILES
+    # the other families keep (query tiles, heads, batch)
+    mma = KernelSpec(family="mma", d=64)
+    assert FAMILIES["mma"].grid(mma, 3, 5, 1000, 1000, 132) == (-(-1000 // mma.br), 5, 3)

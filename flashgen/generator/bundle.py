@@ -31,7 +31,7 @@ from .._version import __version__
 from .arch import STATIC_SMEM_LIMIT
 from .cache import atomic_write
 from .dtypes import DTYPES
-from .families import FAMILIES
+from .families import FAMILIES, PERSISTENT_MAX_KEY_TILES
 from .render import environment, render
 from .select import select
 from .space import shipped
@@ -251,6 +251,7 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "version": __version__,
         "header": HEADER,
         "launcher": LAUNCHER,
+        "persistent_max_key_tiles": PERSISTENT_MAX_KEY_TILES,
         "variants": contexts,
         # dispatch order: fewest features first, so a call runs the least extra work
         "variants_by_features": sorted(contexts, key=lambda c: len(c["features"])),

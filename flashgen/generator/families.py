@@ -43,6 +43,26 @@ def _pick(values: list[int], ok: Any) -> str:
     return " or ".join(good[:3]) if good else "another value"
 
 
+PERSISTENT_MAX_KEY_TILES = 32
+"""wgmma: query tiles seeing at most this many key tiles on average take persistent blocks.
+H200, bf16, B*T = 16k (bench/NOTES.md): persistent vs a block per tile was +11/+7/+3/-1% at
+4/8/32/128 key tiles (d = 128, full) and +15/+10/+5% at 2.5/4.5/16.5 (causal), but slower at
+33 (causal window 4096) and 64.5 (causal T = 16k)."""
+
+
+def key_tiles(spec: KernelSpec, tq: int, tk: int, window: tuple[int, int]) -> float:
+    """Average key tiles of BC a query row sees (bottom-right causal, window sides)."""
+    keys = float(tk)
+    if spec.causal:  # row i sees i + tk - tq + 1 keys
+        keys = max(0.0, tk - tq / 2) if tk >= tq else tk / 2
+    left, right = window
+    if left >= 0 or right >= 0:
+        reach = (left if left >= 0 else tk) + 1
+        reach += 0 if spec.causal else (right if right >= 0 else tk)
+        keys = min(keys, float(reach))
+    return keys / spec.bc
+
+
 @dataclass(frozen=True)
 class Family:
     """Rules and derived values shared by every family; subclasses fill in the specifics."""
@@ -96,6 +116,14 @@ class Family:
     def default_stages(self, spec: KernelSpec) -> int:
         """The pipeline stages a spec gets when it does not name them."""
         raise NotImplementedError
+
+    def grid(
+        self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
+        window: tuple[int, int] = (-1, -1),
+    ) -> tuple[int, int, int]:
+        """Launch grid for a problem on a GPU with `sms` SMs (window: the kernel's sides,
+        -1 unbounded). Here (query tiles, heads, batch): a block per query tile."""
+        return spec.grid(batch, heads, tq)
 
     def check(self, spec: KernelSpec) -> list[str]:
         """Every broken rule as 'value: rule; fix' (empty when the spec is valid)."""
@@ -378,7 +406,20 @@ class WgmmaFamily(Family):
         tiles = spec.dtype_info.itemsize * (
             dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
         )
-        return WGMMA_SMEM_ALIGN + tiles + 8 * (1 + 4 * spec.stages)
+        return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages)
+
+    def grid(
+        self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
+        window: tuple[int, int] = (-1, -1),
+    ) -> tuple[int, int, int]:
+        # One-dimensional (wgmma.cu.j2 decodes the work): persistent blocks, one per SM, when
+        # there are more query tiles than SMs and each sees few key tiles (its load latency
+        # and epilogue then weigh: measured on the H200, bench/NOTES.md), else a block per
+        # query tile.
+        tiles = -(-tq // spec.br) * heads * batch
+        if 0 < sms < tiles and key_tiles(spec, tq, tk, window) <= PERSISTENT_MAX_KEY_TILES:
+            return (sms, 1, 1)
+        return (tiles, 1, 1)
 
     def check(self, spec: KernelSpec) -> list[str]:
         p = self.tensor_core_rule(spec)
@@ -388,12 +429,6 @@ class WgmmaFamily(Family):
                 "16-byte multiples, as the TMA needs); try 128"
             )
         p += self.dv_rule(spec)
-        if not p and self.dv_pad(spec) > self.d_pad(spec):
-            p.append(
-                f"dv={spec.dv}: family wgmma stages O through Q's shared memory, so dv rounded "
-                f"up to 64 ({self.dv_pad(spec)}) may not exceed d rounded up to 64 "
-                f"({self.d_pad(spec)}); use family mma for dv > d"
-            )
         if spec.br not in (64, 128, 192):
             p.append(
                 f"br={spec.br}: must be 64, 128 or 192 for family wgmma (64 rows per consumer "

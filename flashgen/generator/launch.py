@@ -27,8 +27,8 @@ registers a builder (`uses`: the pointers its arguments depend on)::
 
     from flashgen.generator import launch
 
-    def wgmma_prefix(spec: KernelSpec, problem: Problem) -> list[ctypes.Structure]:
-        return [encode_q_map(spec, problem), encode_k_map(...), encode_v_map(...)]
+    def wgmma_prefix(spec: KernelSpec, problem: Problem) -> list[Any]:
+        return [encode_q_map(spec, problem), ..., ctypes.c_int(problem.h), ...]
 
     launch.register_prefix_args("wgmma", wgmma_prefix, uses=("q", "k", "v"))
 
@@ -47,12 +47,14 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .arch import STATIC_SMEM_LIMIT
+from .families import family_of
 from .features import NO_FEATURES, FeatureArgs, check_fits
 from .spec import KernelSpec
 from .validate import Problem
@@ -60,6 +62,8 @@ from .validate import Problem
 # CUDA driver enum values (cuda.h)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+SM_LIMIT_ENV = "FLASHGEN_SM_LIMIT"  # at most this many SMs for grids that size by them
 # Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2, kv_group, and
 # the four feature values (window left/right, softcap, ALiBi slopes pointer).
 N_COMMON_ARGS = 25
@@ -139,6 +143,7 @@ class Driver:
         self.cuCtxPushCurrent = lib.cuCtxPushCurrent_v2
         self.cuCtxPopCurrent = lib.cuCtxPopCurrent_v2
         self._contexts: dict[int, int] = {}
+        self._sms: dict[int, int] = {}
 
     def error(self, rc: int) -> str:
         """`CUDA_ERROR_NAME: description` for a CUresult."""
@@ -166,6 +171,23 @@ class Driver:
             )
             ctx = self._contexts[device] = int(handle.value or 0)
         return ctx
+
+    def sm_count(self, device: int) -> int:
+        """Streaming multiprocessors of `device` (persistent grids size themselves by it)."""
+        n = self._sms.get(device)
+        if n is None:
+            self.primary_context(device)  # cuInit
+            out = ctypes.c_int()
+            self.check(
+                self.lib.cuDeviceGetAttribute(
+                    ctypes.byref(out), CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device
+                ),
+                "reading the SM count",
+            )
+            n = self._sms[device] = int(out.value)
+        # tests play a smaller GPU so small problems take the persistent grid's paths too
+        limit = os.environ.get(SM_LIMIT_ENV, "")
+        return min(n, int(limit)) if limit.isdigit() and int(limit) > 0 else n
 
     def load(self, device: int, cubin: bytes, name: str, smem: int) -> tuple[int, int]:
         """(CUmodule, CUfunction) of kernel `name` from `cubin`, in `device`'s primary context."""
@@ -238,9 +260,14 @@ class LaunchPlan:
     prefix: PrefixArgs | None = None
     prefix_uses: tuple[int, ...] = tuple(range(len(POINTERS)))  # the pointers prefix reads
 
-    def grid(self, problem: Problem) -> tuple[int, int, int]:
-        """(query tiles, heads, batch) for `problem`."""
-        return self.spec.grid(problem.b, problem.h, problem.tq)
+    sms: int = 0  # the device's SM count (persistent families size their grid by it)
+
+    def grid(self, problem: Problem, window: tuple[int, int] = (-1, -1)) -> tuple[int, int, int]:
+        """The launch grid for `problem` (the family's: a block per query tile, or persistent)
+        with the kernel's window sides."""
+        return family_of(self.spec.family).grid(
+            self.spec, problem.b, problem.h, problem.tq, problem.tk, self.sms, window
+        )
 
     def bind(
         self, problem: Problem, scale_log2: float, features: FeatureArgs = NO_FEATURES
@@ -279,7 +306,7 @@ def plan(
         uses = _prefix_uses.get(spec.family, tuple(range(len(POINTERS))))
         made = LaunchPlan(
             spec, arch, device, drv.primary_context(device), module, func,
-            (spec.threads, 1, 1), spec.smem_bytes, prefix, uses,
+            (spec.threads, 1, 1), spec.smem_bytes, prefix, uses, drv.sm_count(device),
         )  # fmt: skip
         _plans[key] = made
         return made
@@ -323,7 +350,8 @@ class Bound:
         self.plan = plan
         self.problem = problem
         self.function = plan.function
-        self.grid = plan.grid(problem)
+        left, right, cap, slopes = features.kernel_args(problem.tq, problem.tk)
+        self.grid = plan.grid(problem, (left, right))
         self.block = plan.block
         self.smem = plan.smem
         self._drv = driver()
@@ -336,7 +364,6 @@ class Bound:
         scalars += [c.c_longlong(s) for s in problem.kernel_strides()]
         scalars.append(c.c_float(scale_log2))
         scalars.append(c.c_int(problem.kv_group))
-        left, right, cap, slopes = features.kernel_args(problem.tq, problem.tk)
         scalars += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
         self._args = scalars  # keeps them alive: params holds their addresses
         base = c.addressof(self._ptrs)

@@ -351,7 +351,7 @@ def launch_problem(
             else:
                 stream.synchronize()
         except drv.Error as exc:
-            grid = spec.grid(problem.b, problem.h, problem.tq)
+            grid = bound.grid
             raise RuntimeError(
                 f"kernel {spec.name} failed (grid {grid}, block {spec.threads}, "
                 f"{spec.smem_bytes} B shared memory): {exc}"

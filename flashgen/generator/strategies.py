@@ -216,7 +216,7 @@ def head_dim_probes() -> list[KernelSpec]:
                 except SpecError:
                     continue  # (simt cannot hold d = 248 at all: that probe is skipped)
         for j, (d, dv) in enumerate(PROBE_DV):
-            try:  # (wgmma stages O in Q's rows: it refuses dv > d, and that probe is skipped)
+            try:  # (a family that cannot hold a (d, dv) pair skips that probe)
                 out.append(
                     KernelSpec(
                         family=family, d=d, dv=dv, dtype=dtypes[j % 2], causal=j % 2 == 0,

@@ -1,7 +1,8 @@
 """Tensor maps for the `wgmma` family's TMA loads (its kernels' leading launch arguments).
 
-A `wgmma` kernel takes three `CUtensorMap`s by value (`__grid_constant__`) before the C ABI
-every family shares: Q with boxes of BR rows, K and V with boxes of BC rows, each box 64
+A `wgmma` kernel takes three `CUtensorMap`s by value (`__grid_constant__`), then the problem's
+heads and batch (its grid of persistent blocks is one-dimensional), before the C ABI every
+family shares. The maps: Q with boxes of BR rows, K and V with boxes of BC rows, each box 64
 columns (128 bytes) wide and 128-byte swizzled. They are encoded on the host with the driver's
 `cuTensorMapEncodeTiled` (ctypes on libcuda, which PyCUDA has loaded already) and cached by
 everything they depend on, so a repeated call re-encodes nothing.
@@ -126,9 +127,10 @@ def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, Ten
     return maps
 
 
-def prefix_args(spec: KernelSpec, problem: Problem) -> list[TensorMap]:
-    """The `wgmma` kernels' leading arguments (launch.py's prefix-args hook)."""
-    return list(tensor_maps(spec, problem))
+def prefix_args(spec: KernelSpec, problem: Problem) -> list[Any]:
+    """The `wgmma` kernels' leading arguments (launch.py's prefix-args hook): the Q, K and V
+    tensor maps, then the heads and batch (its persistent grid is one-dimensional)."""
+    return [*tensor_maps(spec, problem), ctypes.c_int(problem.h), ctypes.c_int(problem.b)]
 
 
 register_prefix_args("wgmma", prefix_args, uses=("q", "k", "v"))

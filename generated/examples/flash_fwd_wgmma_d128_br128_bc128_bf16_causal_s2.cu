@@ -7,11 +7,15 @@
 // Family wgmma: FlashAttention-3 on Hopper (sm_90a): TMA, mbarriers, warp specialization,
 // wgmma.mma_async.
 //
-// A block owns BR query rows and runs 1 + CONSUMERS warpgroups (128 threads each):
-//   producer   one thread issues every load with the tensor-memory accelerator (TMA): Q once,
-//              then K and V tiles into a STAGES-deep ring of 128-byte-swizzled shared memory.
+// A block owns BR query rows at a time; persistent blocks (one per SM) walk through a share of
+// all the (batch, head, query tile) work, loading the next tile under this one's end. It runs 1 + CONSUMERS warpgroups (128
+// threads each):
+//   producer   one thread issues every load with the tensor-memory accelerator (TMA): per query
+//              tile Q, then K and V tiles into a STAGES-deep ring of 128-byte-swizzled shared
+//              memory; the next tile's Q as soon as the consumers' last S = Q K^T is done, so
+//              its loads run under this tile's last softmax, O += P V and epilogue.
 //              Each slot has a "full" mbarrier (the TMA counts its bytes in) and an "empty"
-//              one (every consumer thread arrives when done reading it). The warpgroup gives
+//              one (lane 0 of every consumer warp arrives when done reading it). It gives
 //              its registers back (setmaxnreg.dec) to the consumers.
 //   consumers  warpgroup c owns rows 64c .. 64c+63 and keeps their running max, sum and
 //              un-normalised O in registers (setmaxnreg.inc). Per key tile:
@@ -35,7 +39,7 @@
 // (>= DV for V) of each 64-column slab, S = Q K^T issues only the k-steps that touch real
 // columns, and the epilogue writes only columns < DV.
 // A value head dim DV other than D (DeepSeek's MLA: D = 192, DV = 128): v and o have DV
-// columns, loaded and stored as DV_CHUNKS slabs; O is staged through the Q slabs, so DVP <= DP.
+// columns, loaded as DV_CHUNKS slabs.
 #include <stdint.h>
 #include <cuda_bf16.h>
 
@@ -58,14 +62,14 @@ constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 12;
 constexpr int THREADS = 384;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
-constexpr int SMEM_BYTES = 164936;  // dynamic shared memory per block
+constexpr int SMEM_BYTES = 164944;  // dynamic shared memory per block
 static_assert(THREADS == WARPS * 32, "a block is whole warps");
 
 constexpr int CONSUMERS = 2;       // consumer warpgroups, 64 query rows each
 constexpr int STAGES = 2;             // K/V ring depth
 constexpr int CHUNK = 64;                        // columns per 128-byte swizzled row chunk
 constexpr int D_CHUNKS = DP / CHUNK;             // q and k are loaded as D_CHUNKS [rows][64] slabs
-constexpr int DV_CHUNKS = DVP / CHUNK;           // v as DV_CHUNKS [rows][64] slabs (o staged alike)
+constexpr int DV_CHUNKS = DVP / CHUNK;           // v as DV_CHUNKS [rows][64] slabs
 constexpr int QK_STEPS = (D + 15) / 16;          // k-steps of S = Q K^T over real columns
 constexpr int PRODUCER_REGS = 24;  // setmaxnreg after the split
 constexpr int CONSUMER_REGS = 240;
@@ -73,14 +77,13 @@ constexpr int Q_BYTES = BR * DP * (int)sizeof(elem_t);   // = the bytes of its D
 constexpr int K_BYTES = BC * DP * (int)sizeof(elem_t);   // one K tile (D_CHUNKS TMA boxes)
 constexpr int V_BYTES = BC * DVP * (int)sizeof(elem_t);  // one V tile (DV_CHUNKS TMA boxes)
 constexpr int SMEM_ALIGN = 1024;                 // a 128-byte swizzle atom is 8 rows x 128 B
-constexpr int BARRIERS = 1 + 4 * STAGES;         // q_full, k_full/k_empty/v_full/v_empty rings
+constexpr int BARRIERS = 2 + 4 * STAGES;         // q_full, q_empty, k_full/k_empty/v_full/v_empty rings
 static_assert(BR == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 static_assert(THREADS == 128 * (CONSUMERS + 1), "one producer warpgroup plus the consumers");
 static_assert(DP % CHUNK == 0 && CHUNK * sizeof(elem_t) == 128, "dp splits into 128-byte rows");
 static_assert(D % 8 == 0 && D <= DP && DP - D < CHUNK, "d: whole 16-byte chunks, padded to the next 64");
 static_assert(DVP % CHUNK == 0, "dvp splits into 128-byte rows");
 static_assert(DV % 8 == 0 && DV <= DVP && DVP - DV < CHUNK, "dv: whole 16-byte chunks, padded to the next 64");
-static_assert(DVP <= DP, "O is staged through this warpgroup's rows of the Q slabs: dvp <= dp");
 static_assert(BC % 16 == 0 && BC <= 256, "S = Q K^T is one m64nBCk16 wgmma per k-step");
 static_assert(DVP <= 256, "O += P V is one m64nDVPk16 wgmma per k-step");
 static_assert(Q_BYTES % SMEM_ALIGN == 0 && K_BYTES % SMEM_ALIGN == 0 && V_BYTES % SMEM_ALIGN == 0,
@@ -261,7 +264,6 @@ __device__ __forceinline__ void bar_arrive(int id, int count) {
 }
 constexpr bool PINGPONG = CONSUMERS > 1;
 constexpr int TURN_BARRIER = 1;  // consumer c waits for its turn at barrier TURN_BARRIER + c
-constexpr int EPILOGUE_BARRIER = TURN_BARRIER + 4;  // consumer c's own, for the O staging
 
 // Keep the compiler from moving reads/writes of accumulators across the asynchronous window.
 template <int N>
@@ -307,11 +309,12 @@ struct Flag {
 };
 
 // The kernel ABI: three tensor maps (Q with BR-row boxes, K and V with BC-row boxes, each box
-// 64 columns wide, 128-byte swizzle; V's innermost dimension is DV), then the C ABI every
-// family shares.
+// 64 columns wide, 128-byte swizzle; V's innermost dimension is DV), the heads and batch of
+// the problem (the grid is one-dimensional: persistent blocks), then the C ABI every family
+// shares.
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2(
     const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,
-    const __grid_constant__ TensorMap tm_v,
+    const __grid_constant__ TensorMap tm_v, const int n_heads, const int n_batch,
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ o, float* __restrict__ lse,
     const int tq, const int tk,
@@ -333,22 +336,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
   elem_t* Vs = reinterpret_cast<elem_t*>(base + Q_BYTES + STAGES * K_BYTES);  // [STAGES][DV_CHUNKS][BC][64]
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + Q_BYTES + STAGES * (K_BYTES + V_BYTES));
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
+  uint64_t* q_empty = bars + 1;
+  uint64_t* k_full = bars + 2;
   uint64_t* k_empty = k_full + STAGES;
   uint64_t* v_full = k_empty + STAGES;
   uint64_t* v_empty = v_full + STAGES;
 
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / kv_group;  // grouped-query attention: query heads share K/V
-  const int q0 = query_tile() * BR;
-  // key tiles [span.first, span.end) may be seen by these rows; step `it` handles the tile at
-  // kv0 = (span.end - 1 - it) * BC (last first), in the producer and the consumers alike
-  const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
-  const int n_tiles = span.end - span.first;
+  // Work: every (batch, head, query tile), listed by batch, head, then query tile last first
+  // (causal: the longest first). Round r of block x takes item r * gridDim.x + x, snaking (odd
+  // rounds right to left) to even out causal lengths. The host picks the grid (families.py):
+  //   a block per item (gridDim.x = n_work, one round): the hardware starts blocks in list
+  //     order and fills the tail with the short causal tiles;
+  //   persistent (one block per SM, when each item is short): blocks running at once work on
+  //     neighbouring items of few heads (K and V stay in L2), and while the consumers finish
+  //     one item the producer already loads the next one's Q, K and V, so only a block's
+  //     first item waits for its loads.
+  const int n_qtiles = (tq + BR - 1) / BR;
+  const long long n_work = (long long)n_qtiles * n_heads * n_batch;
+  struct Work {
+    int q0, head, batch;
+  };
+  auto work_of = [&](int round, Work& w) -> bool {  // false: this block is done
+    const long long g = gridDim.x, x = blockIdx.x;
+    const long long idx = round * g + ((round & 1) ? g - 1 - x : x);
+    if (idx >= n_work) return false;
+    const long long bh = idx / n_qtiles;
+    w.q0 = (n_qtiles - 1 - (int)(idx - bh * n_qtiles)) * BR;
+    w.head = (int)(bh % n_heads);
+    w.batch = (int)(bh / n_heads);
+    return true;
+  };
   const int wg = threadIdx.x / 128;  // 0: producer, 1..CONSUMERS: consumers
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, 4 * CONSUMERS);  // lane 0 of every consumer warp, after its last S
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
@@ -364,35 +386,54 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
   if (wg == 0) {
     // ================================ producer ================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
-    if (threadIdx.x == 0 && n_tiles > 0) {
-      mbar_expect_tx(q_full, Q_BYTES);
-#pragma unroll
-      for (int c = 0; c < D_CHUNKS; ++c) tma_load_4d(Qs + c * BR * CHUNK, &tm_q, q_full, c * CHUNK, q0, head, batch);
-      // K runs one tile ahead of V, in the order the consumers need them: step `it` issues
-      // S = Q K(it)^T together with O += P V(it-1)
-      auto load_k = [&](int it) {
-        const int s = it % STAGES, use = it / STAGES, kv0 = (span.end - 1 - it) * BC;
-        // a fresh barrier counts as having completed the phase before its first: parity 1
-        mbar_wait(&k_empty[s], (use & 1) ^ 1);
-        mbar_expect_tx(&k_full[s], K_BYTES);
+    if (threadIdx.x == 0) {
+      // ring steps and Q loads of the earlier tiles: the slot and phase of every barrier
+      int steps = 0, q_loads = 0;
+      Work w;
+      for (int round = 0; work_of(round, w); ++round) {
+        const int q0 = w.q0, head = w.head, batch = w.batch;
+        const int kv_head = head / kv_group;  // grouped-query attention: query heads share K/V
+        // key tiles [span.first, span.end) may be seen by these rows; step `it` handles the
+        // tile at kv0 = (span.end - 1 - it) * BC (last first), in the producer and the consumers
+        const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
+        const int n_tiles = span.end - span.first;
+        if (n_tiles <= 0) continue;  // no key: the consumers write zeros without Q
+        // Q's slabs are free once every consumer's last S = Q K^T of the previous tile landed
+        // (a fresh barrier counts as having completed the phase before its first: parity 1)
+        mbar_wait(q_empty, (q_loads & 1) ^ 1);
+        ++q_loads;
+        mbar_expect_tx(q_full, Q_BYTES);
 #pragma unroll
         for (int c = 0; c < D_CHUNKS; ++c)
-          tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, kv_head, batch);
-      };
-      auto load_v = [&](int it) {
-        const int s = it % STAGES, use = it / STAGES, kv0 = (span.end - 1 - it) * BC;
-        mbar_wait(&v_empty[s], (use & 1) ^ 1);
-        mbar_expect_tx(&v_full[s], V_BYTES);
+          tma_load_4d(Qs + c * BR * CHUNK, &tm_q, q_full, c * CHUNK, q0, head, batch);
+        // K runs one tile ahead of V, in the order the consumers need them: step `it` issues
+        // S = Q K(it)^T together with O += P V(it-1)
+        auto load_k = [&](int it) {
+          const int s = (steps + it) % STAGES, use = (steps + it) / STAGES;
+          const int kv0 = (span.end - 1 - it) * BC;
+          mbar_wait(&k_empty[s], (use & 1) ^ 1);
+          mbar_expect_tx(&k_full[s], K_BYTES);
 #pragma unroll
-        for (int c = 0; c < DV_CHUNKS; ++c)
-          tma_load_4d(Vs + (s * DV_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, kv_head, batch);
-      };
-      load_k(0);
-      for (int it = 1; it < n_tiles; ++it) {
-        load_k(it);
-        load_v(it - 1);
+          for (int c = 0; c < D_CHUNKS; ++c)
+            tma_load_4d(Ks + (s * D_CHUNKS + c) * BC * CHUNK, &tm_k, &k_full[s], c * CHUNK, kv0, kv_head, batch);
+        };
+        auto load_v = [&](int it) {
+          const int s = (steps + it) % STAGES, use = (steps + it) / STAGES;
+          const int kv0 = (span.end - 1 - it) * BC;
+          mbar_wait(&v_empty[s], (use & 1) ^ 1);
+          mbar_expect_tx(&v_full[s], V_BYTES);
+#pragma unroll
+          for (int c = 0; c < DV_CHUNKS; ++c)
+            tma_load_4d(Vs + (s * DV_CHUNKS + c) * BC * CHUNK, &tm_v, &v_full[s], c * CHUNK, kv0, kv_head, batch);
+        };
+        load_k(0);
+        for (int it = 1; it < n_tiles; ++it) {
+          load_k(it);
+          load_v(it - 1);
+        }
+        load_v(n_tiles - 1);
+        steps += n_tiles;
       }
-      load_v(n_tiles - 1);
     }
   } else {
     // ================================ consumers ===============================
@@ -401,20 +442,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     // this thread's rows within the block: g and g + 8 of its warp's 16-row slice
     const int row0 = 64 * c + 16 * warp + lane / 4;
-
-    float o_acc[DVP / 2];  // columns >= DV stay zero (P times the zero-filled V columns)
-    float m_run[2] = {-INFINITY, -INFINITY};  // running max, base-2 units
-    float l_run[2] = {0.0f, 0.0f};            // running sum, this thread's columns only
-#pragma unroll
-    for (int i = 0; i < DVP / 2; ++i) o_acc[i] = 0.0f;
-    // SOFTCAP / ALIBI: the constants that turn raw scores into base-2 logits (once per block)
-    const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);
-    const float sc_k1 = sm.pre * (2.0f * LOG2E), sc_k2 = -2.0f * sm.post;  // SOFTCAP (see softmax)
-
-    // Descriptors: Q rows of this warpgroup (K-major), each K stage (K-major), each V stage
-    // (N-major: leading byte offset = the stride between the dv-chunks of one stage).
+    // Q rows of this warpgroup (K-major descriptors; K stages K-major, V stages N-major)
     const elem_t* q_wg = Qs + 64 * c * CHUNK;
 
+    float o_acc[DVP / 2];  // columns >= DV stay zero (P times the zero-filled V columns)
+    float m_run[2], l_run[2];  // running max (base-2 units) and sum (this thread's columns)
     float s_acc[BC / 2];
     uint32_t p_frag[BC / 16][4];
 
@@ -439,87 +471,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         wgmma_m64n128k16_rs_tb(o_acc, p_frag[kk], make_desc(vt + kk * 16 * CHUNK, BC * CHUNK * sizeof(elem_t)), 1);
       wgmma_commit();
     };
-    // Score mod (SOFTCAP / ALIBI, every tile), mask (when `masked`) and online softmax of S, in
-    // place: S becomes the unnormalised probabilities (fp32). `alpha` says how much each row's
-    // O must shrink. Nothing here writes P: P is an input of the O += P V that may still be in
-    // flight (see pack_p).
-    auto softmax = [&](int it, auto masked, float (&alpha)[2]) {
-      const int kv0 = (span.end - 1 - it) * BC;
-      if constexpr (SCORE_MOD || decltype(masked)::value) {
-        // Element i is row g + 8h (h = (i % 4) / 2) and key kb + x (x = (i / 4) * 8 + i % 2) of
-        // this thread. The consumers of br = 192 have ~no registers to spare (160 per thread,
-        // 128 of them O, S and P), so the per-element work below is what mod_logit and
-        // key_hidden compute, with the per-row parts hoisted out of the loop.
-        const int kb = kv0 + (lane % 4) * 2;  // this thread's first key of the tile
-        const int rg = q0 + row0;             // its row g (and g + 8)
-        const int pg = rg + tk - tq;          // the key position of row g (row g + 8: pg + 8)
-        // ALIBI: p - kb of rows g and g + 8 in fp32 (exact below 2^24), so |p - key| is one FADD
-        const float pb0 = ALIBI ? (float)(pg - kb) : 0.0f;
-        // WINDOW: row g + 8h sees keys kb + x for lo[h] <= x < hi[h] (= !key_hidden)
-        int lo[2], hi[2];
-        if constexpr (WINDOW && decltype(masked)::value) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int p = pg + 8 * h;
-            int e = tk;
-            if (CAUSAL) e = min(e, p + 1);
-            if (window_right >= 0) e = min(e, p + window_right + 1);
-            hi[h] = e - kb;
-            lo[h] = window_left >= 0 ? p - window_left - kb : -BC;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < BC / 2; ++i) {
-          const int h = (i % 4) / 2, x = (i / 4) * 8 + (i % 2);
-          // the logit first (mod_logit): a masked key's -inf must not go through tanh
-          if constexpr (SCORE_MOD) {
-            float y;
-            if constexpr (SOFTCAP && sizeof(elem_t) == 2) {
-              // softcap_tanh with the constants folded: post * tanh(s * pre)
-              // = post - 2 post / (exp2(s * pre * 2 log2(e)) + 1)
-              float r;
-              asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(s_acc[i] * sc_k1) + 1.0f));
-              y = fmaf(sc_k2, r, sm.post);
-            } else {
-              y = SOFTCAP ? sm.post * softcap_tanh(s_acc[i] * sm.pre) : s_acc[i] * sm.pre;
-            }
-            if constexpr (ALIBI) y = fmaf(-sm.slope, fabsf(pb0 + (float)(8 * h - x)), y);
-            s_acc[i] = y;
-          }
-          if constexpr (WINDOW && decltype(masked)::value) {
-            if (x < lo[h] || x >= hi[h]) s_acc[i] = -INFINITY;
-          } else if constexpr (decltype(masked)::value) {
-            if (key_hidden(rg + 8 * h, kb + x, tq, tk, window_left, window_right)) s_acc[i] = -INFINITY;
-          }
-        }
-      }
-      // S in base-2 units: plain scores still need scale * log2(e); modded ones are logits already
-      const float sl = SCORE_MOD ? 1.0f : scale_log2;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s_acc[4 * nt + 2 * h], s_acc[4 * nt + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // scale > 0, so the max of raw scores scales to the max of scaled scores
-        const float m_new = fmaxf(m_run[h], mx * sl);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // row saw no key yet
-        alpha[h] = fast_exp2(m_run[h] - m_use);
-        m_run[h] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = s_acc[4 * nt + 2 * h + e];
-            x = fast_exp2(fmaf(x, sl, -m_use));  // one FFMA and one EX2 per score
-            sum += x;
-          }
-        }
-        l_run[h] = l_run[h] * alpha[h] + sum;
-      }
-    };
     // P in the A-register layout of O += P V: chunk nt of S is half of k-step nt/2, rows g
     // (h=0) / g+8 (h=1), columns +0 (even nt) / +8 (odd nt).
     auto pack_p = [&]() {
@@ -535,103 +486,192 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       if (lane == 0) mbar_arrive(bar);
     };
     // Ping-pong: wait until the previous consumer passed the turn; pass it to the next one
-    // (the last consumer's last pass would have nobody to take it, so it is skipped).
+    // (the last consumer's last pass in a tile would have nobody to take it, so it is skipped;
+    // every tile starts with the last consumer handing the turn to consumer 0).
     auto my_turn = [&]() {
       if (PINGPONG) bar_sync(TURN_BARRIER + c, 256);
     };
     auto pass_turn = [&](bool last) {
       if (PINGPONG && !(last && c == CONSUMERS - 1)) bar_arrive(TURN_BARRIER + (c + 1) % CONSUMERS, 256);
     };
-    auto needs_mask = [&](int it) {  // the tile crosses the ragged end, the diagonal or a window edge
-      return tile_needs_mask((span.end - 1 - it) * BC, q0, tq, tk, window_left, window_right);
-    };
 
-    if (n_tiles > 0) {
-      mbar_wait(q_full, 0);
-      // first tile: S, softmax; nothing to overlap with yet
-      mbar_wait(&k_full[0], 0);
-      if (PINGPONG && c == CONSUMERS - 1) bar_arrive(TURN_BARRIER, 256);  // consumer 0 starts
-      my_turn();
-      issue_qk(0);
-      pass_turn(false);
-      wgmma_wait<0>();
-      fence_regs(s_acc);
-      release(&k_empty[0]);
-      float alpha[2];
-      if (needs_mask(0)) softmax(0, Flag<true>{}, alpha); else softmax(0, Flag<false>{}, alpha);
-      pack_p();
+    int steps = 0, q_loads = 0;  // as the producer counts them
+    Work w;
+    for (int round = 0; work_of(round, w); ++round) {
+      const int q0 = w.q0, head = w.head, batch = w.batch;
+      // SOFTCAP / ALIBI: the constants that turn raw scores into base-2 logits
+      const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);
+      const float sc_k1 = sm.pre * (2.0f * LOG2E), sc_k2 = -2.0f * sm.post;  // SOFTCAP (see softmax)
+      elem_t* ob = o + batch * o_sb + head * o_sh;
+      const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
+      const int n_tiles = span.end - span.first;
+#pragma unroll
+      for (int i = 0; i < DVP / 2; ++i) o_acc[i] = 0.0f;
+      m_run[0] = m_run[1] = -INFINITY;
+      l_run[0] = l_run[1] = 0.0f;
 
-      // steady state: S(it) and O += P(it-1) V(it-1) in flight together, softmax(it) overlaps
-      // the second GEMM
-      auto step = [&](int it, auto masked) {
-        const int s = it % STAGES, sp = (it - 1) % STAGES;
-        mbar_wait(&k_full[s], (it / STAGES) & 1);
-        mbar_wait(&v_full[sp], ((it - 1) / STAGES) & 1);
+      // Score mod (SOFTCAP / ALIBI, every tile), mask (when `masked`) and online softmax of S,
+      // in place: S becomes the unnormalised probabilities (fp32). `alpha` says how much each
+      // row's O must shrink. Nothing here writes P: P is an input of the O += P V that may
+      // still be in flight (see pack_p).
+      auto softmax = [&](int it, auto masked, float (&alpha)[2]) {
+        const int kv0 = (span.end - 1 - it) * BC;
+        if constexpr (SCORE_MOD || decltype(masked)::value) {
+          // Element i is row g + 8h (h = (i % 4) / 2) and key kb + x (x = (i / 4) * 8 + i % 2)
+          // of this thread. The consumers of br = 192 have ~no registers to spare (160 per
+          // thread, 128 of them O, S and P), so the per-element work below is what mod_logit
+          // and key_hidden compute, with the per-row parts hoisted out of the loop.
+          const int kb = kv0 + (lane % 4) * 2;  // this thread's first key of the tile
+          const int rg = q0 + row0;             // its row g (and g + 8)
+          const int pg = rg + tk - tq;          // the key position of row g (row g + 8: pg + 8)
+          // ALIBI: p - kb of rows g and g + 8 in fp32 (exact below 2^24): |p - key| is one FADD
+          const float pb0 = ALIBI ? (float)(pg - kb) : 0.0f;
+          // WINDOW: row g + 8h sees keys kb + x for lo[h] <= x < hi[h] (= !key_hidden)
+          int lo[2], hi[2];
+          if constexpr (WINDOW && decltype(masked)::value) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int p = pg + 8 * h;
+              int e = tk;
+              if (CAUSAL) e = min(e, p + 1);
+              if (window_right >= 0) e = min(e, p + window_right + 1);
+              hi[h] = e - kb;
+              lo[h] = window_left >= 0 ? p - window_left - kb : -BC;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < BC / 2; ++i) {
+            const int h = (i % 4) / 2, x = (i / 4) * 8 + (i % 2);
+            // the logit first (mod_logit): a masked key's -inf must not go through tanh
+            if constexpr (SCORE_MOD) {
+              float y;
+              if constexpr (SOFTCAP && sizeof(elem_t) == 2) {
+                // softcap_tanh with the constants folded: post * tanh(s * pre)
+                // = post - 2 post / (exp2(s * pre * 2 log2(e)) + 1)
+                float r;
+                asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fast_exp2(s_acc[i] * sc_k1) + 1.0f));
+                y = fmaf(sc_k2, r, sm.post);
+              } else {
+                y = SOFTCAP ? sm.post * softcap_tanh(s_acc[i] * sm.pre) : s_acc[i] * sm.pre;
+              }
+              if constexpr (ALIBI) y = fmaf(-sm.slope, fabsf(pb0 + (float)(8 * h - x)), y);
+              s_acc[i] = y;
+            }
+            if constexpr (WINDOW && decltype(masked)::value) {
+              if (x < lo[h] || x >= hi[h]) s_acc[i] = -INFINITY;
+            } else if constexpr (decltype(masked)::value) {
+              if (key_hidden(rg + 8 * h, kb + x, tq, tk, window_left, window_right)) s_acc[i] = -INFINITY;
+            }
+          }
+        }
+        // S in base-2 units: plain scores still need scale * log2(e); modded ones are logits
+        const float sl = SCORE_MOD ? 1.0f : scale_log2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s_acc[4 * nt + 2 * h], s_acc[4 * nt + 2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // scale > 0, so the max of raw scores scales to the max of scaled scores
+          const float m_new = fmaxf(m_run[h], mx * sl);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // row saw no key yet
+          alpha[h] = fast_exp2(m_run[h] - m_use);
+          m_run[h] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = s_acc[4 * nt + 2 * h + e];
+              x = fast_exp2(fmaf(x, sl, -m_use));  // one FFMA and one EX2 per score
+              sum += x;
+            }
+          }
+          l_run[h] = l_run[h] * alpha[h] + sum;
+        }
+      };
+      auto needs_mask = [&](int it) {  // the tile crosses the ragged end, the diagonal or a window edge
+        return tile_needs_mask((span.end - 1 - it) * BC, q0, tq, tk, window_left, window_right);
+      };
+
+      if (n_tiles > 0) {
+        mbar_wait(q_full, q_loads & 1);
+        ++q_loads;
+        // first tile: S, softmax; nothing to overlap with yet
+        const int s0 = steps % STAGES;
+        mbar_wait(&k_full[s0], (steps / STAGES) & 1);
+        if (PINGPONG && c == CONSUMERS - 1) bar_arrive(TURN_BARRIER, 256);  // consumer 0 starts
         my_turn();
-        issue_qk(s);
-        issue_pv(sp);
+        issue_qk(s0);
         pass_turn(false);
-        wgmma_wait<1>();  // S(it) has landed; O += P V may still run
+        wgmma_wait<0>();
         fence_regs(s_acc);
-        release(&k_empty[s]);
-        float a[2];
-        softmax(it, masked, a);
+        release(&k_empty[s0]);
+        if (n_tiles == 1) release(q_empty);  // this tile's last S = Q K^T is done
+        float alpha[2];
+        if (needs_mask(0)) softmax(0, Flag<true>{}, alpha); else softmax(0, Flag<false>{}, alpha);
+        pack_p();
+
+        // steady state: S(it) and O += P(it-1) V(it-1) in flight together, softmax(it) overlaps
+        // the second GEMM
+        auto step = [&](int it, auto masked) {
+          const int s = (steps + it) % STAGES, sp = (steps + it - 1) % STAGES;
+          mbar_wait(&k_full[s], ((steps + it) / STAGES) & 1);
+          mbar_wait(&v_full[sp], ((steps + it - 1) / STAGES) & 1);
+          my_turn();
+          issue_qk(s);
+          issue_pv(sp);
+          pass_turn(false);
+          wgmma_wait<1>();  // S(it) has landed; O += P V may still run
+          fence_regs(s_acc);
+          release(&k_empty[s]);
+          if (it == n_tiles - 1) release(q_empty);  // the producer may load the next tile's Q
+          float a[2];
+          softmax(it, masked, a);
+          wgmma_wait<0>();
+          fence_regs(o_acc);
+          release(&v_empty[sp]);
+          pack_p();
+#pragma unroll
+          for (int i = 0; i < DV / 2; ++i) o_acc[i] *= a[(i % 4) / 2];  // columns >= DV: never read
+        };
+        for (int it = 1; it < n_tiles; ++it) {
+          if (needs_mask(it)) step(it, Flag<true>{}); else step(it, Flag<false>{});
+        }
+        const int sl = (steps + n_tiles - 1) % STAGES;
+        mbar_wait(&v_full[sl], ((steps + n_tiles - 1) / STAGES) & 1);
+        my_turn();
+        issue_pv(sl);
+        pass_turn(true);
         wgmma_wait<0>();
         fence_regs(o_acc);
-        release(&v_empty[sp]);
-        pack_p();
-#pragma unroll
-        for (int i = 0; i < DV / 2; ++i) o_acc[i] *= a[(i % 4) / 2];  // columns >= DV: never read
-      };
-      for (int it = 1; it < n_tiles; ++it) {
-        if (needs_mask(it)) step(it, Flag<true>{}); else step(it, Flag<false>{});
+        release(&v_empty[sl]);
+        steps += n_tiles;
       }
-      const int sl = (n_tiles - 1) % STAGES;
-      mbar_wait(&v_full[sl], ((n_tiles - 1) / STAGES) & 1);
-      my_turn();
-      issue_pv(sl);
-      pass_turn(true);
-      wgmma_wait<0>();
-      fence_regs(o_acc);
-      release(&v_empty[sl]);
-    }
 
-    // ---- epilogue: normalise once, write O (storage dtype) and LSE (natural log) ----------
-    // O goes through this warpgroup's rows of the Q slabs (free: its last S = Q K^T is done),
-    // 16-byte chunks XOR-swizzled by row so the 8 rows a warp writes hit 8 different bank
-    // groups; then each thread copies whole 16-byte chunks out: every warp stores 4 full
-    // 128-byte row segments instead of 4-byte pieces.
-    elem_t* ob = o + batch * o_sb + head * o_sh;
-    elem_t* os = Qs + 64 * c * CHUNK;  // row r, column x: os[(x / 64) * BR * 64 + r * 64 + x % 64]
-    // (only columns < DV are staged and written: DV is whole 16-byte chunks of 8 elements; they
-    // fit: the DV_CHUNKS <= D_CHUNKS slabs of these 64 rows)
+      // ---- epilogue: normalise once, write O (storage dtype) and LSE (natural log) --------
+      // Straight from the registers (Q's slabs already hold the next tile): each thread writes
+      // 4-byte pairs, a quad of threads one 16-byte piece of a row.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = l_run[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key writes zeros
-      const int r = row0 - 64 * c + h * 8;              // row within this warpgroup's 64
+      for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key writes zeros
+        const int row = q0 + row0 + h * 8;
+        if (row < tq) {
+          elem_t* orow = ob + (long long)row * o_st + (lane % 4) * 2;
 #pragma unroll
-      for (int nt = 0; nt < DV / 8; ++nt) {  // no key seen: exact zeros, even if V held inf/NaN
-        const int chunk = (nt % 8) ^ (r % 8);
-        *reinterpret_cast<uint32_t*>(os + (nt / 8) * BR * CHUNK + r * CHUNK + chunk * 8 + (lane % 4) * 2) =
-            l == 0.0f ? 0u : pack2(o_acc[4 * nt + 2 * h] * inv_l, o_acc[4 * nt + 2 * h + 1] * inv_l);
+          for (int nt = 0; nt < DV / 8; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
+            *reinterpret_cast<uint32_t*>(orow + nt * 8) =
+                l == 0.0f ? 0u : pack2(o_acc[4 * nt + 2 * h] * inv_l, o_acc[4 * nt + 2 * h + 1] * inv_l);
+          if (lane % 4 == 0) {
+            const long long lse_idx = ((long long)batch * n_heads + head) * tq + row;
+            lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[h] + log2f(l)) * LN2;
+          }
+        }
       }
-      const int row = q0 + row0 + h * 8;
-      if (row < tq && lane % 4 == 0) {
-        const long long lse_idx = ((long long)batch * gridDim.y + head) * tq + row;
-        lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[h] + log2f(l)) * LN2;
-      }
-    }
-    bar_sync(EPILOGUE_BARRIER + c, 128);  // this warpgroup's O is in shared memory
-#pragma unroll
-    for (int i = threadIdx.x % 128; i < 64 * (DV / 8); i += 128) {
-      const int r = i / (DV / 8), k = i % (DV / 8);
-      const int row = q0 + 64 * c + r;
-      if (row < tq)
-        *reinterpret_cast<uint4*>(ob + (long long)row * o_st + k * 8) =
-            *reinterpret_cast<const uint4*>(os + (k / 8) * BR * CHUNK + r * CHUNK + ((k % 8) ^ (r % 8)) * 8);
     }
   }
 }
