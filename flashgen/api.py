@@ -204,7 +204,8 @@ def _prepare(
         spec = select(
             problem.d, problem.dtype, causal, runtime.device_arch(),
             alignment=problem.alignment(pointers=True), gpu_name=runtime.device_name(),
-            features=features.tokens, dv=problem.value_dim,
+            features=features.tokens, dv=problem.value_dim, kv_group=problem.kv_group,
+            tq=problem.tq, kv_heads=problem.b * problem.kv_heads,
         )  # fmt: skip
     plan = runtime.get_function(spec)
     b, h, tq, d = problem.b, problem.h, problem.tq, problem.value_dim  # O has v's head dim

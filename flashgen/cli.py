@@ -47,7 +47,7 @@ from .generator.sass import (
     instruction_mix,
 )
 from .generator.space import pruned, shipped
-from .generator.spec import FEATURES, KernelSpec, SpecError
+from .generator.spec import DIRECTIONS, FEATURES, KernelSpec, SpecError
 from .generator.traffic import format_traffic, traffic_report
 from .generator.validate import MAX_GRID_YZ
 
@@ -300,6 +300,11 @@ def spec_options(fn: F) -> F:
             + ", ".join(FEATURES)
             + " (their values are call arguments).",
         ),
+        once(
+            "--direction",
+            type=click.Choice(list(DIRECTIONS)),
+            help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -318,6 +323,7 @@ def spec_from_options(
     stages: int | None,
     features: str | None = None,
     dv: int | None = None,
+    direction: str | None = None,
 ) -> KernelSpec:
     """Build the KernelSpec the options describe; SpecError / CliError when they do not."""
     feats = parse_features(features)
@@ -332,6 +338,7 @@ def spec_from_options(
         "--stages": stages,
         "--features": features,
         "--dv": dv,
+        "--direction": direction,
     }
     if name is not None:
         clash = [opt for opt, value in given.items() if value is not None]
@@ -345,6 +352,12 @@ def spec_from_options(
             "--d is required (the head dimension, e.g. --d 64), or name a kernel with --name"
         )
     fam = family or "simt"
+    if direction == "bwd":  # nothing of the backward ships per tile yet: the spec's defaults
+        return KernelSpec(
+            family=fam, d=d, direction="bwd", causal=bool(causal), features=feats, dv=dv or 0,
+            dtype=dtype or family_defaults(fam, d).get("dtype", "bf16"), br=br or 0,
+            bc=bc or 0, warps=warps or 0, stages=stages or 0,
+        )  # fmt: skip
     fields = _default_fields(fam, d, br, bc, dtype, bool(causal), warps, stages)
     return KernelSpec(family=fam, d=d, causal=bool(causal), features=feats, dv=dv or 0, **fields)
 
@@ -419,6 +432,7 @@ def _default_fields(
 def _spec(kw: dict[str, Any]) -> KernelSpec:
     keys = (
         "name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "features", "dv",
+        "direction",
     )  # fmt: skip
     return spec_from_options(*(kw.pop(k) for k in keys))
 
@@ -536,7 +550,7 @@ def build(
     """
     spec = _spec(kw)
     rendered = render(spec)
-    if spec not in set(shipped(spec.family)):
+    if spec not in set(shipped(spec.family, direction=spec.direction)):
         click.echo(
             f"note: {spec.name} is not a shipped variant: the property suite has never run it "
             "(`flashgen check` tests it on a GPU; `flashgen list` shows the shipped ones)",

@@ -45,7 +45,7 @@ from .generator import launch, runtime
 from .generator.compile import compile_kernel
 from .generator.dtypes import DTYPES
 from .generator.features import FeatureArgs, check_alibi_shape, check_softcap, check_window
-from .generator.select import select
+from .generator.select import packs_gqa, select
 from .generator.spec import KernelSpec
 from .generator.validate import LOG2E, Problem, check_layout, check_scale, check_spec
 
@@ -233,8 +233,8 @@ def _prepare(
     return entry
 
 
-# (device, d, dtype, causal, alignment, variant) -> loaded plan: a new signature of a known
-# kind (another length) skips selection and loading
+# (device, d, dtype, causal, alignment, variant, features, GQA packing) -> loaded plan: a new
+# signature of a known kind (another length) skips selection and loading
 _plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
@@ -244,7 +244,9 @@ def _variant_for(
     """The plan for this call's variant: the named one (checked against the call) or selected."""
     align = problem.alignment(pointers=True)
     dims = (problem.d, problem.value_dim)
-    key = (dev, dims, problem.dtype, causal, align, variant, features.tokens)
+    kv_heads = problem.b * problem.kv_heads
+    packs = variant is None and packs_gqa(problem.kv_group, problem.tq, kv_heads)  # select's
+    key = (dev, dims, problem.dtype, causal, align, variant, features.tokens, packs)
     hit = _plans.get(key)
     if variant is not None:
         spec = hit.spec if hit is not None else KernelSpec.from_name(variant)
@@ -257,7 +259,8 @@ def _variant_for(
         spec = select(
             problem.d, problem.dtype, causal, arch, alignment=align,
             gpu_name=torch.cuda.get_device_name(dev), features=features.tokens,
-            dv=problem.value_dim,
+            dv=problem.value_dim, kv_group=problem.kv_group, tq=problem.tq,
+            kv_heads=problem.b * problem.kv_heads,
         )  # fmt: skip
     with runtime.for_device_arch(arch):
         karch = runtime.kernel_arch(spec)
@@ -294,25 +297,105 @@ def _cpu(
     raise ValueError("q: a CPU tensor; move it to the GPU (.cuda())")  # pragma: no cover
 
 
-def _no_backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
-    raise NotImplementedError(
-        "flashgen.torch.attention has no backward pass yet; call it under torch.no_grad() or "
-        "torch.inference_mode(), or on detached tensors"
-    )
+# ---- the backward pass: dQ, dK, dV from Q, K, V, O, LSE and dO (family mma's kernels) ---------
+BWD_SCHEMA = (
+    "attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
+    "bool causal, float? scale) -> (Tensor, Tensor, Tensor)"
+)
+_LIB.define(BWD_SCHEMA)
+
+# (device, d, dtype, causal) -> the backward plan
+_bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
+
+
+def _bwd_plan(dev: int, d: int, dtype: str, causal: bool) -> tuple[KernelSpec, launch.LaunchPlan]:
+    key = (dev, d, dtype, causal)
+    hit = _bwd_plans.get(key)
+    if hit is None:
+        spec = KernelSpec(family="mma", d=d, dtype=dtype, causal=causal, direction="bwd")
+        arch = _device_arch(dev)
+        with runtime.for_device_arch(arch):
+            karch = runtime.kernel_arch(spec)
+        hit = launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, dev)
+        _bwd_plans[key] = hit
+    return hit.spec, hit
+
+
+def _run_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None
+) -> tuple[Any, Any, Any]:
+    """The CUDA backward: fp32 scratch from torch's allocator, three kernels on the current
+    stream, nothing synchronized (CUDA-graph safe like the forward)."""
+    from .generator import backward
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    problem = check_layout(q, k, v)
+    dev = int(q.get_device())
+    spec, plan = _bwd_plan(dev, problem.d, problem.dtype, bool(causal))
+    # dO arrives in whatever layout autograd made; the kernels want O's kind of strides
+    do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
+    bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
+    value = check_scale(scale, problem.d)
+    b, h, tq, d = (int(n) for n in q.shape)
+    d_buf = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty((b, h, tq, d), dtype=torch.float32, device=q.device)
+    pointers = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
+        d_buf.data_ptr(), dq_accum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+    )  # fmt: skip
+    backward.issue(plan, spec, bp, pointers, value * LOG2E, _raw_stream(dev))
+    return dq, dk, dv
+
+
+def _fake_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None
+) -> tuple[Any, Any, Any]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_LIB.impl("attention_backward", _run_backward, "CUDA")
+_library.register_fake("flashgen::attention_backward", _fake_backward, lib=_LIB)
 
 
 def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-    return None
+    q, k, v, causal, scale, variant, left, right, cap, slopes = inputs
+    o, lse = output
+    ctx.causal, ctx.scale = causal, scale
+    # the backward kernels have no window, softcap or ALiBi yet: say so when gradients are asked
+    ctx.unsupported = [
+        name for name, on in (
+            ("window", left != -1 or right != -1), ("softcap", cap != 0.0),
+            ("alibi_slopes", slopes is not None), ("dv != d", v.shape[-1] != q.shape[-1]),
+        ) if on
+    ]  # fmt: skip
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        ctx.unsupported.append(f"dtype {q.dtype} (the backward kernels are fp16/bf16)")
+    ctx.mark_non_differentiable(lse)  # gradients flow through O only
+    ctx.save_for_backward(q, k, v, o, lse)  # only O and LSE besides the inputs: no P, no S
+
+
+def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
+    if ctx.unsupported:
+        raise NotImplementedError(
+            f"flashgen.torch.attention: no backward pass yet with {', '.join(ctx.unsupported)}; "
+            "call it under torch.no_grad() for inference, or train without those features"
+        )
+    q, k, v, o, lse = ctx.saved_tensors
+    if grad_o is None:
+        return None, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = _BWD_OP(q, k, v, o, lse, grad_o, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _LIB.impl("attention", _run, "CUDA")
 _LIB.impl("attention", _cpu, "CPU")
 _library.register_fake("flashgen::attention", _fake, lib=_LIB)
 _library.register_autograd(
-    "flashgen::attention", _no_backward, setup_context=_setup_context, lib=_LIB
+    "flashgen::attention", _backward, setup_context=_setup_context, lib=_LIB
 )
 
 _OP = torch.ops.flashgen.attention.default
+_BWD_OP = torch.ops.flashgen.attention_backward.default
 
 
 # ---- the public function ---------------------------------------------------------------------

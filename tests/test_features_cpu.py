@@ -251,3 +251,38 @@ def test_wgmma_grid_is_persistent_only_for_many_short_tiles():
     # the other families keep (query tiles, heads, batch)
     mma = KernelSpec(family="mma", d=64)
     assert FAMILIES["mma"].grid(mma, 3, 5, 1000, 1000, 132) == (-(-1000 // mma.br), 5, 3)
+
+
+# ---- GQA packing --------------------------------------------------------------------------------
+def test_select_packs_short_grouped_queries_that_fill_the_gpu():
+    from flashgen.generator.select import GQAPACK_MAX_TQ, GQAPACK_MIN_KV_HEADS, select
+
+    many = GQAPACK_MIN_KV_HEADS
+    packed = select(128, "bf16", True, "sm_90", kv_group=4, tq=1, kv_heads=many)
+    assert packed.family == "mma" and packed.features == ("gqapack",)
+    assert "_gqapack_" in packed.name and KernelSpec.from_name(packed.name) == packed
+    # long queries, one head per group, too few K/V blocks, or ALiBi: no packing
+    for kw in (
+        {"kv_group": 4, "tq": GQAPACK_MAX_TQ + 1, "kv_heads": many},
+        {"kv_group": 1, "tq": 1, "kv_heads": many},
+        {"kv_group": 4, "tq": 1, "kv_heads": many - 1},
+    ):
+        assert "gqapack" not in select(128, "bf16", True, "sm_90", **kw).features
+    with_window = select(64, "fp16", False, "sm_80", features=("window",), kv_group=8, tq=4,
+                         kv_heads=many)  # fmt: skip
+    assert with_window.features == ("window", "gqapack")
+    assert select(64, "fp16", False, "sm_80", features=("alibi",), kv_group=8, tq=4,
+                  kv_heads=many).features == ("alibi",)  # fmt: skip
+
+
+def test_gqapack_refuses_alibi_and_takes_a_grid_per_kv_head():
+    from flashgen.generator.families import FAMILIES
+
+    with pytest.raises(ValueError, match="gqapack,alibi"):
+        KernelSpec(family="mma", d=64, features=("alibi", "gqapack"))
+    with pytest.raises(ValueError, match="gqapack"):
+        KernelSpec(family="wgmma", d=64, features=("gqapack",))
+    spec = KernelSpec(family="mma", d=64, br=64, features=("gqapack",))
+    # 5 tokens x 4 query heads = 20 packed rows: one 64-row tile per (K/V head, batch)
+    assert FAMILIES["mma"].grid(spec, 3, 8, 5, 100, 132, kv_group=4) == (1, 2, 3)
+    assert FAMILIES["mma"].grid(spec, 3, 8, 17, 100, 132, kv_group=4) == (2, 2, 3)

@@ -273,7 +273,10 @@ def test_check_bound_is_twice_the_reference_error_plus_one_ulp_of_the_largest(dt
     q, k, v, do = low_problem(dtype, seed=3)
     g64 = reference_grads(q, k, v, do, **FEATS)
     g_lo = rounded_reference_grads(q, k, v, do, dtype=dtype, **FEATS)
-    eps = float(ml_dtypes.finfo(STORE[dtype]).eps) * np.abs(g64[which]).max()
+    scale = FEATS.get("scale") or 1.0 / math.sqrt(q.shape[-1])
+    floor = oracle_bwd.cancel_floor(q, k, v, do, scale)
+    assert 0 < floor < 1e-4 * np.abs(g64[which]).max()  # far below any storage ulp
+    eps = float(ml_dtypes.finfo(STORE[dtype]).eps) * np.abs(g64[which]).max() + floor
     bound = 2 * np.abs(g_lo[which] - g64[which]).max() + eps
     for factor, ok in ((0.99, True), (1.01, False)):
         got = [g.copy() for g in g64]
@@ -350,3 +353,16 @@ def test_grad_eps_is_one_storage_ulp_of_the_largest_gradient():
     assert oracle_bwd.grad_eps(g, "fp16") == 3.0 * 2.0**-10
     assert oracle_bwd.grad_eps(g, "fp32") == 3.0 * 2.0**-23
     assert oracle_bwd.grad_eps(np.zeros((2, 2)), "bf16") == 0.0
+
+
+def test_an_exactly_zero_gradient_allows_fp32_cancellation_noise_only():
+    # one key per row: dS = P (dP - D) is exactly 0, so dQ = dK = 0; a kernel's fp32 dP - D
+    # leaves ulps of |dO||V| there, which the cancellation floor admits (and nothing larger)
+    rng = np.random.default_rng(7)
+    q, k, v, do = (rng.standard_normal((1, 1, 1, 16)) for _ in range(4))
+    g64 = reference_grads(q, k, v, do)
+    assert np.abs(g64[0]).max() < 1e-12 and np.abs(g64[1]).max() < 1e-12  # zero, up to float64
+    noisy = (g64[0] + 2e-7, g64[1] - 2e-7, g64[2])
+    assert all(o.passed for o in check_grads(noisy, q, k, v, do, dtype="bf16"))
+    wrong = (g64[0] + 1e-3, g64[1], g64[2])
+    assert not check_grads(wrong, q, k, v, do, dtype="bf16")[0].passed

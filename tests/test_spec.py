@@ -376,9 +376,9 @@ def test_unknown_name_tokens_are_named_with_the_family_knobs(bad: str, token: st
     assert "nor a knob of family" in str(info.value)
 
 
-def test_direction_is_part_of_the_name_and_only_fwd_is_generated() -> None:
+def test_direction_is_part_of_the_name_and_bwd_is_mma_only() -> None:
     assert KernelSpec().name.startswith("flash_fwd_")
-    with pytest.raises(SpecError, match=r"direction='bwd': unknown direction; choose one of fwd"):
+    with pytest.raises(SpecError, match=r"direction='bwd': family simt has no backward kernel"):
         KernelSpec.from_name("flash_bwd_simt_d64_br32_bc32_fp32_noncausal")
 
 

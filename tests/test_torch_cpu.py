@@ -155,12 +155,26 @@ def test_a_spec_is_passed_by_name_and_must_fit_the_call():
         OP(q, q, q, True, None, "flash_nonsense")
 
 
-def test_backward_through_the_op_says_it_has_none():
-    q = meta(1, 2, 3, 64).requires_grad_()
-    o = fgt.attention(q, q, q)
+def test_backward_through_the_op_traces_to_grads_of_the_inputs_shapes():
+    q = meta(2, 8, 3, 64).requires_grad_()
+    k = meta(2, 2, 5, 64).requires_grad_()  # grouped-query: dK, dV have K/V's heads
+    v = meta(2, 2, 5, 64).requires_grad_()
+    o = fgt.attention(q, k, v, causal=True)
     assert o.requires_grad
-    with pytest.raises(NotImplementedError, match=r"has no backward pass yet"):
+    o.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    o2, lse = fgt.attention(q, k, v, return_lse=True)
+    assert not lse.requires_grad  # gradients flow through O only
+
+
+def test_backward_with_a_feature_it_lacks_says_so():
+    q = meta(1, 2, 3, 64).requires_grad_()
+    o = fgt.attention(q, q, q, causal=True, window=(4, 0))
+    with pytest.raises(NotImplementedError, match=r"no backward pass yet with window"):
         o.sum().backward()
+    f = meta(1, 2, 3, 64).float().requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"fp16/bf16"):
+        fgt.attention(f, f, f).sum().backward()
 
 
 def test_the_eager_shortcut_is_never_taken_off_cuda_or_with_autograd_or_fake_tensors():

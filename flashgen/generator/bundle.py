@@ -242,6 +242,17 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     """Everything the bundle templates receive (derived here; the templates only print)."""
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
+    for s in specs:
+        if s.direction != "fwd":
+            raise BundleError(
+                f"{s.name}: bundles hold forward kernels only (the C ABI has no backward "
+                "launcher yet); bundle forward variants"
+            )
+        if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
+            raise BundleError(
+                f"{s.name}: gqapack variants are not bundled yet (their grid runs per K/V "
+                "head); bundle the variant without gqapack: it serves the same calls"
+            )
     unique = _check_unique(specs)
     variants = [Variant(s) for s in unique]
     contexts = [v.context() for v in variants]

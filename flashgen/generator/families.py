@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import backward
 from .arch import ARCHS
 
 if TYPE_CHECKING:
@@ -82,6 +83,13 @@ class Family:
     default_dtype: str = "bf16"  # what a spec that names no dtype gets
     default_br: int = 128  # ... and no tiles (see default_tile)
     default_bc: int = 64
+    # the backward pass (direction "bwd"): its template ("" = the family has none yet) and
+    # the (br, bc) a backward spec that names no tiles gets. 64 queries x 64 keys, 4 warps of
+    # 16 keys: dK and dV of d=128 take 128 fp32 registers a thread, P^T and dP^T 16 keys x br,
+    # so br=64 is the widest query tile d=128 compiles without spills (255 registers); bc=64
+    # keeps smem at 64 KiB (d=64, two Q/dO stages) / 77.5 KiB (d=128, one): two blocks per sm_80 SM
+    bwd_template: str = ""
+    bwd_tile: tuple[int, int] = (64, 64)
 
     def d_pad(self, spec: KernelSpec) -> int:
         """The head dim the math runs at: d rounded up to the family's MMA granularity (the
@@ -119,10 +127,13 @@ class Family:
 
     def grid(
         self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
-        window: tuple[int, int] = (-1, -1),
+        window: tuple[int, int] = (-1, -1), kv_group: int = 1,
     ) -> tuple[int, int, int]:
         """Launch grid for a problem on a GPU with `sms` SMs (window: the kernel's sides,
-        -1 unbounded). Here (query tiles, heads, batch): a block per query tile."""
+        -1 unbounded; kv_group: query heads per K/V head). Here (query tiles, heads, batch), a
+        block per query tile; GQAPACK variants (packed-row tiles, K/V heads, batch)."""
+        if "gqapack" in spec.features:
+            return (-(-tq * kv_group // spec.br), heads // kv_group, batch)
         return spec.grid(batch, heads, tq)
 
     def check(self, spec: KernelSpec) -> list[str]:
@@ -226,9 +237,14 @@ class SimtFamily(Family):
 
 @dataclass(frozen=True)
 class MmaFamily(Family):
-    """FlashAttention-2 on mma.sync tensor cores: each warp owns 16 or 32 query rows."""
+    """FlashAttention-2 on mma.sync tensor cores: each warp owns 16 or 32 query rows.
+
+    A backward spec (direction "bwd") takes its rules and sizes from `backward.py`.
+    """
 
     def default_warps(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return backward.default_warps(spec)
         return max(1, spec.br // 16)
 
     def d_pad(self, spec: KernelSpec) -> int:
@@ -240,6 +256,8 @@ class MmaFamily(Family):
         return -(-spec.dv // 16) * 16
 
     def default_stages(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return backward.default_stages(spec)
         # two stages unless their registers would spill or their shared memory not fit (then
         # one: e.g. d=256 at 128x64)
         two = self.register_estimate(spec, stages=2)
@@ -273,6 +291,8 @@ class MmaFamily(Family):
         return 2 if spec.d >= MMA_SPLIT_QK_FROM_D else 1
 
     def min_blocks(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return backward.min_blocks(spec)
         # The most blocks (up to 4) whose register share still holds the estimate plus ~64
         # registers of addresses and indices: more resident warps hide the latency of the
         # S -> softmax -> P V chain. Calibrated like MMA_REG_BUDGET; the zero-spill compile
@@ -287,6 +307,8 @@ class MmaFamily(Family):
 
     def smem_bytes(self, spec: KernelSpec, stages: int | None = None) -> int:
         """Shared memory of Q, the K ring and the V ring; `stages` overrides the spec's."""
+        if spec.direction == "bwd":
+            return backward.smem_bytes(spec, stages)
         n = spec.stages if stages is None else stages
         item = spec.dtype_info.itemsize
         qk_row = (self.d_pad(spec) + MMA_ROW_PAD) * item  # Q and K rows
@@ -294,10 +316,17 @@ class MmaFamily(Family):
         return qk_row * (spec.br + n * spec.bc) + v_row * n * spec.bc
 
     def check(self, spec: KernelSpec) -> list[str]:
+        if spec.direction == "bwd":
+            return self.tensor_core_rule(spec) + backward.check(self, spec)
         p = self.tensor_core_rule(spec)
         if spec.d < 8 or spec.d > 256 or spec.d % 8:
             p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family mma; try 64")
         p += self.dv_rule(spec)
+        if "gqapack" in spec.features and "alibi" in spec.features:
+            p.append(
+                "features=gqapack,alibi: a packed tile mixes query heads, and ALiBi's slope is "
+                "per head; drop gqapack (or alibi)"
+            )
         if spec.br % 16 or not 16 <= spec.br <= 256:
             p.append(f"br={spec.br}: must be a multiple of 16 in [16, 256] for family mma; try 128")
         if spec.bc % 16 or not 16 <= spec.bc <= 256:
@@ -336,6 +365,8 @@ class MmaFamily(Family):
         return p
 
     def context(self, spec: KernelSpec) -> dict[str, Any]:
+        if spec.direction == "bwd":
+            return backward.context(self, spec)
         m_tiles = self.rows_per_warp(spec) // 16
         q_regs = m_tiles * self.d_pad(spec) // 16 * 4
         return {
@@ -410,7 +441,7 @@ class WgmmaFamily(Family):
 
     def grid(
         self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
-        window: tuple[int, int] = (-1, -1),
+        window: tuple[int, int] = (-1, -1), kv_group: int = 1,
     ) -> tuple[int, int, int]:
         # One-dimensional (wgmma.cu.j2 decodes the work): persistent blocks, one per SM, when
         # there are more query tiles than SMs and each sees few key tiles (its load latency
@@ -502,10 +533,14 @@ FAMILIES: dict[str, Family] = {
     "mma": MmaFamily(
         name="mma",
         template="mma.cu.j2",
+        bwd_template="mma_bwd.cu.j2",
         archs=("sm_80", "sm_90"),
         knobs=(("warps", "w"), ("stages", "s")),
-        # Gemma 2's sliding window with softcap, beside each feature alone
-        shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),
+        features=frozenset({"window", "softcap", "alibi", "gqapack"}),
+        # Gemma 2's sliding window with softcap, beside each feature alone; GQA decoding
+        shipped_features=(
+            ("window",), ("softcap",), ("alibi",), ("window", "softcap"), ("gqapack",),
+        ),
         axes={
             "d": (32, 64, 96, 128, 256),
             "br": (64, 128),

@@ -266,7 +266,8 @@ class LaunchPlan:
         """The launch grid for `problem` (the family's: a block per query tile, or persistent)
         with the kernel's window sides."""
         return family_of(self.spec.family).grid(
-            self.spec, problem.b, problem.h, problem.tq, problem.tk, self.sms, window
+            self.spec, problem.b, problem.h, problem.tq, problem.tk, self.sms, window,
+            problem.kv_group,
         )
 
     def bind(
@@ -275,6 +276,11 @@ class LaunchPlan:
         """The launch of this plan on `problem`'s signature (its pointers are ignored) with
         the call's feature values; ValueError when the variant lacks a feature the call uses."""
         check_fits(self.spec, features)
+        if "gqapack" in self.spec.features and problem.tq * problem.kv_group >= 2**31:
+            raise ValueError(
+                f"tq={problem.tq} x kv_group={problem.kv_group}: a gqapack variant packs them "
+                "into one row index below 2^31; use the variant without gqapack"
+            )
         return Bound(self, problem, scale_log2, features)
 
 

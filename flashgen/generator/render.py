@@ -47,13 +47,18 @@ def environment() -> jinja2.Environment:
     )
 
 
+def template_name(spec: KernelSpec) -> str:
+    """The template that renders `spec`: its family's, or the family's backward template."""
+    return spec.fam.bwd_template if spec.direction == "bwd" else spec.fam.template
+
+
 def context(spec: KernelSpec) -> dict[str, Any]:
     """Every value a template may use, derived here in Python (templates do no arithmetic)."""
     info = spec.dtype_info
     ctx: dict[str, Any] = {
         "name": spec.name,
         "family": spec.family,
-        "template": spec.fam.template,
+        "template": template_name(spec),
         "version": __version__,
         "spec_json": spec.to_json(),
         "build_command": spec.build_command,
@@ -85,5 +90,5 @@ def context(spec: KernelSpec) -> dict[str, Any]:
 
 def render(spec: KernelSpec) -> RenderedKernel:
     """Render `spec` with its family's template; the same spec always gives the same bytes."""
-    template = environment().get_template(spec.fam.template)
+    template = environment().get_template(template_name(spec))
     return RenderedKernel(spec=spec, source=template.render(**context(spec)))

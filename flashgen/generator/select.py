@@ -78,6 +78,9 @@ def select(
     gpu_name: str | None = None,
     features: tuple[str, ...] = (),
     dv: int | None = None,
+    kv_group: int = 1,
+    tq: int | None = None,
+    kv_heads: int | None = None,
 ) -> KernelSpec:
     """The variant to run for this call; ValueError naming what is shipped when none fits.
 
@@ -86,11 +89,18 @@ def select(
     table is read and nothing is generated on demand); `gpu_name` (e.g. 'NVIDIA H200') names
     the tuning table to consult. `features` are the feature tokens the call uses: the variant
     is the plain choice compiled with them (features never change the tile). `dv` is the
-    value head dim (None: d); a dv nothing ships takes the tile of d's choice, or (wgmma
-    cannot stage a dv wider than d) the next family's.
+    value head dim (None: d); a dv nothing ships takes the tile of d's choice. `kv_group`
+    (query heads per K/V head), `tq` (query length) and `kv_heads` (batch x K/V heads) let
+    grouped-query calls with short queries take family mma's `gqapack` variant (`packs_gqa`),
+    whose tiles hold the query heads of one K/V head, so K and V are read once per group.
     """
-    plain = _select_plain(d, dtype, causal, arch, alignment, candidates, gpu_name, dv or d)
     feats = tuple(features)
+    packed = None
+    if packs_gqa(kv_group, tq, kv_heads) and candidates is None:
+        packed = _gqapack(d, dtype, causal, arch, alignment, dv or d, feats)
+    if packed is not None:
+        return packed
+    plain = _select_plain(d, dtype, causal, arch, alignment, candidates, gpu_name, dv or d)
     if not feats:
         return plain
     want = _with(plain, features=feats)
@@ -105,6 +115,39 @@ def select(
             )
         )
     return want
+
+
+GQAPACK_MAX_TQ = 16
+"""Grouped-query calls with at most this many query tokens may take the `gqapack` variant..."""
+GQAPACK_MIN_KV_HEADS = 128
+"""... when their packed grid (batch x K/V heads blocks) fills the GPU (H200: 132 SMs)."""
+
+
+def packs_gqa(kv_group: int, tq: int | None, kv_heads: int | None) -> bool:
+    """Whether a call of this shape takes a `gqapack` variant (where one fits)."""
+    return (
+        kv_group > 1 and tq is not None and tq <= GQAPACK_MAX_TQ
+        and kv_heads is not None and kv_heads >= GQAPACK_MIN_KV_HEADS
+    )  # fmt: skip
+
+
+def _gqapack(
+    d: int, dtype: str, causal: bool, arch: str, alignment: int | None, dv: int,
+    feats: tuple[str, ...],
+) -> KernelSpec | None:
+    """Family mma's plain choice with `gqapack` added; None where it cannot serve."""
+    if (
+        "alibi" in feats or dtype not in DTYPES or not DTYPES[dtype].tensor_core
+        or arch_major(arch) < 8
+    ):  # fmt: skip
+        return None
+    pool = [s for s in shipped() if s.family == "mma"]
+    plain: KernelSpec | None
+    try:
+        plain = _select_plain(d, dtype, causal, arch, alignment, pool, None, dv)
+    except ValueError:  # no mma variant of this d ships: the family default, on demand
+        plain = _with(KernelSpec(family="mma", d=d, dtype=dtype, causal=causal), dv=dv)
+    return _with(plain, features=(*feats, "gqapack"))
 
 
 def _select_plain(

@@ -70,9 +70,29 @@ def _picked_tiles(family: str, plain: list[KernelSpec]) -> set[KernelSpec]:
     return picked
 
 
-def shipped(family: str | None = None) -> list[KernelSpec]:
-    """Every shipped variant (of one family, or of all), in a stable order."""
+# The backward variants shipped (compiled ahead, `shipped(direction="bwd")`), at the backward's
+# default tile: the head dims and dtypes training uses most. Everything else compiles on demand.
+BWD_AXES: dict[str, dict[str, tuple[object, ...]]] = {
+    "mma": {"d": (64, 128), "dtype": ("fp16", "bf16"), "causal": (False, True)},
+}
+
+
+@cache
+def _walk_bwd(family: str) -> tuple[KernelSpec, ...]:
+    axes = BWD_AXES.get(family, {})
+    keys = list(axes)
+    return tuple(
+        KernelSpec(family=family, direction="bwd", **dict(zip(keys, values, strict=True)))  # type: ignore[arg-type]
+        for values in itertools.product(*(axes[k] for k in keys))
+    ) if axes else ()
+
+
+def shipped(family: str | None = None, direction: str = "fwd") -> list[KernelSpec]:
+    """Every shipped variant (of one family, or of all), in a stable order: the forward ones
+    (what `select` picks from), or with direction="bwd" the backward ones."""
     names = [family] if family else list(FAMILIES)
+    if direction == "bwd":
+        return [s for f in names for s in _walk_bwd(f)]
     return [s for f in names for s in _walk(f)[0]]
 
 

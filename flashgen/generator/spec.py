@@ -25,7 +25,10 @@ class SpecError(ValueError):
 class KernelSpec:
     """A kernel configuration: every size a compile-time constant of the generated source.
 
-    `direction` is the pass the kernel computes (`fwd`; the backward pass will add `bwd`).
+    `direction` is the pass the kernel computes: `fwd`, or `bwd` (dQ, dK, dV from Q, K, V, O,
+    dO and the forward's LSE; family mma only, see `Family.bwd_template`). This first backward
+    refuses features and dv != d (`_check_backward`); its `br` is the query tile and `bc` the
+    key tile of one block (`backward.py` has its rules and defaults).
     `br`, `bc` = 0 and `dtype` = "" mean the family's defaults (`Family.default_tile`,
     `Family.default_dtype`: simt 32x32 fp32, mma 128x64 bf16, wgmma 128x128 bf16), so
     `KernelSpec(family="mma", d=128)` is a valid mma kernel.
@@ -67,7 +70,7 @@ class KernelSpec:
             if self.dtype == "":
                 object.__setattr__(self, "dtype", fam.default_dtype)
             if isinstance(self.d, int) and (self.br == 0 or self.bc == 0):
-                br, bc = fam.default_tile(self.d)
+                br, bc = fam.bwd_tile if self.direction == "bwd" else fam.default_tile(self.d)
                 if self.br == 0:
                     object.__setattr__(self, "br", br)
                 if self.bc == 0:
@@ -95,6 +98,8 @@ class KernelSpec:
                 f"{', '.join(DIRECTIONS)}"
             )
         problems += _check_features(self.features, fam.name, fam.features)
+        if self.direction == "bwd":
+            problems += _check_backward(self, fam)
         if problems:
             raise SpecError(problems)
         object.__setattr__(self, "features", _canonical_features(self.features))
@@ -139,6 +144,8 @@ class KernelSpec:
             "--causal" if self.causal else "--no-causal",
             *(f"--{field} {getattr(self, field)}" for field, _ in self.fam.knobs),
             *([f"--features {','.join(self.features)}"] if self.features else []),
+            # the CLI has no backward yet: the banner must still not claim the forward
+            *(["--direction bwd"] if self.direction == "bwd" else []),
         ]
         return " ".join(parts)
 
@@ -204,13 +211,14 @@ class KernelSpec:
         return KernelSpec(**data)  # type: ignore[arg-type]
 
 
-DIRECTIONS: tuple[str, ...] = ("fwd",)
-"""The passes flashgen generates (the backward pass will add `bwd`)."""
+DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
+"""The passes flashgen generates: the forward, and the backward (dQ, dK, dV)."""
 
 FEATURES: dict[str, str] = {
     "window": "sliding-window mask (left, right) with the tiles outside the window skipped",
     "softcap": "logit softcapping: scores s -> c * tanh(s / c) before the softmax",
     "alibi": "ALiBi: logits - slope[head] * |i - j| (per-head fp32 slopes)",
+    "gqapack": "grouped-query heads packed into one tile: K/V read once per group (short queries)",
 }
 """Compile-time feature tokens, in canonical name order: token -> what it enables.
 
@@ -289,6 +297,35 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
     if len(set(features)) != len(features):
         problems.append(f"features={features!r}: a feature is named twice; name each once")
     return problems
+
+
+def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
+    """What the first backward version refuses: families without a backward template,
+    features, and a value head dim of its own."""
+    if not fam.bwd_template:
+        with_bwd = [f"--family {f.name}" for f in _families() if f.bwd_template]
+        return [
+            f"direction='bwd': family {fam.name} has no backward kernel yet; use "
+            f"{' or '.join(with_bwd)} for the backward pass"
+        ]
+    problems = []
+    if isinstance(spec.features, (tuple, list)) and spec.features:
+        problems.append(
+            f"features={tuple(spec.features)!r}: the backward pass supports no features yet "
+            "(window, softcap and ALiBi come later); drop them for direction='bwd'"
+        )
+    if spec.dv != spec.d:
+        problems.append(
+            f"dv={spec.dv}: the backward pass needs v's head dim equal to d={spec.d} for now; "
+            "leave dv unset for direction='bwd'"
+        )
+    return problems
+
+
+def _families() -> list[Family]:
+    from .families import FAMILIES
+
+    return list(FAMILIES.values())
 
 
 def _canonical_features(features: tuple[str, ...] | list[str]) -> tuple[str, ...]:

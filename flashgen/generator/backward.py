@@ -1,0 +1,411 @@
+"""The backward pass (dQ, dK, dV) of family mma: its variant rules, and its host side.
+
+**Rules** (`check`, `smem_bytes`, ...; `families.MmaFamily` hands a spec with direction "bwd"
+here). A block owns BC keys of one K/V head and walks every query tile (BR rows) that sees
+them, for every query head of its GQA group; each warp owns 16 of the keys, so `warps` is
+always bc/16. This first version supports no features and needs dv = d (spec.py refuses the
+rest in one line).
+
+**Host side** (`launch_backward`): validate q, k, v, o, lse (the forward's), dO and the three
+gradient arrays; allocate the fp32 scratch (D = rowsum(dO ∘ O), (B, H, Tq), and the dQ
+accumulator, (B, H, Tq, d)); launch the three kernels of the one cubin in order on one stream:
+
+  `<name>_pre`   D, and zeroes the dQ accumulator        grid (ceil(Tq/PRE_ROWS), H, B)
+  `<name>`       dK, dV (stored once) and dQ (atomicAdd)  grid (ceil(Tk/BC), H_kv, B)
+  `<name>_post`  dQ = the accumulator in the storage dtype  grid (ceil(Tq/PRE_ROWS), H, B)
+
+All three take one argument list (templates/mma_bwd.cu.j2 documents it; `ABI_FORMAT` here):
+pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long long strides
+in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .arch import ARCHS
+from .validate import (
+    LOG2E,
+    Problem,
+    _check_no_overlap,
+    _check_operand,
+    check_layout,
+    check_scale,
+    describe,
+)
+from .validate import check_spec as _check_spec
+
+if TYPE_CHECKING:
+    from .families import Family
+    from .launch import LaunchPlan
+    from .spec import KernelSpec
+
+# ---- the variant's rules ---------------------------------------------------------------------
+# Extra 16-byte pad per shared-memory row (as the forward's MMA_ROW_PAD): the 8 rows one
+# ldmatrix phase reads start in 8 different bank quads.
+BWD_ROW_PAD = 8
+# Ceiling for `register_estimate` (registers a thread's live arrays take): above it the live
+# arrays alone leave ptxas too little of its 255 (d=128 at br=128: 288). A coarse guard, not a
+# promise: ptxas 13.0 fills up to 255 registers at every tile, and a few points under it spill
+# a few bytes (d=96 and d=64 at br=128: 8-68 B, measured); the zero-spill compile test pins
+# the shipped variants (tests/test_backward_cpu.py).
+BWD_REG_BUDGET = 232
+# Up to this padded head dim dP^T is computed for the whole query tile at once; above it, 16
+# query columns at a time (V's fragments re-read per chunk), which keeps the fp32 dP values
+# live beside P to 8. Measured on ptxas 13.0 at 64x64: d=128 spilled 16-104 B computed whole
+# and none in chunks of 16; d=64 the other way round (none whole, 12-84 B in chunks of 16).
+BWD_DP_CHUNK_MAX_D = 64
+# Registers beyond the estimate that addresses, indices and loop state take (see min_blocks):
+# measured ~85 on ptxas 13.0 (d=64 at 64x64 uses 216 against an estimate of 144); a cap below
+# estimate + this spills (d=40 promised 3 blocks, capped at 168 registers: 80 B on sm_90).
+BWD_INDEX_REGS = 96
+# The preprocess and postprocess kernels give each row this many threads (16-byte chunks of
+# it in turn), so a block of THREADS handles THREADS / PRE_LANES_PER_ROW rows.
+PRE_LANES_PER_ROW = 8
+
+
+def default_warps(spec: KernelSpec) -> int:
+    """Each warp owns 16 of the block's bc keys (its dK and dV rows)."""
+    return max(1, spec.bc // 16)
+
+
+def register_estimate(spec: KernelSpec) -> int:
+    """Registers per thread of the live arrays: dK and dV (16 keys x dp fp32 per warp: dp/2
+    each), P^T and dP^T in fp32 (16 keys x br: br/2 each) and P^T packed (br/4)."""
+    dp = -(-spec.d // 16) * 16
+    return dp + spec.br + spec.br // 4
+
+
+def smem_bytes(spec: KernelSpec, stages: int | None = None) -> int:
+    """K and V of the block, a ring of `stages` Q and dO tiles, dS^T, and the ring's LSE and D
+    rows (fp32); `stages` overrides the spec's."""
+    n = spec.stages if stages is None else stages
+    item = spec.dtype_info.itemsize
+    lds = -(-spec.d // 16) * 16 + BWD_ROW_PAD  # K, V, Q, dO rows
+    ldss = spec.br + BWD_ROW_PAD  # dS^T rows (one per key, br queries)
+    return item * (2 * spec.bc * lds + 2 * n * spec.br * lds + spec.bc * ldss) + 4 * 2 * n * spec.br
+
+
+def default_stages(spec: KernelSpec) -> int:
+    """Two Q/dO stages (the next tile loads while this one is used) when two blocks of them
+    still fit one sm_80 SM, so 8 warps stay resident there; else one (d=128 at 64x64: two
+    stages take 115 KB and would leave one block per SM)."""
+    two = smem_bytes(spec, stages=2)
+    return 2 if 2 * two <= ARCHS["sm_80"].smem_per_sm else 1
+
+
+def min_blocks(spec: KernelSpec) -> int:
+    """Blocks per SM promised to ptxas: the most (up to 4) whose register share holds the
+    estimate plus BWD_INDEX_REGS."""
+    need = register_estimate(spec) + BWD_INDEX_REGS
+    fits = [n for n in (1, 2, 3, 4) if need <= min(255, 65536 // (n * spec.threads))]
+    return max(fits, default=1)
+
+
+def check(fam: Family, spec: KernelSpec) -> list[str]:
+    """Every broken rule of a backward mma spec as 'value: rule; fix'."""
+    p: list[str] = []
+    if spec.d % 8 or not 8 <= spec.d <= 256:
+        p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family mma; try 64")
+    if spec.br % 16 or not 16 <= spec.br <= 128:
+        p.append(
+            f"br={spec.br}: the backward's query tile must be a multiple of 16 in [16, 128]; try 64"
+        )
+    if spec.bc % 16 or not 16 <= spec.bc <= 256:
+        p.append(
+            f"bc={spec.bc}: the backward's key tile must be a multiple of 16 in [16, 256]; try 64"
+        )
+    elif spec.warps != spec.bc // 16:
+        p.append(
+            f"warps={spec.warps}: the backward gives each warp 16 of the bc={spec.bc} keys "
+            f"(warps = bc/16 = {spec.bc // 16}); leave warps unset"
+        )
+    if spec.stages not in (1, 2):
+        p.append(f"stages={spec.stages}: the Q/dO ring depth must be 1 or 2; try 1")
+    if not p:
+        regs = register_estimate(spec)
+        if regs > BWD_REG_BUDGET:
+            p.append(
+                f"d={spec.d}, br={spec.br}: ~{regs} registers per thread of the backward "
+                f"(dp + 5*br/4, dp = d rounded up to 16) exceed {BWD_REG_BUDGET} and would "
+                "spill; lower br (e.g. 64 or 32)"
+            )
+        p += fam.smem_rule(
+            spec,
+            "2*(2*bc*(dp+8) + 2*stages*br*(dp+8) + bc*(br+8)) + 8*stages*br",
+            "lower bc, br or stages",
+        )
+    return p
+
+
+def pre_rows(spec: KernelSpec) -> int:
+    """Rows one block of the pre/post kernels handles."""
+    return spec.threads // PRE_LANES_PER_ROW
+
+
+def context(fam: Family, spec: KernelSpec) -> dict[str, Any]:
+    """The template values of templates/mma_bwd.cu.j2 (all derived here)."""
+    dp = fam.d_pad(spec)
+    return {
+        "row_pad": BWD_ROW_PAD,
+        "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
+        "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+        "pre_name": kernel_names(spec)[0],
+        "post_name": kernel_names(spec)[2],
+        "pre_lanes": PRE_LANES_PER_ROW,
+        "pre_rows": pre_rows(spec),
+        # dQ = dS K is computed in units of 16 query rows x DQ_COLS columns (16 fp32
+        # accumulators a thread at 32), shared round-robin by the warps
+        "dq_cols": 32 if dp % 32 == 0 else 16,
+        # dP^T is computed this many k-steps (16 queries) at a time; see BWD_DP_CHUNK_MAX_D
+        "dp_chunk": spec.br // 16 if dp <= BWD_DP_CHUNK_MAX_D else 1,
+    }
+
+
+def kernel_names(spec: KernelSpec) -> tuple[str, str, str]:
+    """The three kernel symbols of a backward variant: (pre, main, post)."""
+    return (f"{spec.name}_pre", spec.name, f"{spec.name}_post")
+
+
+# ---- the host side ---------------------------------------------------------------------------
+# The kernels' argument list as struct codes: 11 pointers, tq, tk, 24 strides, scale_log2,
+# kv_group.
+ABI_FORMAT = "P" * 11 + "ii" + "q" * 24 + "f" + "i"
+POINTERS = ("q", "k", "v", "o", "do", "lse", "d_buf", "dq_accum", "dq", "dk", "dv")
+
+Strides3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class BackwardProblem:
+    """A validated backward problem: the forward's Problem (q, k, v, o, lse) plus dO and the
+    gradients' element strides (batch, head, token) and pointers."""
+
+    fwd: Problem
+    do_strides: Strides3
+    dq_strides: Strides3
+    dk_strides: Strides3
+    dv_strides: Strides3
+    do_ptr: int | None
+    dq_ptr: int | None
+    dk_ptr: int | None
+    dv_ptr: int | None
+
+    def kernel_strides(self) -> tuple[int, ...]:
+        """The 24 stride arguments: q, k, v, o, do, dq, dk, dv (batch, head, token)."""
+        f = self.fwd
+        assert f.o_strides is not None
+        return (
+            *f.q_strides, *f.k_strides, *f.v_strides, *f.o_strides, *self.do_strides,
+            *self.dq_strides, *self.dk_strides, *self.dv_strides,
+        )  # fmt: skip
+
+    def grids(self, spec: KernelSpec) -> tuple[tuple[int, int, int], ...]:
+        """Grids of (pre, main, post)."""
+        f = self.fwd
+        rows = (-(-f.tq // pre_rows(spec)), f.h, f.b)
+        return rows, (-(-f.tk // spec.bc), f.kv_heads, f.b), rows
+
+
+def _like(name: str, x: Any, shape: tuple[int, ...], dtype: Any, what: str) -> tuple[Strides3, Any]:
+    info = describe(name, x)
+    if info.shape != shape or info.dtype != dtype:
+        raise ValueError(
+            f"{name}: shape {info.shape} dtype {info.dtype}: must be {shape} {dtype} ({what}); "
+            f"allocate {name} like that"
+        )
+    return _check_operand(info), info
+
+
+def validate_backward(
+    spec: KernelSpec, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, dq: Any, dk: Any,
+    dv: Any, *, check_pointers: bool = True,
+) -> BackwardProblem:  # fmt: skip
+    """Every check for launching backward variant `spec`; ValueError naming value, rule, fix.
+
+    q, k, v, o, lse are the forward's (o and lse as the forward wrote them); do has o's shape
+    and dtype; dq, dk, dv have q's, k's and v's. Every operand has a contiguous d axis and
+    strides (and pointers) that are multiples of 16 bytes; the gradients must not overlap
+    themselves (a zero stride on a real axis).
+    """
+    if spec.direction != "bwd":
+        raise ValueError(f"spec {spec.name}: a forward variant; pass spec.replace(direction='bwd')")
+    if o is None or lse is None:
+        raise ValueError("o, lse: the forward's output and LSE are required by the backward")
+    fwd = check_layout(q, k, v, o=o, lse=lse)
+    _check_spec(spec, fwd, check_pointers=check_pointers)
+    qi, ki, vi, oi = (describe(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
+    do_s, doi = _like("do", do, oi.shape, oi.dtype, "o's shape and dtype: dL/dO")
+    dq_s, dqi = _like("dq", dq, qi.shape, qi.dtype, "q's shape and dtype")
+    dk_s, dki = _like("dk", dk, ki.shape, ki.dtype, "k's shape and dtype")
+    dv_s, dvi = _like("dv", dv, vi.shape, vi.dtype, "v's shape and dtype")
+    for g in (dqi, dki, dvi):
+        _check_no_overlap(g)
+    align, size = spec.align_elems, fwd.itemsize
+    for info, strides in ((doi, do_s), (dqi, dq_s), (dki, dk_s), (dvi, dv_s)):
+        for axis, stride in zip(("batch", "head", "token"), strides, strict=True):
+            if stride % align:
+                raise ValueError(
+                    f"{info.name} {axis} stride={stride} elements: family {spec.family} needs "
+                    f"multiples of {align} ({align * size} bytes); pass a contiguous array"
+                )
+        if check_pointers and info.ptr is not None and info.ptr % (align * size):
+            raise ValueError(
+                f"{info.name} pointer {info.ptr:#x}: family {spec.family} needs "
+                f"{align * size}-byte alignment; pass a fresh array"
+            )
+    return BackwardProblem(
+        fwd, do_s, dq_s, dk_s, dv_s, doi.ptr, dqi.ptr, dki.ptr, dvi.ptr,
+    )  # fmt: skip
+
+
+@dataclass(eq=False)
+class BackwardLaunch:
+    """One issued backward: the problem and the fp32 scratch it uses (D and the dQ
+    accumulator). Keep it until the stream has finished when launching with sync=False."""
+
+    problem: BackwardProblem
+    d_buf: Any
+    dq_accum: Any
+
+
+def _functions(plan: LaunchPlan, spec: KernelSpec) -> tuple[int, int, int]:
+    """(pre, main, post) CUfunctions, all from the plan's one module (cached on the plan's
+    key: the module stays loaded for the life of the process)."""
+    from . import launch as _launch
+
+    key = (spec, plan.arch, plan.device)
+    hit = _function_cache.get(key)
+    if hit is not None:
+        return hit
+    drv = _launch.driver()
+    found = []
+    drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
+    try:
+        for name in kernel_names(spec):
+            if name == spec.name:
+                found.append(plan.function)
+                continue
+            func = ctypes.c_void_p()
+            drv.check(
+                drv.lib.cuModuleGetFunction(ctypes.byref(func), plan.module, name.encode()),
+                f"finding {name} in the cubin",
+            )
+            found.append(int(func.value or 0))
+    finally:
+        drv.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
+    out = (found[0], found[1], found[2])
+    _function_cache[key] = out
+    return out
+
+
+_function_cache: dict[tuple[Any, str, int], tuple[int, int, int]] = {}
+
+
+def kernel_params(
+    problem: BackwardProblem, pointers: tuple[int, ...], scale_log2: float
+) -> tuple[Any, list[Any]]:
+    """The kernelParams array of the three kernels (and the ctypes objects it points at)."""
+    c = ctypes
+    f = problem.fwd
+    args: list[Any] = [c.c_void_p(p) for p in pointers]
+    args += [c.c_int(f.tq), c.c_int(f.tk)]
+    args += [c.c_longlong(s) for s in problem.kernel_strides()]
+    args += [c.c_float(scale_log2), c.c_int(f.kv_group)]
+    assert len(args) == len(ABI_FORMAT)
+    params = (c.c_void_p * len(args))(*[c.addressof(a) for a in args])
+    return params, args
+
+
+def issue(
+    plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, pointers: tuple[Any, ...],
+    scale_log2: float, stream_handle: int,
+) -> None:
+    """Launch the three kernels of `spec` in order on the stream `stream_handle` (a CUstream;
+    0: the legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq,
+    dk, dv (the two fp32 scratch arrays sized (B, H, Tq) and (B, H, Tq, D)). Nothing waits."""
+    from . import launch as _launch
+
+    funcs = _functions(plan, spec)
+    params, keep = kernel_params(problem, tuple(int(p or 0) for p in pointers), scale_log2)
+    drv = _launch.driver()
+    smems = (0, plan.smem, 0)
+    cur = ctypes.c_void_p()
+    drv.cuCtxGetCurrent(ctypes.byref(cur))
+    pushed = cur.value != plan.context
+    if pushed:
+        drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
+    try:
+        for name, func, grid, smem in zip(
+            kernel_names(spec), funcs, problem.grids(spec), smems, strict=True
+        ):
+            rc = drv.cuLaunchKernel(
+                func, grid[0], grid[1], grid[2], spec.threads, 1, 1, smem, stream_handle,
+                params, None,
+            )  # fmt: skip
+            if rc:
+                raise RuntimeError(
+                    f"kernel {name} failed to launch (grid {grid}, block {spec.threads}, "
+                    f"{smem} B shared memory): {drv.error(rc)}"
+                )
+    finally:
+        if pushed:
+            drv.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
+    del keep  # cuLaunchKernel copied the arguments
+
+
+def launch_backward(
+    spec: KernelSpec,
+    q: Any,
+    k: Any,
+    v: Any,
+    o: Any,
+    lse: Any,
+    do: Any,
+    dq: Any,
+    dk: Any,
+    dv: Any,
+    scale: float | None = None,
+    stream: Any = None,
+    *,
+    sync: bool = True,
+) -> BackwardLaunch:
+    """Compute dq, dk, dv of attention on device arrays (PyCUDA GPUArrays or CUDA-array-
+    interface objects) with backward variant `spec`.
+
+    q, k, v are the forward's inputs, o and lse what the forward wrote for them (with the
+    same `scale`, default 1/sqrt(d)), do = dL/dO. Everything is validated before anything is
+    issued; the fp32 scratch is allocated here and the three kernels are launched in order on
+    `stream` (None: the legacy default stream). With `sync` (default) the call waits and
+    raises RuntimeError naming the kernel when one fails; without, keep the returned
+    BackwardLaunch (it owns the scratch) until the stream is done.
+    """
+    from . import runtime
+
+    problem = validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
+    value = check_scale(scale, spec.d)
+    f = problem.fwd
+    ptrs = (f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, problem.dq_ptr,
+            problem.dk_ptr, problem.dv_ptr)  # fmt: skip
+    if any(p is None for p in ptrs):
+        raise ValueError("q, k, v, o, do, lse, dq, dk, dv: device arrays with pointers required")
+    plan = runtime.get_function(spec)
+    d_buf = runtime.empty((f.b, f.h, f.tq), "fp32", pooled=True)
+    dq_accum = runtime.empty((f.b, f.h, f.tq, f.d), "fp32", pooled=True)
+    pointers = (
+        f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, int(d_buf.gpudata),
+        int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr, problem.dv_ptr,
+    )  # fmt: skip
+    issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream))
+    if sync:
+        gdrv = runtime.gpu().drv
+        try:
+            if stream is None:
+                gdrv.Context.synchronize()
+            else:
+                stream.synchronize()
+        except gdrv.Error as exc:
+            raise RuntimeError(f"backward kernels of {spec.name} failed: {exc}") from exc
+    return BackwardLaunch(problem, d_buf, dq_accum)

@@ -1,0 +1,117 @@
+"""The backward variants on the GPU: dQ, dK, dV of every shipped one against the float64 oracle.
+
+For each variant and each pinned problem: the forward (the runtime's mma path, at the family's
+default tile) writes O and LSE, the backward computes the gradients into NaN-poisoned arrays,
+and `oracle_bwd.check_grads` applies FlashAttention's gradient rule (error <= 2x a same-
+precision reference's error against float64, plus one storage ulp at max|g64|). The problems
+cover one token, ragged Tq and Tk (not multiples of the tiles, primes), Tq != Tk both ways,
+causal with Tq > Tk (rows that see no key: their dQ must be exactly zero), grouped-query heads
+(groups of 2 and 4), every tensor in its own strided layout, and logits scaled up to +-30.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from flashgen.generator import backward, runtime
+from flashgen.generator.checks import Case, layout_backing, layout_view, make_inputs
+from flashgen.generator.compile import CompiledKernel
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.oracle_bwd import check_grads
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+from flashgen.generator.validate import check_scale
+
+pytestmark = pytest.mark.gpu
+
+# Shipped variants, plus a probe at a head dim that is padded in-kernel (40 -> 48).
+SPECS = shipped(direction="bwd") + [
+    KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
+]
+
+# (B, H, H_kv, Tq, Tk, logit_max, layouts of q/k/v/o and of do/dq/dk/dv)
+PLAIN = ("bhtd",) * 4
+STRIDED = ("bthd", "hbtd", "pad", "bthd")
+STRIDED_GRADS = ("pad", "bthd", "hbtd", "pad")
+CASES: list[tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]]] = [
+    (1, 1, 1, 1, 1, None, PLAIN, PLAIN),
+    (2, 2, 2, 97, 131, None, PLAIN, PLAIN),  # ragged, Tq < Tk
+    (1, 2, 2, 200, 67, None, PLAIN, PLAIN),  # Tq > Tk: causal rows with no key
+    (1, 4, 2, 130, 130, 30.0, PLAIN, PLAIN),  # GQA group 2, logits up to +-30
+    (2, 4, 1, 64, 193, 30.0, STRIDED, STRIDED_GRADS),  # group 4 (MQA), strided everything
+    (1, 8, 2, 257, 129, 30.0, STRIDED, STRIDED_GRADS),  # group 4, Tq > Tk, ragged
+]
+
+
+def _device_view(x: np.ndarray, layout: str) -> Any:
+    from pycuda import gpuarray
+
+    backing = layout_backing(x, layout, fill=0.0)
+    buf = runtime.to_device(backing)
+    view = layout_view(backing, layout, x.shape[3])
+    return gpuarray.GPUArray(view.shape, buf.dtype, gpudata=buf.gpudata, strides=view.strides,
+                             base=buf)  # fmt: skip
+
+
+def _poisoned(shape: tuple[int, ...], dtype: str, layout: str) -> tuple[Any, Any]:
+    """A NaN-filled device buffer holding a (B, H, T, d) array in `layout`: (buffer, view)."""
+    from pycuda import gpuarray
+
+    host = layout_backing(np.zeros(shape, np.dtype(DTYPES[dtype].numpy)), layout, fill=0.0)
+    buf = runtime.empty(host.shape, dtype)
+    runtime.poison(int(buf.gpudata), host.size, dtype)
+    view = layout_view(host, layout, shape[3])
+    return buf, gpuarray.GPUArray(view.shape, buf.dtype, gpudata=buf.gpudata,
+                                  strides=view.strides, base=buf)  # fmt: skip
+
+
+def _read(buf: Any, layout: str, d: int) -> np.ndarray:
+    return np.array(layout_view(runtime.to_host(buf), layout, d))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}q{c[3]}k{c[4]}")
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_backward_matches_the_oracle(
+    spec: KernelSpec,
+    case: tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]],
+    compiled: dict[KernelSpec, CompiledKernel | Exception],
+) -> None:
+    built = compiled[spec]
+    if isinstance(built, Exception):
+        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+    b, h, h_kv, tq, tk, logit_max, lay, glay = case
+    fwd = KernelSpec(family="mma", d=spec.d, dtype=spec.dtype, causal=spec.causal)
+    seed = (tq * 7919 + tk * 31 + h) % 2**31
+    q, k, v = make_inputs(fwd, Case(b, h, tq, tk, logit_max=logit_max, seed=seed, h_kv=h_kv))
+    scale = check_scale(None, spec.d)
+    store = np.dtype(spec.dtype_info.numpy)
+    do = np.random.default_rng(seed + 1).standard_normal((b, h, tq, spec.d)).astype(store)
+
+    qd, kd, vd = (_device_view(x, la) for x, la in ((q, lay[0]), (k, lay[1]), (v, lay[2])))
+    _, o = _poisoned((b, h, tq, spec.d), spec.dtype, lay[3])
+    lse = runtime.empty((b, h, tq), np.float32)
+    runtime.launch(fwd, qd, kd, vd, o, lse, scale)
+
+    dod = _device_view(do, glay[0])
+    dq_buf, dq = _poisoned(q.shape, spec.dtype, glay[1])
+    dk_buf, dk = _poisoned(k.shape, spec.dtype, glay[2])
+    dv_buf, dv = _poisoned(v.shape, spec.dtype, glay[3])
+    backward.launch_backward(spec, qd, kd, vd, o, lse, dod, dq, dk, dv, scale)
+    got = (
+        _read(dq_buf, glay[1], spec.d),
+        _read(dk_buf, glay[2], spec.d),
+        _read(dv_buf, glay[3], spec.d),
+    )
+    outcomes = check_grads(got, q, k, v, do, dtype=spec.dtype, scale=scale, causal=spec.causal)
+    bad = [
+        f"{g.name}: err {g.err:.3g} > bound {g.bound:.3g} (ref err {g.ref_err:.3g}, eps "
+        f"{g.eps:.3g}){' NaN' if g.has_nan else ''}"
+        for g in outcomes
+        if not g.passed
+    ]
+    assert not bad, f"{spec.name} B={b} H={h} H_kv={h_kv} Tq={tq} Tk={tk}: " + "; ".join(bad)
+    if spec.causal and tq > tk:  # rows that see no key get exactly zero dQ
+        assert not np.any(got[0][:, :, : tq - tk].astype(np.float32)), "no-key rows of dQ"

@@ -1,0 +1,169 @@
+"""The backward variants on a CPU: spec and name, refusals, rendering, and nvcc with zero spills."""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from _nvcc import requires_nvcc
+
+from flashgen.generator import backward
+from flashgen.generator.compile import BASE_FLAGS, run_nvcc
+from flashgen.generator.render import render
+from flashgen.generator.report import parse_ptxas
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec, SpecError
+
+BWD = shipped(direction="bwd")
+
+
+def test_eight_backward_variants_ship_and_the_forward_space_has_none() -> None:
+    assert len(BWD) == 8
+    assert {(s.d, s.dtype, s.causal) for s in BWD} == {
+        (d, t, c) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
+    }
+    assert all(s.direction == "bwd" and s.family == "mma" for s in BWD)
+    assert all(s.direction == "fwd" for s in shipped())
+
+
+@pytest.mark.parametrize("spec", BWD, ids=lambda s: s.name)
+def test_backward_names_round_trip(spec: KernelSpec) -> None:
+    assert re.fullmatch(
+        r"flash_bwd_mma_d\d+_br\d+_bc\d+_(fp16|bf16)_(causal|noncausal)_w\d+_s\d+", spec.name
+    )
+    assert KernelSpec.from_name(spec.name) == spec
+
+
+def test_a_backward_spec_gets_the_backward_defaults() -> None:
+    spec = KernelSpec(family="mma", d=64, direction="bwd")
+    assert (spec.br, spec.bc, spec.warps) == (*backward_tile(), 4)
+    assert spec.name == "flash_bwd_mma_d64_br64_bc64_bf16_noncausal_w4_s2"
+    # d=128: one Q/dO stage, so two blocks still fit an sm_80 SM
+    assert KernelSpec(family="mma", d=128, direction="bwd").stages == 1
+
+
+def backward_tile() -> tuple[int, int]:
+    return KernelSpec(family="mma", direction="bwd").fam.bwd_tile
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"family": "simt"},
+            "direction='bwd': family simt has no backward kernel yet; use --family mma",
+        ),
+        (
+            {"family": "wgmma"},
+            "direction='bwd': family wgmma has no backward kernel yet; use --family mma",
+        ),
+        (
+            {"family": "mma", "features": ("window",)},
+            "features=('window',): the backward pass supports no features yet",
+        ),
+        ({"family": "mma", "dv": 128}, "dv=128: the backward pass needs v's head dim equal to d"),
+        ({"family": "mma", "warps": 8}, "warps=8: the backward gives each warp 16 of the bc=64"),
+        ({"family": "mma", "br": 256}, "br=256: the backward's query tile must be a multiple"),
+        ({"family": "mma", "stages": 3}, "stages=3: the Q/dO ring depth must be 1 or 2"),
+        ({"family": "mma", "d": 128, "br": 128}, "~288 registers per thread of the backward"),
+        ({"family": "mma", "dtype": "fp32"}, "dtype=fp32: family mma needs a tensor-core dtype"),
+    ],
+)
+def test_backward_refusals_name_the_value_and_the_fix(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(direction="bwd", d=fields.pop("d", 64), **fields)  # type: ignore[arg-type]
+    assert any(message in p for p in info.value.problems), info.value.problems
+
+
+def test_an_unknown_direction_is_refused_with_the_choices() -> None:
+    with pytest.raises(
+        SpecError,
+        match=r"direction='up': unknown direction; choose one of fwd, bwd",
+    ):
+        KernelSpec(direction="up")
+
+
+@pytest.mark.parametrize("spec", BWD, ids=lambda s: s.name)
+def test_backward_render_is_plain_cuda_with_three_kernels(spec: KernelSpec) -> None:
+    src = render(spec).source
+    assert "{%" not in src and "{{" not in src and "{#" not in src
+    assert "templates/mma_bwd.cu.j2" in src.splitlines()[0]
+    assert src.count('extern "C" __global__') == 3
+    for symbol in backward.kernel_names(spec):
+        assert re.search(rf"\b{symbol}\(", src), symbol
+    assert f"constexpr int STAGES = {spec.stages};" in src
+    assert render(spec).source == src  # deterministic
+
+
+def test_the_abi_format_has_one_code_per_kernel_argument() -> None:
+    # 11 pointers, tq, tk, 24 strides, scale_log2, kv_group: the order the template documents
+    assert len(backward.ABI_FORMAT) == 39
+    src = render(BWD[0]).source
+    sig = src[src.index(f"{BWD[0].name}_pre(") : src.index("{", src.index(f"{BWD[0].name}_pre("))]
+    assert sig.count("long long") == 24 and sig.count("*") == 11
+
+
+def test_validation_refuses_a_gradient_of_the_wrong_shape() -> None:
+    spec = BWD[0]
+    b, h, t, d = 1, 2, 8, spec.d
+    dt = np.dtype(spec.dtype_info.numpy)
+    q = np.zeros((b, h, t, d), dt)
+    lse = np.zeros((b, h, t), np.float32)
+    with pytest.raises(ValueError, match=r"do: shape \(1, 2, 8, 32\).*must be \(1, 2, 8, 64\)"):
+        backward.validate_backward(
+            spec, q, q, q, q, lse, q[..., :32], q, q, q, check_pointers=False
+        )
+    with pytest.raises(ValueError, match=r"dk: shape .*must be \(1, 2, 8, 64\) .*k's shape"):
+        backward.validate_backward(spec, q, q, q, q, lse, q, q, q[:, :1], q, check_pointers=False)
+    with pytest.raises(ValueError, match=r"a forward variant; pass spec\.replace\(direction="):
+        backward.validate_backward(
+            spec.replace(direction="fwd"), q, q, q, q, lse, q, q, q, q, check_pointers=False
+        )
+    problem = backward.validate_backward(spec, q, q, q, q, lse, q, q, q, q, check_pointers=False)
+    assert problem.grids(spec) == ((1, 2, 1), (1, 2, 1), (1, 2, 1))
+    assert len(problem.kernel_strides()) == 24
+
+
+# ---- nvcc -----------------------------------------------------------------------------------
+def _compile_report(job: tuple[KernelSpec, str]) -> list[str]:
+    spec, arch = job
+    _, log = run_nvcc([*BASE_FLAGS, "-cubin", f"-arch={arch}"], render(spec).source)
+    bad = []
+    for symbol in backward.kernel_names(spec):
+        r = parse_ptxas(log, symbol, arch)
+        if r.spill_bytes or r.registers <= 0:
+            bad.append(f"{symbol} [{arch}]: {r.registers} registers, {r.spill_bytes} B spilled")
+    return bad
+
+
+@requires_nvcc
+def test_every_shipped_backward_variant_compiles_without_spills() -> None:
+    """All three kernels of each shipped backward variant, for each arch it ships for."""
+    jobs = [(s, a) for s in BWD for a in s.archs]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        failures = [msg for msgs in pool.map(_compile_report, jobs) for msg in msgs]
+    assert not failures, "\n".join(failures)
+
+
+def test_cli_builds_a_backward_variant_and_bundles_refuse_it(tmp_path):
+    from click.testing import CliRunner
+
+    from flashgen.cli import main
+
+    run = CliRunner().invoke(
+        main, ["build", "--family", "mma", "--d", "64", "--direction", "bwd", "--dtype", "fp16",
+               "--no-compile", "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert (tmp_path / "flash_bwd_mma_d64_br64_bc64_fp16_noncausal_w4_s2.cu").exists()
+    assert "not a shipped variant" not in run.output
+    bad = CliRunner().invoke(
+        main, ["build", "--family", "mma", "--d", "64", "--direction", "bwd", "--no-compile",
+               "--bundle", str(tmp_path / "b")],
+    )  # fmt: skip
+    assert bad.exit_code != 0 and "forward kernels only" in bad.output
