@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Any
 
 import torch
@@ -19,21 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashgen.torch as fgt
-
-
-def timed(fn: Any, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+from flashgen.generator.bench import time_ms
 
 
 def main() -> None:
@@ -55,7 +40,7 @@ def main() -> None:
                 for name in ("flashgen", "fa2", "cudnn"):
                     try:
                         o = _forward(name, q, k, v, causal)
-                        ms = timed(lambda o=o, ins=(q, k, v), do=do: torch.autograd.grad(
+                        ms = time_ms(lambda o=o, ins=(q, k, v), do=do: torch.autograd.grad(
                             o, ins, do, retain_graph=True))  # fmt: skip
                         row[name] = flops / ms / 1e9
                     except Exception as exc:  # a backend this build lacks

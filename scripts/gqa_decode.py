@@ -13,30 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 import flashgen.torch as fgt
+from flashgen.generator.bench import time_ms
 from flashgen.generator.select import select
-
-
-def timed(fn: Any, reps: int = 50) -> float:
-    """Median milliseconds of `fn` over `reps` CUDA-event timings after warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -75,13 +59,13 @@ def main() -> None:
                 row = {
                     "causal": causal, "tq": tq, "tk": tk, "b": batch, "hq": hq, "hkv": hkv,
                     "d": d, "chosen": chosen.name, "plain": plain.name,
-                    "chosen_ms": timed(lambda s=chosen: run(s)),
-                    "plain_ms": timed(lambda s=plain: run(s)),
+                    "chosen_ms": time_ms(lambda s=chosen: run(s)),
+                    "plain_ms": time_ms(lambda s=plain: run(s)),
                     "max_abs_vs_sdpa": err,
                 }  # fmt: skip
                 # SDPA's causal mask is top-left aligned: only time it where that equals ours
                 if not causal or tq == tk:
-                    row["sdpa_ms"] = timed(
+                    row["sdpa_ms"] = time_ms(
                         lambda: F.scaled_dot_product_attention(
                             q, k, v, is_causal=causal, enable_gqa=True)  # noqa: B023
                     )
