@@ -49,7 +49,6 @@ constexpr bool CAUSAL = true;
 constexpr bool WINDOW = false;    // sliding-window mask, tiles outside it skipped
 constexpr bool SOFTCAP = false;  // logits c * tanh(s / c)
 constexpr bool ALIBI = false;      // logits - slope[head] * |p - key|
-constexpr bool GQAPACK = false;  // a tile holds the query heads of one K/V head
 constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 8;
 constexpr int THREADS = 256;
@@ -58,6 +57,7 @@ constexpr int SMEM_BYTES = 104448;  // dynamic shared memory per block
 static_assert(THREADS == WARPS * 32, "a block is whole warps");
 
 constexpr int STAGES = 2;       // K/V pipeline depth
+constexpr bool GQAPACK = false;  // a tile: the query heads of one K/V head
 constexpr int M_TILES = 1;     // 16-row tiles per warp
 constexpr int ROWS_PER_WARP = 16 * M_TILES;
 constexpr int LDS = DP + 8;    // Q/K shared-memory row stride (elements)

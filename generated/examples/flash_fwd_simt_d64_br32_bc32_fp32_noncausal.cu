@@ -39,7 +39,6 @@ constexpr bool CAUSAL = false;
 constexpr bool WINDOW = false;    // sliding-window mask, tiles outside it skipped
 constexpr bool SOFTCAP = false;  // logits c * tanh(s / c)
 constexpr bool ALIBI = false;      // logits - slope[head] * |p - key|
-constexpr bool GQAPACK = false;  // a tile holds the query heads of one K/V head
 constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 4;
 constexpr int THREADS = 128;

@@ -58,7 +58,6 @@ constexpr bool CAUSAL = true;
 constexpr bool WINDOW = false;    // sliding-window mask, tiles outside it skipped
 constexpr bool SOFTCAP = false;  // logits c * tanh(s / c)
 constexpr bool ALIBI = false;      // logits - slope[head] * |p - key|
-constexpr bool GQAPACK = false;  // a tile holds the query heads of one K/V head
 constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 12;
 constexpr int THREADS = 384;
