@@ -848,7 +848,10 @@ def inspect_report(
         "occupancy": occ.to_dict(),
         "register_split": register_split_section(ck),
         "sass": sass_section(ck),
-        "traffic": traffic_report(ck.spec, b=b, h=h, tq=tq, tk=tk),
+        # the traffic model walks the forward's loop order: a backward has none yet
+        "traffic": traffic_report(ck.spec, b=b, h=h, tq=tq, tk=tk)
+        if ck.spec.direction == "fwd"
+        else None,
     }
 
 
@@ -888,6 +891,9 @@ def format_inspect(rep: dict[str, Any]) -> list[str]:
             f"  SASS           not available: {sass['reason']}",
             f"    for the instruction mix: {sass['hint']}",
         ]
+    if rep["traffic"] is None:
+        return [*lines, "  traffic model  forward variants only (this is a backward variant: the "
+                        "numbers above are its main kernel's, dK/dV per key tile)"]  # fmt: skip
     return lines + format_traffic(rep["traffic"])
 
 

@@ -167,3 +167,15 @@ def test_cli_builds_a_backward_variant_and_bundles_refuse_it(tmp_path):
                "--bundle", str(tmp_path / "b")],
     )  # fmt: skip
     assert bad.exit_code != 0 and "forward kernels only" in bad.output
+
+
+def test_inspect_explains_a_backward_variant_without_the_forward_traffic_model():
+    from click.testing import CliRunner
+
+    from flashgen.cli import main
+
+    name = "flash_bwd_mma_d64_br64_bc64_bf16_causal_w4_s2"
+    run = CliRunner().invoke(main, ["inspect", "--name", name])
+    assert run.exit_code == 0, run.output
+    assert "spills         0 B" in run.output
+    assert "traffic model  forward variants only" in run.output
