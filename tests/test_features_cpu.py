@@ -286,3 +286,14 @@ def test_gqapack_refuses_alibi_and_takes_a_grid_per_kv_head():
     # 5 tokens x 4 query heads = 20 packed rows: one 64-row tile per (K/V head, batch)
     assert FAMILIES["mma"].grid(spec, 3, 8, 5, 100, 132, kv_group=4) == (1, 2, 3)
     assert FAMILIES["mma"].grid(spec, 3, 8, 17, 100, 132, kv_group=4) == (2, 2, 3)
+
+
+def test_wgmma_br192_takes_no_score_mod_and_select_moves_it_to_the_default_tile():
+    from flashgen.generator.select import feature_variant
+
+    with pytest.raises(ValueError, match="br=192: three consumer warpgroups have no registers"):
+        KernelSpec(family="wgmma", d=64, br=192, bc=128, features=("softcap",))
+    plain = KernelSpec(family="wgmma", d=64, br=192, bc=128, causal=True)
+    assert feature_variant(plain, ("window",)) == plain.replace(features=("window",))
+    moved = feature_variant(plain, ("alibi",))
+    assert moved is not None and (moved.br, moved.bc, moved.features) == (128, 128, ("alibi",))

@@ -476,6 +476,14 @@ class WgmmaFamily(Family):
             )
         if spec.stages not in (2, 3, 4):
             p.append(f"stages={spec.stages}: K/V ring depth must be 2, 3 or 4; try 2")
+        mods = sorted({"softcap", "alibi"} & set(spec.features))
+        if spec.br == 192 and mods:
+            # ptxas spills them (20-68 B; measured): 3 consumers get 160 registers each, and O,
+            # S and P take ~128 of them before the score mod's constants
+            p.append(
+                f"features={','.join(mods)} with br=192: three consumer warpgroups have no "
+                "registers for the score mod; use br=128"
+            )
         if not p:
             budget = WGMMA_REGS[self.consumers(spec)][1]
             regs = self.register_estimate(spec)

@@ -103,7 +103,7 @@ def select(
     plain = _select_plain(d, dtype, causal, arch, alignment, candidates, gpu_name, dv or d)
     if not feats:
         return plain
-    want = _with(plain, features=feats)
+    want = feature_variant(plain, feats)
     if want is None or (candidates is not None and want not in candidates):
         raise ValueError(
             f"d={d}, dtype={dtype}, causal={causal}, features={','.join(feats)}, arch={arch}: "
@@ -207,6 +207,23 @@ def _select_plain(
         "on demand): pad d to a multiple of 8, or generate one with `flashgen build` and pass "
         "it as spec="
     )
+
+
+def feature_variant(plain: KernelSpec, feats: tuple[str, ...]) -> KernelSpec | None:
+    """`plain` compiled with features `feats`: the same tile, or where the features do not fit
+    it (wgmma br=192 has no registers for a score mod) the family's default tile; None if
+    neither takes them."""
+    same = _with(plain, features=feats)
+    if same is not None:
+        return same
+    try:
+        default = KernelSpec(
+            family=plain.family, d=plain.d, dv=plain.dv, dtype=plain.dtype, causal=plain.causal,
+            direction=plain.direction,
+        )  # fmt: skip
+    except ValueError:
+        return None
+    return _with(default, features=feats)
 
 
 def _with(spec: KernelSpec | None, **changes: object) -> KernelSpec | None:

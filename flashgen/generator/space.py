@@ -39,17 +39,18 @@ def _walk(family: str) -> tuple[tuple[KernelSpec, ...], tuple[Pruned, ...]]:
             pruned.append(Pruned(fields, tuple(exc.problems)))
             continue
         kept.setdefault(spec.name, spec)
+    from .select import feature_variant  # select reads `shipped` itself
+
     picked = _picked_tiles(family, list(kept.values()))
     for spec in list(kept.values()):
         if spec not in picked:
             continue
         for feats in fam.shipped_features:
-            try:
-                with_feats = spec.replace(features=feats)
-            except SpecError as exc:
-                pruned.append(Pruned({"name": spec.name, "features": feats}, tuple(exc.problems)))
-                continue
-            kept.setdefault(with_feats.name, with_feats)
+            # the variant select serves these features with: this tile, or where they do not
+            # fit it (wgmma br=192 and a score mod) the family's default tile
+            with_feats = feature_variant(spec, feats)
+            if with_feats is not None:
+                kept.setdefault(with_feats.name, with_feats)
     return tuple(kept.values()), tuple(pruned)
 
 

@@ -122,10 +122,9 @@ __device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int
 struct TileSpan {
   int first, end;
 };
-__device__ __forceinline__ TileSpan tile_span_rows(int r_first, int r_last, int tq, int tk, int window_left,
-                                                   int window_right) {
-  const long long p_first = (long long)r_first + tk - tq;  // key position of the first row
-  const long long p_last = (long long)r_last + tk - tq;    // ... and of the last
+__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
+  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
+  const long long p_last = p_first + BR - 1;          // ... and of its last
   long long lo = 0, hi = tk;
   if (CAUSAL) hi = min(hi, p_last + 1);
   if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
@@ -133,23 +132,16 @@ __device__ __forceinline__ TileSpan tile_span_rows(int r_first, int r_last, int 
   if (hi <= lo) return {0, 0};
   return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
 }
-__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
-  return tile_span_rows(q0, q0 + BR - 1, tq, tk, window_left, window_right);
-}
 
-// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [r_first, r_last]
-// (tile_needs_mask: the block's rows [q0, q0 + BR)): the ragged end, a tile crossing the causal
-// diagonal or either window edge. Every other tile of the span is wholly visible to every row.
-__device__ __forceinline__ bool tile_needs_mask_rows(int kv0, int r_first, int r_last, int tq, int tk,
-                                                     int window_left, int window_right) {
-  const long long p_first = (long long)r_first + tk - tq, p_last = (long long)r_last + tk - tq;
+// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR):
+// the ragged end, a tile crossing the causal diagonal or either window edge. Every other tile
+// of the span is wholly visible to every row.
+__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
+                                                int window_right) {
+  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
   return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
          (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
          (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
-}
-__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
-                                                int window_right) {
-  return tile_needs_mask_rows(kv0, q0, q0 + BR - 1, tq, tk, window_left, window_right);
 }
 
 // ---- logits that are not just scale * q.k (SOFTCAP, ALIBI) ---------------------------------
@@ -245,10 +237,29 @@ struct Flag {
   static constexpr bool value = B;
 };
 
-// Start copying ROWS rows into a tile with rows of COLS_PAD + row_pad elements (Q, K: COLS = D,
-// COLS_PAD = DP; V: DV, DVP): row r comes from slab + row_off(r) when valid_row(r); invalid rows
-// and the pad columns COLS..COLS_PAD-1 are zero-filled (no global read) so they contribute
-// exact zeros.
+// Start copying `rows` rows of a (T, COLS) slab, tokens t0.., into a tile with rows of COLS_PAD
+// + row_pad elements (Q, K: COLS = D, COLS_PAD = DP; V: DV, DVP); rows at or past t_len and the
+// pad columns COLS..COLS_PAD-1 are zero-filled (no global read) so they contribute exact zeros.
+template <int ROWS, int COLS, int COLS_PAD>
+__device__ __forceinline__ void load_tile_async(elem_t* tile, const elem_t* slab, long long stride_t,
+                                                int t0, int t_len) {
+  constexpr int CHUNKS = COLS_PAD / 8;     // 16-byte chunks per shared-memory row
+  constexpr int CHUNKS_IN = COLS / 8;      // ... of which come from the user's tensor
+  constexpr int LD = COLS_PAD + 8;  // the tile's row stride (elements)
+#pragma unroll
+  for (int c = threadIdx.x; c < ROWS * CHUNKS; c += THREADS) {
+    const int r = c / CHUNKS, ch = c % CHUNKS;
+    const bool pad = CHUNKS != CHUNKS_IN && ch >= CHUNKS_IN;  // compile-time false if unpadded
+    const bool valid = t0 + r < t_len && !pad;
+    // an invalid row or pad chunk still needs a mapped address: token 0, column 0 of the slab
+    // always exists (the pad columns past COLS may not)
+    const elem_t* src = slab + (valid ? (long long)(t0 + r) * stride_t : 0) + (pad ? 0 : ch * 8);
+    cp_async_16(tile + r * LD + ch * 8, src, valid);
+  }
+}
+// GQAPACK: start copying ROWS rows into a tile with rows of COLS_PAD + row_pad elements: row r
+// comes from slab + row_off(r) when valid_row(r); invalid rows and the pad columns are
+// zero-filled (no global read).
 template <int ROWS, int COLS, int COLS_PAD, class RowOff, class Valid>
 __device__ __forceinline__ void load_rows_async(elem_t* tile, const elem_t* slab, RowOff row_off,
                                                 Valid valid_row) {
@@ -266,12 +277,25 @@ __device__ __forceinline__ void load_rows_async(elem_t* tile, const elem_t* slab
     cp_async_16(tile + r * LD + ch * 8, src, valid);
   }
 }
-// ROWS rows of a (T, COLS) slab, tokens t0.., rows at or past t_len zero.
-template <int ROWS, int COLS, int COLS_PAD>
-__device__ __forceinline__ void load_tile_async(elem_t* tile, const elem_t* slab, long long stride_t,
-                                                int t0, int t_len) {
-  load_rows_async<ROWS, COLS, COLS_PAD>(
-      tile, slab, [&](int r) { return (long long)(t0 + r) * stride_t; }, [&](int r) { return t0 + r < t_len; });
+// GQAPACK: the key tiles rows of tokens [r_first, r_last] may see, and whether a key tile needs
+// the per-element mask for them (tile_span / tile_needs_mask for a block of BR tokens).
+__device__ __forceinline__ TileSpan tile_span_rows(int r_first, int r_last, int tq, int tk, int window_left,
+                                                   int window_right) {
+  const long long p_first = (long long)r_first + tk - tq;  // key position of the first row
+  const long long p_last = (long long)r_last + tk - tq;    // ... and of the last
+  long long lo = 0, hi = tk;
+  if (CAUSAL) hi = min(hi, p_last + 1);
+  if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
+  if (WINDOW && window_left >= 0) lo = max(lo, p_first - window_left);
+  if (hi <= lo) return {0, 0};
+  return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
+}
+__device__ __forceinline__ bool tile_needs_mask_rows(int kv0, int r_first, int r_last, int tq, int tk,
+                                                     int window_left, int window_right) {
+  const long long p_first = (long long)r_first + tk - tq, p_last = (long long)r_last + tk - tq;
+  return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
+         (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
+         (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
 }
 // The three tiles: Q and K rows of D columns, V rows of DV.
 template <int ROWS>
@@ -313,9 +337,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const int q0 = query_tile() * BR;
   const int warp_row0 = warp * ROWS_PER_WARP;  // first row of this warp within the tile
   const int n_rows = GQAPACK ? tq * kv_group : tq;  // rows of this (batch, head) (host: < 2^31)
-  // the tokens of the block's first and last rows: the tile span and masks work on tokens
-  const int r_first = GQAPACK ? q0 / kv_group : q0;
-  const int r_last = GQAPACK ? (min(q0 + BR, n_rows) - 1) / kv_group : q0 + BR - 1;
 
   const int kv_head = GQAPACK ? head : head / kv_group;  // grouped-query attention: heads share K/V
   const elem_t* qb = GQAPACK ? q + batch * q_sb + (long long)kv_head * kv_group * q_sh
@@ -323,8 +344,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const elem_t* kb = k + batch * k_sb + kv_head * k_sh;
   const elem_t* vb = v + batch * v_sb + kv_head * v_sh;
 
+  // GQAPACK: the tokens of the block's first and last rows (the span and masks work on tokens)
+  const int r_first = GQAPACK ? q0 / kv_group : q0;
+  const int r_last = GQAPACK ? (min(q0 + BR, n_rows) - 1) / kv_group : q0 + BR - 1;
+
   // Key tiles wholly above the causal diagonal or outside the window are never loaded.
-  const TileSpan span = tile_span_rows(r_first, r_last, tq, tk, window_left, window_right);
+  const TileSpan span = GQAPACK ? tile_span_rows(r_first, r_last, tq, tk, window_left, window_right)
+                                : tile_span(q0, tq, tk, window_left, window_right);
   const int n_tiles = span.end - span.first;
   const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);  // used when SCORE_MOD
 
@@ -350,15 +376,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const int k_row = (lane / 16) * 8 + lane % 8, k_col = ((lane / 8) % 2) * 8;
   const int v_row = ((lane / 8) % 2) * 8 + lane % 8, v_col = (lane / 16) * 8;
 
-  // The token of each of this thread's rows (GQAPACK: packed row / kv_group), for masks and mods.
+  // GQAPACK: the token of each of this thread's rows (packed row / kv_group), for masks and mods.
   int row_token[M_TILES][2];
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = q0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
-      row_token[mt][h] = GQAPACK ? row / kv_group : row;
-    }
+    for (int h = 0; h < 2; ++h) row_token[mt][h] = (q0 + warp_row0 + mt * 16 + lane / 4 + h * 8) / kv_group;
 
   if (n_tiles > 0) {
     const int last = span.end - 1;
@@ -462,7 +485,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
         for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int row = row_token[mt][e / 2];
+            // (the token; computed here, not held: ALiBi variants have no registers to spare)
+            const int row = GQAPACK ? row_token[mt][e / 2] : q0 + warp_row0 + mt * 16 + lane / 4 + (e / 2) * 8;
             const int key = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
             if constexpr (SCORE_MOD) s[mt][nt][e] = mod_logit(sm, s[mt][nt][e], row, key, tq, tk);
             if constexpr (decltype(masked)::value) {
@@ -540,7 +564,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   for (int it = 0; it < n_tiles; ++it) {
     const int kv0 = (span.end - 1 - it) * BC;
     // only the ragged last tile and tiles crossing the causal diagonal or a window edge
-    if (tile_needs_mask_rows(kv0, r_first, r_last, tq, tk, window_left, window_right)) {
+    if (GQAPACK ? tile_needs_mask_rows(kv0, r_first, r_last, tq, tk, window_left, window_right)
+                : tile_needs_mask(kv0, q0, tq, tk, window_left, window_right)) {
       step(it, Flag<true>{});
     } else {
       step(it, Flag<false>{});
@@ -548,6 +573,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   }
 
   // ---- epilogue: normalise once, write O (storage dtype) and LSE (natural log) -------------
+  elem_t* ob = o + batch * o_sb + head * o_sh;
 #pragma unroll
   for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
@@ -558,10 +584,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
       const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key writes zeros
       const int row = q0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
       if (row < n_rows) {
-        // GQAPACK: packed row -> (query head, token); else row is the token of `head`
+        // GQAPACK: packed row -> (query head hq, token t); else row is the token of `head`
         const int hq = GQAPACK ? kv_head * kv_group + row % kv_group : head;
-        const int t = row_token[mt][h];
-        elem_t* orow = o + batch * o_sb + hq * o_sh + (long long)t * o_st + (lane % 4) * 2;
+        const int t = GQAPACK ? row_token[mt][h] : row;
+        elem_t* orow = GQAPACK ? o + batch * o_sb + hq * o_sh + (long long)t * o_st + (lane % 4) * 2
+                               : ob + (long long)row * o_st + (lane % 4) * 2;
 #pragma unroll
         for (int nt = 0; nt < NT_OUT; ++nt)  // the DV real columns; no key seen: exact zeros,
                                              // even if V held inf/NaN
@@ -569,7 +596,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
               l == 0.0f ? 0u : pack2(o_acc[mt][nt][2 * h] * inv_l, o_acc[mt][nt][2 * h + 1] * inv_l);
         if (lane % 4 == 0) {
           const long long n_heads = GQAPACK ? (long long)gridDim.y * kv_group : gridDim.y;
-          const long long lse_idx = ((long long)batch * n_heads + hq) * tq + t;
+          const long long lse_idx = GQAPACK ? ((long long)batch * n_heads + hq) * tq + t
+                                            : ((long long)batch * gridDim.y + head) * tq + row;
           lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[mt][h] + log2f(l)) * LN2;
         }
       }
