@@ -7,12 +7,16 @@
 #      launchers build TMA tensor maps through the driver entry point at run time);
 #      `--features` writes a Hopper bundle with feature variants beside a plain one (wgmma bf16
 #      d 128 causal: plain, window, softcap+alibi; dispatch by the features the params use);
+#      `bwd` writes a bundle with backward variants (`flashgen_bwd`: three kernels per call,
+#      the caller's workspace): mma bf16 d 64 causal beside its forward partner (the example
+#      runs that forward for O and LSE), mma fp16 d 128 non-causal alone (O and LSE from the
+#      CPU), and `python3 -m flashgen build --direction bwd --bundle` a one-variant one;
 #   2. each is configured and built with CMake for sm_90 only (FLASHGEN_CUDA_ARCHITECTURES,
 #      default 90-real; wgmma kernels always sm_90a) -- plain CMake + nvcc, no Python involved;
 #   3. each bundle's `example` runs every variant on the GPU against its float64 CPU
 #      reference and checks that bad parameters are refused; with compute-sanitizer present,
-#      the multi-variant and the wgmma examples also run under memcheck.
-# BUNDLES (default "multi single wgmma features") picks which to build.
+#      the multi-variant, wgmma, features and bwd examples also run under memcheck.
+# BUNDLES (default "multi single wgmma features bwd") picks which to build.
 # Everything goes to OUTDIR/bundle.txt; the last line is PASS or FAIL; exit 0 only on PASS.
 # Needs the checkout importable (PYTHONPATH, set below), nvcc, cmake and a CUDA GPU; no PyCUDA.
 set -euo pipefail
@@ -22,7 +26,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py=${PYTHON:-python3}
 archs=${FLASHGEN_CUDA_ARCHITECTURES:-90-real}
 jobs=${JOBS:-8}
-bundles=" ${BUNDLES:-multi single wgmma features} "
+bundles=" ${BUNDLES:-multi single wgmma features bwd} "
 want() { [[ "$bundles" == *" $1 "* ]]; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -34,6 +38,10 @@ cd "$root"
 
 SIMT=flash_fwd_simt_d64_br32_bc32_fp32_noncausal
 MMA=flash_fwd_mma_d128_br128_bc64_bf16_causal_w4_s1
+# the backward bundle: a backward variant with its forward partner, and one without
+BWD=flash_bwd_mma_d64_br64_bc64_bf16_causal_w4_s2
+BWD_FWD=flash_fwd_mma_d64_br128_bc64_bf16_causal_w4_s2
+BWD_ALONE=flash_bwd_mma_d128_br64_bc64_fp16_noncausal_w4_s1
 
 : >"$log"
 failures=()
@@ -95,8 +103,16 @@ if want features; then
     --causal --features window --features softcap,alibi
   build_and_run features "$work/features"
 fi
+if want bwd; then
+  step "write bwd" "$py" -m flashgen bundle "$work/bwd" --name "$BWD" --name "$BWD_FWD" \
+    --name "$BWD_ALONE"
+  build_and_run bwd "$work/bwd"
+  step "write bwd-single" "$py" -m flashgen build --family mma --d 64 --dtype fp16 --causal \
+    --direction bwd --no-compile --bundle "$work/bwd-single"
+  build_and_run bwd-single "$work/bwd-single"
+fi
 
-for name in multi wgmma features; do
+for name in multi wgmma features bwd; do
   if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$work/$name/build/example" ]; then
     step "$name memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 \
       "$work/$name/build/example"
@@ -110,7 +126,8 @@ grep -E "^(PASS|FAIL)|FAIL$|ERROR SUMMARY" "$log" | sed 's/^/  /' || true
 if [ "${#failures[@]}" -eq 0 ]; then
   note "PASS: bundle_check (${bundles# }: multi = $SIMT + $MMA; single = mma d64 fp16" \
     "non-causal; wgmma = d64/d128 bf16 causal + non-causal for sm_90a; features = wgmma d128" \
-    "bf16 causal plain, window, softcap+alibi; archs $archs)"
+    "bf16 causal plain, window, softcap+alibi; bwd = $BWD + $BWD_FWD + $BWD_ALONE, and" \
+    "mma bwd d64 fp16 causal alone; archs $archs)"
   exit 0
 fi
 note "FAIL: bundle_check: ${failures[*]}"

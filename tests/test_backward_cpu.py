@@ -150,7 +150,7 @@ def test_every_shipped_backward_variant_compiles_without_spills() -> None:
     assert not failures, "\n".join(failures)
 
 
-def test_cli_builds_a_backward_variant_and_bundles_refuse_it(tmp_path):
+def test_cli_builds_a_backward_variant_and_bundles_it(tmp_path):
     from click.testing import CliRunner
 
     from flashgen.cli import main
@@ -162,11 +162,13 @@ def test_cli_builds_a_backward_variant_and_bundles_refuse_it(tmp_path):
     assert run.exit_code == 0, run.output
     assert (tmp_path / "flash_bwd_mma_d64_br64_bc64_fp16_noncausal_w4_s2.cu").exists()
     assert "not a shipped variant" not in run.output
-    bad = CliRunner().invoke(
+    bundled = CliRunner().invoke(
         main, ["build", "--family", "mma", "--d", "64", "--direction", "bwd", "--no-compile",
                "--bundle", str(tmp_path / "b")],
     )  # fmt: skip
-    assert bad.exit_code != 0 and "forward kernels only" in bad.output
+    assert bundled.exit_code == 0, bundled.output
+    kernel = "flash_bwd_mma_d64_br64_bc64_bf16_noncausal_w4_s2.cu"
+    assert (tmp_path / "b" / "kernels" / kernel).exists()
 
 
 def test_inspect_explains_a_backward_variant_without_the_forward_traffic_model():

@@ -24,6 +24,7 @@ from test_render import _COMMENT, arithmetic_in_tags
 
 from flashgen import cli
 from flashgen.generator import bundle as bundle_mod
+from flashgen.generator.backward import pre_rows
 from flashgen.generator.bundle import (
     HEADER,
     LAUNCHER,
@@ -57,6 +58,11 @@ FEATURED = [
     MMA.replace(features=("window",)),
 ]
 TRIO = [SIMT, MMA, WGMMA]
+# backward variants: one with a forward partner in the stand-in bundle (MMA: d=32 bf16 causal,
+# 40 KiB of shared memory), one without (d=64 bf16 non-causal, 64 KiB: the opt-in)
+BWD_A = KernelSpec(family="mma", d=32, dtype="bf16", causal=True, direction="bwd")
+BWD_B = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, direction="bwd")
+BWD = [BWD_A, BWD_B]
 INVALID_DEVICE_FUNCTION, INSUFFICIENT_DRIVER = 98, 35  # cudaError_t values
 FIXED_FILES = {"CMakeLists.txt", "README.md", "example.cu", HEADER, LAUNCHER}
 PARAM_FIELDS = [
@@ -489,7 +495,11 @@ def test_header_compiles_as_c_and_cpp(tmp_path: Path, compiler: str, lang: str, 
         "  cudaError_t (*check)(const flashgen_fwd_params*, const char**) =\n"
         f"      {symbol(SIMT)}_check;\n"
         "  (void)why; (void)check;\n"
+        "  flashgen_bwd_params b = {};\n"  # the backward API is declared in every bundle
+        "  flashgen_bwd_params_contiguous(&b, 0, 0, 0, 0, 0, &lse, 0, 0, 0, 1, 1, 1, 1, 32);\n"
+        "  b.workspace_bytes = flashgen_bwd_workspace_bytes(&b);\n"
         "  return flashgen_fwd(&p, FLASHGEN_BF16, 1, (cudaStream_t)0) == cudaErrorNotSupported\n"
+        "      && flashgen_bwd(&b, FLASHGEN_BF16, 1, (cudaStream_t)0) == cudaErrorNotSupported\n"
         "      && flashgen_fwd_variant(32, FLASHGEN_FP32, 0) != 0;\n"
         "}\n"
     )
@@ -561,6 +571,8 @@ def test_cmake_builds_the_library_and_the_example(built: Path) -> None:
         "flashgen_fwd",
         "flashgen_fwd_variant",
         "flashgen_fwd_supported",
+        "flashgen_bwd",
+        "flashgen_bwd_workspace_bytes",
         *(f"{symbol(s)}_{f}" for s in TRIO for f in ("fwd", "check", "device_check")),
         *(s.name for s in TRIO),
     ]:
@@ -777,7 +789,10 @@ MOCK_CPP = r"""
 static dim3 g_grid, g_block;
 static size_t g_smem;
 static bool g_configured;
+static void* g_stream;
 static std::map<const void*, int> g_smem_attr;
+static int g_calls;  // launches and shared-memory opt-ins: a refused call must make none
+extern "C" int stand_in_calls(void) { return g_calls; }
 
 static void die(const char* what) {
   std::fprintf(stderr, "stand-in: %s\n", what);
@@ -789,8 +804,9 @@ void** __cudaRegisterFatBinary(void*) { static void* handle; return &handle; }
 void __cudaRegisterFatBinaryEnd(void**) {}
 void __cudaUnregisterFatBinary(void**) {}
 char __cudaInitModule(void**) { return 0; }
-unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t smem, void*) {
-  g_grid = grid, g_block = block, g_smem = smem, g_configured = true;
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t smem, void* stream) {
+  g_grid = grid, g_block = block, g_smem = smem, g_stream = stream, g_configured = true;
+  ++g_calls;
   return 0;
 }
 }
@@ -821,6 +837,7 @@ const char* cudaGetErrorName(cudaError_t e) {
   return buf;
 }
 cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int value) {
+  ++g_calls;
   if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) g_smem_attr[f] = value;
   return cudaSuccess;
 }
@@ -1027,11 +1044,184 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
         sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes, H, B, true);              \
   }
+// ---- the backward's three kernels (templates/mma_bwd.cu.j2), in fp32 on the CPU. They check
+// the launch contract (the order _pre, main, _post on one stream with one argument list; each
+// grid, block and dynamic shared memory; the opt-in above 48 KiB; a workspace of D then the
+// dQ accumulator, 16-byte aligned, not overlapping) and share the work as the kernels do:
+// _pre writes D and zeroes the accumulator, the main one recomputes P from the LSE and writes
+// dK and dV and adds dQ into the accumulator, _post converts it. MOCK_BUG=dk leaves a dK
+// element unwritten, MOCK_BUG=dv moves a dV element by 0.5.
+template <class T>
+struct BwdArgs {
+  const T *q, *k, *v, *o, *dout;
+  const float* lse;
+  float *d_buf, *dq_accum;
+  T *dq, *dk, *dv;
+  int tq, tk;
+  long long s[24];  // (batch, head, token) of q, k, v, o, dout, dq, dk, dv
+  float scale_log2;
+  int kv_group;
+};
+static unsigned char g_bwd_args[512];
+static int g_bwd_phase, g_bwd_h, g_bwd_b;
+static void* g_bwd_stream;
+
+#define BWD_PARAMS(T)                                                                          \
+  const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,            \
+      float *d_buf, float *dq_accum, T *dq, T *dk, T *dv, int tq, int tk, long long s0,        \
+      long long s1, long long s2, long long s3, long long s4, long long s5, long long s6,       \
+      long long s7, long long s8, long long s9, long long s10, long long s11, long long s12,    \
+      long long s13, long long s14, long long s15, long long s16, long long s17, long long s18, \
+      long long s19, long long s20, long long s21, long long s22, long long s23,               \
+      float scale_log2, int kv_group
+#define BWD_FILL(a)                                                                             \
+  std::memset(&a, 0, sizeof a);                                                                 \
+  a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse, a.d_buf = d_buf;              \
+  a.dq_accum = dq_accum, a.dq = dq, a.dk = dk, a.dv = dv, a.tq = tq, a.tk = tk;                 \
+  {                                                                                             \
+    const long long all[24] = {s0,  s1,  s2,  s3,  s4,  s5,  s6,  s7,  s8,  s9,  s10, s11,     \
+                               s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23};    \
+    std::memcpy(a.s, all, sizeof all);                                                          \
+  }                                                                                             \
+  a.scale_log2 = scale_log2, a.kv_group = kv_group
+
+// the launch of one of the three: its configuration, its place in the sequence, the same
+// arguments and stream as the first
+template <class T>
+static void bwd_launch(const BwdArgs<T>& a, int phase, dim3 want, int threads, size_t smem,
+                       const void* self) {
+  static_assert(sizeof(BwdArgs<T>) <= sizeof g_bwd_args, "args record");
+  if (!g_configured) die("backward kernel called without a launch configuration");
+  g_configured = false;
+  if (g_bwd_phase != phase) die("backward kernels launched out of order (_pre, main, _post)");
+  if (phase == 0) {
+    std::memcpy(g_bwd_args, &a, sizeof a);
+    g_bwd_stream = g_stream;
+  } else {
+    if (std::memcmp(g_bwd_args, &a, sizeof a)) die("backward kernels given different arguments");
+    if (g_stream != g_bwd_stream) die("backward kernels launched on different streams");
+  }
+  g_bwd_phase = (phase + 1) % 3;
+  if (g_grid.x != want.x || g_grid.y != want.y || g_grid.z != want.z ||
+      g_block.x != (unsigned)threads || g_block.y != 1 || g_block.z != 1)
+    die("backward grid or block");
+  if (g_smem != smem) die("backward dynamic shared memory");
+  if (smem > 48 * 1024 && g_smem_attr[self] < (int)smem) die("backward: no opt-in above 48 KiB");
+}
+
+template <class T, int D, int PRE_ROWS, int THREADS>
+static void bwd_pre(const void* self, const BwdArgs<T>& a) {
+  const int H = (int)g_grid.y, B = (int)g_grid.z;
+  bwd_launch(a, 0, dim3((unsigned)((a.tq + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
+  g_bwd_h = H, g_bwd_b = B;
+  const long long rows = (long long)B * H * a.tq;
+  if ((uintptr_t)a.dq_accum % 16) die("the dQ accumulator is not 16-byte aligned");
+  if (a.dq_accum < a.d_buf + rows && a.d_buf < a.dq_accum + rows * D)
+    die("D overlaps the accumulator");
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < a.tq; ++i) {
+        const T* oi = a.o + b * a.s[9] + h * a.s[10] + i * a.s[11];
+        const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
+        float acc = 0.0f;
+        for (int x = 0; x < D; ++x) acc += to_f32(oi[x]) * to_f32(di[x]);
+        const long long idx = ((long long)b * H + h) * a.tq + i;
+        a.d_buf[idx] = acc;
+        for (int x = 0; x < D; ++x) a.dq_accum[idx * D + x] = 0.0f;
+      }
+}
+
+template <class T, int D, int BC, int THREADS, int SMEM, bool CAUSAL>
+static void bwd_main(const void* self, const BwdArgs<T>& a) {
+  const int H = g_bwd_h, B = g_bwd_b, group = a.kv_group;
+  if (group < 1 || H % group) die("kv_group does not divide the heads");
+  bwd_launch(a, 1, dim3((unsigned)((a.tk + BC - 1) / BC), H / group, B), THREADS, SMEM, self);
+  const char* bug = std::getenv("MOCK_BUG");
+  const float log2e = 1.4426950408889634f, scale = a.scale_log2 / log2e;
+  for (int b = 0; b < B; ++b)
+    for (int g = 0; g < H / group; ++g)
+      for (int j = 0; j < a.tk; ++j) {
+        const T* kj = a.k + b * a.s[3] + g * a.s[4] + j * a.s[5];
+        const T* vj = a.v + b * a.s[6] + g * a.s[7] + j * a.s[8];
+        float dkj[D] = {}, dvj[D] = {};
+        for (int h = g * group; h < (g + 1) * group; ++h)
+          for (int i = 0; i < a.tq; ++i) {
+            const long long idx = ((long long)b * H + h) * a.tq + i;
+            const float lse = a.lse[idx];
+            if (lse == -INFINITY || (CAUSAL && j > i + a.tk - a.tq)) continue;
+            const T* qi = a.q + b * a.s[0] + h * a.s[1] + i * a.s[2];
+            const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
+            float dot = 0.0f, dp = 0.0f;
+            for (int x = 0; x < D; ++x) {
+              dot += to_f32(qi[x]) * to_f32(kj[x]);
+              dp += to_f32(di[x]) * to_f32(vj[x]);
+            }
+            const float p = std::exp2(dot * a.scale_log2 - lse * log2e);
+            const float ds = p * (dp - a.d_buf[idx]);
+            for (int x = 0; x < D; ++x) {
+              dvj[x] += p * to_f32(di[x]);
+              dkj[x] += ds * to_f32(qi[x]);
+              a.dq_accum[idx * D + x] += ds * to_f32(kj[x]) * scale;
+            }
+          }
+        T* dk = a.dk + b * a.s[18] + g * a.s[19] + j * a.s[20];
+        T* dv = a.dv + b * a.s[21] + g * a.s[22] + j * a.s[23];
+        for (int x = 0; x < D; ++x) {
+          const bool last = b == B - 1 && g == H / group - 1 && j == a.tk - 1 && x == D - 1;
+          if (!(bug && !std::strcmp(bug, "dk") && last)) dk[x] = from_f32<T>(dkj[x] * scale);
+          const bool first = b == 0 && g == 0 && j == 0 && x == 0;
+          dv[x] = from_f32<T>(dvj[x] + (bug && !std::strcmp(bug, "dv") && first ? 0.5f : 0.0f));
+        }
+      }
+}
+
+template <class T, int D, int PRE_ROWS, int THREADS>
+static void bwd_post(const void* self, const BwdArgs<T>& a) {
+  const int H = g_bwd_h, B = g_bwd_b;
+  bwd_launch(a, 2, dim3((unsigned)((a.tq + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < a.tq; ++i) {
+        const long long idx = ((long long)b * H + h) * a.tq + i;
+        T* dqi = a.dq + b * a.s[15] + h * a.s[16] + i * a.s[17];
+        for (int x = 0; x < D; ++x) dqi[x] = from_f32<T>(a.dq_accum[idx * D + x]);
+      }
+}
+
+#define STAND_IN_BWD(NAME, T, D, BC, PRE_ROWS, THREADS, SMEM, CAUSAL)                          \
+  extern "C" void NAME##_pre(BWD_PARAMS(T)) {                                                  \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_pre<T, D, PRE_ROWS, THREADS>((const void*)&NAME##_pre, a);                              \
+  }                                                                                             \
+  extern "C" void NAME(BWD_PARAMS(T)) {                                                         \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_main<T, D, BC, THREADS, SMEM, CAUSAL>((const void*)&NAME, a);                           \
+  }                                                                                             \
+  extern "C" void NAME##_post(BWD_PARAMS(T)) {                                                  \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_post<T, D, PRE_ROWS, THREADS>((const void*)&NAME##_post, a);                            \
+  }
 @STAND_INS@
 """
 
 # over 48 KiB of shared memory: exercises the launcher's opt-in
 BIG = KernelSpec(family="mma", d=128, br=128, bc=64, dtype="fp16", warps=4, stages=1)
+
+
+def _stand_in_line(s: KernelSpec) -> str:
+    """The stand-in macro call of one variant (backward: its three kernels)."""
+    flag = "true" if s.causal else "false"
+    if s.direction == "bwd":
+        args = f"{s.d}, {s.bc}, {pre_rows(s)}, {s.threads}, {s.smem_bytes}, {flag}"
+        return f"STAND_IN_BWD({s.name}, {s.dtype_info.ctype}, {args})"
+    if s.family == "wgmma":
+        args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
+        return f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
+    args = f"{s.d}, {s.dv}, {s.br}, {s.threads}, {s.smem_bytes}, {flag}"
+    return f"STAND_IN({s.name}, {s.dtype_info.ctype}, {args})"
 
 
 def _stand_in_source(specs: list[KernelSpec]) -> str:
@@ -1044,14 +1234,7 @@ def _stand_in_source(specs: list[KernelSpec]) -> str:
         lines.append(
             f"template <> {info.ctype} from_f32<{info.ctype}>(float x) {{ return {back}; }}"
         )
-    stand_ins = "\n".join(
-        f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, "
-        f"{s.smem_bytes}, {'true' if s.causal else 'false'}, {TMA_DTYPE[s.dtype]})"
-        if s.family == "wgmma"
-        else f"STAND_IN({s.name}, {s.dtype_info.ctype}, {s.d}, {s.dv}, {s.br}, {s.threads}, "
-        f"{s.smem_bytes}, {'true' if s.causal else 'false'})"
-        for s in specs
-    )
+    stand_ins = "\n".join(_stand_in_line(s) for s in specs)
     return (
         MOCK_CPP.replace("@HEADERS@", headers)
         .replace("@CONVERT@", "\n".join(lines))
@@ -1066,7 +1249,7 @@ def stand_in_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nvcc = require_nvcc()
     gxx = _tool("g++")
     includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
-    specs = [*PAIR, BIG, WGMMA, *FEATURED, WGMMA_DV]
+    specs = [*PAIR, BIG, WGMMA, *FEATURED, WGMMA_DV, *BWD]
     root = tmp_path_factory.mktemp("stand_in")
     write_bundle(bundle_files(specs), root)
     (root / "example.cpp").write_text((root / "example.cu").read_text())
@@ -1092,20 +1275,43 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     proc = subprocess.run([str(stand_in_example)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("PASS: 17 of 17 problems and 7 of 7 variants' parameter checks")
+    # 17 forward problems, 5 backward ones (BWD_A causal: 3, BWD_B: 2); 7 + 2 variants
+    assert lines[-1].startswith("PASS: 22 of 22 problems and 9 of 9 variants' parameter checks")
     assert "bounds: O max abs error 2e-2 for bf16/fp16" in lines[-1]
-    assert sum(ln.endswith("  ok") for ln in lines) == 17 + 7  # problems + rejection checks
+    assert "dQ/dK/dV max abs error <= 2x a same-precision reference's" in lines[-1]
+    assert sum(ln.endswith("  ok") for ln in lines) == 22 + 9  # problems + rejection checks
     # the feature variants ran with their values (window, softcap, ALiBi) and refused bad ones
     # 13 plain refusals, plus a bad window side and a negative softcap
     refused = f"  {FEATURED[0].name}: 15 of 15 invalid parameter sets refused before launch  ok"
     assert refused in lines
     assert f"  {WGMMA.name}: 16 of 16 invalid parameter sets refused before launch  ok" in lines
     assert f"  {MMA.name} B=2 H=3 Tq=131 Tk=77 H_kv=3" in lines  # the causal Tq > Tk problem
+    # the backward ran each problem after the bundle's forward of its key when there is one,
+    # else after a forward on the CPU; each gradient within its rule, and the refusals held
+    for spec, source, problems in (
+        (BWD_A, MMA.name, ["B=2 H=3 Tq=77 Tk=131", "B=2 H=3 Tq=131 Tk=77", "B=1 H=8 Tq=65 Tk=97"]),
+        (BWD_B, "the CPU", ["B=2 H=3 Tq=77 Tk=131", "B=1 H=8 Tq=65 Tk=97"]),
+    ):
+        for problem in problems:
+            i = next(n for n, ln in enumerate(lines) if ln.startswith(f"  {spec.name} {problem}"))
+            assert lines[i].endswith(f"(O and LSE from {source})"), lines[i]
+            grads = re.findall(r"(d[QKV]) max abs error (\S+) \(bound (\S+)\)", lines[i + 1])
+            assert [g[0] for g in grads] == ["dQ", "dK", "dV"], lines[i + 1]
+            assert all(0 < float(err) <= float(bound) for _, err, bound in grads), lines[i + 1]
+            assert lines[i + 1].endswith("NaN 0  ok")
+        refused = "13 of 13 invalid backward parameter sets refused before launch  ok"
+        assert f"  {spec.name}: {refused}" in lines
 
 
 @pytest.mark.parametrize(
     ("bug", "symptom"),
-    [("skip", "NaN 1"), ("perturb", "O max abs error 5."), ("lse", "empty-row errors 324")],
+    [
+        ("skip", "NaN 1"),
+        ("perturb", "O max abs error 5."),
+        ("lse", "empty-row errors 324"),
+        ("dk", "NaN 1  FAIL"),  # a dK element never written: the poison shows
+        ("dv", "dV max abs error 4.9"),  # a dV element moved by 0.5
+    ],
 )
 def test_example_fails_on_a_wrong_kernel(stand_in_example: Path, bug: str, symptom: str) -> None:
     proc = subprocess.run(
@@ -1233,10 +1439,14 @@ def test_example_on_another_gpu_refuses_the_wgmma_variant_with_the_reason(
         f"{INVALID_DEVICE_FUNCTION} (refused, as it must)  FAIL"
     ) in lines
     # the sm_80+ families still run on sm_86
-    assert lines[-1].startswith("FAIL: 12 of 17 problems and 7 of 7 variants' parameter checks")
+    # (and the backward ones: mma, sm_80+)
+    assert lines[-1].startswith("FAIL: 17 of 22 problems and 9 of 9 variants' parameter checks")
     old = _stand_in_run(stand_in_example, MOCK_CC="75")  # and nothing runs on a Turing GPU
     assert "needs compute capability 8.0 or newer" in old.stdout
-    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 17 problems")
+    assert f"not runnable on this GPU: {BWD_B.name} (family mma) needs compute capability 8.0" in (
+        old.stdout
+    )
+    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 22 problems")
 
 
 @pytest.mark.parametrize(("mode", "code"), [("fail", INVALID), ("missing", INSUFFICIENT_DRIVER)])
@@ -1249,4 +1459,331 @@ def test_wgmma_launcher_reports_a_refused_map_or_a_driver_without_the_encoder(
     i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131 H_kv=3")
     assert lines[i + 1] == f"    flashgen_fwd: stand-in error {code}"
     # the other variants need no tensor map
-    assert lines[-1].startswith("FAIL: 12 of 17 problems and 7 of 7 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 17 of 22 problems and 9 of 9 variants' parameter checks")
+
+
+# ---- backward variants ---------------------------------------------------------------------------
+def bwd_symbol(spec: KernelSpec) -> str:
+    return "flashgen_" + spec.name.removeprefix("flash_bwd_")
+
+
+def bwd_body(launcher: str, spec: KernelSpec) -> str:
+    """The definition of `<symbol>_bwd` in the launcher source."""
+    body = launcher[launcher.index(f'extern "C" cudaError_t {bwd_symbol(spec)}_bwd(const') :]
+    return body[: body.index("\n}\n")]
+
+
+def test_backward_variants_bundle_beside_forward_ones_with_their_own_c_api() -> None:
+    files = bundle_files([MMA, *BWD])
+    assert set(files) == FIXED_FILES | {f"kernels/{s.name}.cu" for s in [MMA, *BWD]}
+    for s in BWD:  # the kernels exactly as `flashgen build --direction bwd` writes them
+        assert files[f"kernels/{s.name}.cu"] == render(s).source
+    h = files[HEADER]
+    struct = h[h.index("typedef struct flashgen_bwd_params {") : h.index("} flashgen_bwd_params;")]
+    fields = ["q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "B", "H", "H_kv", "Tq", "Tk",
+              "d", "scale", "workspace", "workspace_bytes"]  # fmt: skip
+    fields += [f"{t}_{axis}_stride" for t in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")
+               for axis in ("batch", "head", "token")]  # fmt: skip
+    for field in fields:
+        assert re.search(rf"\b{field}\b", struct), field
+    for decl in (
+        "size_t flashgen_bwd_workspace_bytes(const flashgen_bwd_params* p);",
+        "cudaError_t flashgen_bwd(const flashgen_bwd_params* p, flashgen_dtype dtype, int causal,",
+        "const char* flashgen_bwd_variant(int d, flashgen_dtype dtype, int causal);",
+        "static inline void flashgen_bwd_params_contiguous(",
+        *(f"cudaError_t {bwd_symbol(s)}_bwd{f}" for s in BWD for f in (
+            "(const flashgen_bwd_params* p, cudaStream_t stream);",
+            "_check(const flashgen_bwd_params* p, const char** why);",
+            "_device_check(int device, const char** why);",
+        )),
+    ):  # fmt: skip
+        assert decl in h, decl
+    assert "#define FLASHGEN_NUM_VARIANTS 3" in h and "#define FLASHGEN_NUM_BWD_VARIANTS 2" in h
+    # the forward and backward C functions of one tile never collide
+    assert f"{symbol(MMA)}_fwd(" in h and f"{bwd_symbol(BWD_A)}_bwd(" in h
+    cmake = files["CMakeLists.txt"]
+    lib = cmake[cmake.index("add_library(flashgen_kernels STATIC") :]
+    assert all(f"  kernels/{s.name}.cu\n" in lib[: lib.index("\n)\n")] for s in BWD)
+    readme = files["README.md"]
+    assert all(f"| `{s.name}` |" in readme for s in BWD) and "flashgen_bwd(&p" in readme
+
+
+def test_backward_launcher_checks_then_launches_pre_main_post_in_order() -> None:
+    text = bundle_files([MMA, *BWD])[LAUNCHER]
+    for s in BWD:
+        pre, main, post = f"{s.name}_pre", s.name, f"{s.name}_post"
+        for name in (pre, main, post):  # declared with the kernels' one argument list
+            assert f'extern "C" __global__ void {name}(\n' in text
+        body = bwd_body(text, s)
+        order = [
+            f"{bwd_symbol(s)}_bwd_check(p, nullptr)",
+            *(["cudaFuncSetAttribute("] if s.smem_bytes > 48 * 1024 else []),
+            f"{pre}<<<rows, THREADS, 0, stream>>>(",
+            f"{main}<<<keys, THREADS, SMEM_BYTES, stream>>>(",
+            f"{post}<<<rows, THREADS, 0, stream>>>(",
+        ]
+        assert [body.index(x) for x in order] == sorted(body.index(x) for x in order), s.name
+        assert ("cudaFuncSetAttribute(" in body) == (s.smem_bytes > 48 * 1024)
+        assert f"constexpr int PRE_ROWS = {pre_rows(s)};" in body
+        assert f"constexpr int SMEM_BYTES = {s.smem_bytes};" in body
+        assert body.count("err = cudaGetLastError();\n  if (err != cudaSuccess) return err;") == 2
+        assert body.rstrip().endswith("return cudaGetLastError();")
+        key = f"p->d == {s.d} && dtype == FLASHGEN_BF16 && c == {int(s.causal)}"
+        assert f"if ({key}) {{\n    return {bwd_symbol(s)}_bwd(p, stream);" in text
+    # a bundle without backward variants still defines the API: its dispatch refuses every key
+    plain = bundle_files(PAIR)
+    assert 'extern "C" cudaError_t flashgen_bwd(' in plain[LAUNCHER]
+    assert "_bwd_check" not in plain[LAUNCHER] and "check_bwd_common" not in plain[LAUNCHER]
+    assert "#define FLASHGEN_NUM_BWD_VARIANTS 0" in plain[HEADER]
+
+
+def test_backward_only_bundle_and_the_backward_refusals() -> None:
+    files = bundle_files([BWD_B])
+    assert "const Case* const kCases = nullptr;" in files["example.cu"]  # no forward problems
+    assert "(void)dtype, (void)causal, (void)stream;" in files[LAUNCHER]  # flashgen_fwd refuses
+    ex = bundle_files([BWD_A])["example.cu"]
+    for pb in ("2, 3, 77, 131, 3", "2, 3, 131, 77, 3", "1, 8, 65, 97, 2"):
+        assert f'{{"{BWD_A.name}", FLASHGEN_BF16, 1, 32, {pb}, 0.0078125}},' in ex
+    with pytest.raises(BundleError, match="both serve d=64 bf16 non-causal: flashgen_bwd"):
+        bundle_files([BWD_B, BWD_B.replace(stages=1)])
+    with pytest.raises(BundleError, match="gqapack variants are not bundled"):
+        bundle_files([MMA.replace(features=("gqapack",), causal=False)])
+    # a forward and a backward of one key live together
+    fwd = KernelSpec(family="mma", d=64, dtype="bf16", causal=False)
+    assert bundle_files([fwd, BWD_B])  # no clash
+
+
+def test_cli_bundles_backward_variants(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = run("build", "--family", "mma", "--d", "64", "--direction", "bwd", "--no-causal",
+                 "--bundle", "one", "--no-compile")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "one" / "kernels" / f"{BWD_B.name}.cu").read_text() == render(BWD_B).source
+    both = run("bundle", "two", "--name", BWD_B.name, "--name", MMA.name)
+    assert both.exit_code == 0, both.output
+    assert (tmp_path / "two" / HEADER).read_text() == bundle_files([MMA, BWD_B])[HEADER]
+
+
+# The backward launcher's checks, with real (host) memory behind the stand-in runtime: every
+# refused parameter set makes no launch and no opt-in (the stand-in counts them), the accepted
+# one launches the three kernels (and opts in: 64 KiB).
+BWD_VALIDATE_CPP = r"""
+#include "flashgen_attention.h"
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+extern "C" int stand_in_calls(void);
+
+static const int B = 2, H = 4, HKV = 2, TQ = 33, TK = 47, D = @D@;
+static char* arena;
+
+static void base(flashgen_bwd_params* p) {
+  const size_t qn = (size_t)B * H * TQ * D * 2, kn = (size_t)B * HKV * TK * D * 2;
+  const size_t sizes[10] = {qn, kn, kn, qn, qn, (size_t)B * H * TQ * 4, qn, kn, kn, 0};
+  char* at[10];
+  size_t off = 0;
+  for (int i = 0; i < 10; ++i) at[i] = arena + off, off += (sizes[i] + 255) / 256 * 256;
+  flashgen_bwd_params_contiguous(p, at[0], at[1], at[2], at[3], at[4], (const float*)at[5],
+                                 at[6], at[7], at[8], B, H, TQ, TK, D);
+  p->H_kv = HKV;
+  p->k_head_stride = p->v_head_stride = p->dk_head_stride = p->dv_head_stride = (long long)TK * D;
+  p->k_batch_stride = p->v_batch_stride = p->dk_batch_stride = p->dv_batch_stride =
+      (long long)HKV * TK * D;
+  p->workspace = (float*)at[9];
+  p->workspace_bytes = flashgen_bwd_workspace_bytes(p);
+}
+
+static void report(const char* label, const flashgen_bwd_params* p) {
+  const char* why = "unset";
+  const cudaError_t c = @SYM@_bwd_check(p, &why);
+  const int before = stand_in_calls();
+  const cudaError_t f = (c != cudaSuccess || !std::strcmp(label, "ok")) ? @SYM@_bwd(p, 0) : c;
+  printf("case|%s|%d|%d|%d|%s\n", label, (int)c, (int)f, stand_in_calls() - before,
+         why ? why : "NULL");
+}
+
+#define CASE(label, stmt) \
+  do { flashgen_bwd_params p; base(&p); stmt; report(label, &p); } while (0)
+
+int main(void) {
+  arena = (char*)std::aligned_alloc(256, 16 << 20);
+  std::memset(arena, 0, 16 << 20);
+  CASE("ok", (void)0);
+  report("null_params", NULL);
+  CASE("null_q", p.q = NULL);
+  CASE("null_dout", p.dout = NULL);
+  CASE("null_lse", p.lse = NULL);
+  CASE("null_dv", p.dv = NULL);
+  CASE("null_workspace", p.workspace = NULL);
+  CASE("B0", p.B = 0);
+  CASE("Tk0", p.Tk = 0);
+  CASE("Tq_over", p.Tq = @MAX@ + 1);
+  CASE("H_grid", (p.H = 65536, p.H_kv = 0));
+  CASE("H_kv_3", p.H_kv = 3);
+  CASE("H_kv_neg", p.H_kv = -1);
+  CASE("d", p.d = D + 8);
+  CASE("scale0", p.scale = 0.0f);
+  CASE("scale_nan", p.scale = NAN);
+  CASE("scale_huge", p.scale = 3.0e38f);
+  CASE("lse_misaligned", p.lse = (const float*)((const char*)p.lse + 2));
+  CASE("q_plus_8_bytes", p.q = (const char*)p.q + 8);
+  CASE("dk_plus_2_bytes", p.dk = (char*)p.dk + 2);
+  CASE("dout_token_stride_odd", p.dout_token_stride = D + 1);
+  CASE("dv_head_stride_4", p.dv_head_stride = 4);
+  CASE("o_batch_stride_12", p.o_batch_stride = 12);
+  CASE("dq_token_stride_zero", p.dq_token_stride = 0);
+  CASE("dk_head_stride_zero", p.dk_head_stride = 0);
+  CASE("o_token_stride_zero", p.o_token_stride = 0);
+  CASE("dq_batch_stride_zero_B1", (p.B = 1, p.dq_batch_stride = 0));
+  CASE("odd_token_strides_Tq1",
+       (p.Tq = 1, p.q_token_stride = 3, p.dq_token_stride = 5, p.o_token_stride = 7,
+        p.dout_token_stride = 9));
+  CASE("negative_q_token_stride_8", p.q_token_stride = -8);
+  CASE("dv_equals_dk", p.dv = p.dk);
+  CASE("dq_equals_q", p.dq = (void*)p.q);
+  CASE("workspace_one_byte_short", p.workspace_bytes -= 1);
+  CASE("workspace_plus_4_bytes", p.workspace += 1);
+  CASE("workspace_on_dq", (p.workspace = (float*)p.dq, p.workspace_bytes = 1 << 24));
+  CASE("workspace_on_lse", (p.workspace = (float*)p.lse, p.workspace_bytes = 1 << 24));
+  CASE("workspace_size_overflow", (p.B = 65535, p.H = 65535, p.H_kv = 0, p.Tq = @MAX@));
+  flashgen_bwd_params p;
+  base(&p);
+  const size_t need = flashgen_bwd_workspace_bytes(&p);
+  p.B = 65535, p.H = 65535, p.Tq = @MAX@;
+  printf("bytes|%zu|%zu|%zu\n", need, flashgen_bwd_workspace_bytes(NULL),
+         flashgen_bwd_workspace_bytes(&p));
+  base(&p);
+  const int before = stand_in_calls();
+  const cudaError_t ok = flashgen_bwd(&p, FLASHGEN_BF16, @CAUSAL@, 0);
+  printf("dispatch|ok|%d|%d\n", (int)ok, stand_in_calls() - before);
+  printf("dispatch|null|%d\n", (int)flashgen_bwd(NULL, FLASHGEN_BF16, @CAUSAL@, 0));
+  printf("dispatch|fp16|%d\n", (int)flashgen_bwd(&p, FLASHGEN_FP16, @CAUSAL@, 0));
+  printf("dispatch|mask|%d\n", (int)flashgen_bwd(&p, FLASHGEN_BF16, !@CAUSAL@, 0));
+  p.dout = NULL;
+  printf("dispatch|bad|%d\n", (int)flashgen_bwd(&p, FLASHGEN_BF16, @CAUSAL@, 0));
+  const char* why = NULL;
+  const cudaError_t sup = flashgen_bwd_supported(D, FLASHGEN_FP16, 0, 0, &why);
+  const char* a = flashgen_bwd_variant(32, FLASHGEN_BF16, 1);
+  const char* b = flashgen_bwd_variant(64, FLASHGEN_BF16, 0);
+  const char* c = flashgen_bwd_variant(64, FLASHGEN_BF16, 1);
+  printf("variant|%s|%s|%s|%d|%s\n", a ? a : "NULL", b ? b : "NULL", c ? c : "NULL", (int)sup,
+         why ? why : "NULL");
+  std::free(arena);
+  return 0;
+}
+"""
+# label -> the word in the reason (None: accepted)
+BWD_EXPECTED: dict[str, str | None] = {
+    "ok": None,
+    "null_params": "params is NULL",
+    "null_q": "q is NULL",
+    "null_dout": "dout is NULL",
+    "null_lse": "lse is NULL",
+    "null_dv": "dv is NULL",
+    "null_workspace": "workspace is NULL",
+    "B0": "B < 1",
+    "Tk0": "Tk < 1",
+    "Tq_over": "split the sequence",
+    "H_grid": "grid y",
+    "H_kv_3": "H_kv must divide H",
+    "H_kv_neg": "H_kv must divide H",
+    "d": "head dimension",
+    "scale0": "scale must be finite and > 0",
+    "scale_nan": "scale must be finite and > 0",
+    "scale_huge": "log2(e) overflows",
+    "lse_misaligned": "lse is not 4-byte aligned",
+    "q_plus_8_bytes": "q is not 16-byte aligned",
+    "dk_plus_2_bytes": "dk is not 16-byte aligned",
+    "dout_token_stride_odd": "a dout stride is not a multiple of 8 elements",
+    "dv_head_stride_4": "a dv stride is not a multiple of 8 elements",
+    "o_batch_stride_12": "an o stride is not a multiple of 8 elements",
+    "dq_token_stride_zero": "a dq stride is 0 on an axis longer than 1",
+    "dk_head_stride_zero": "a dk stride is 0 on an axis longer than 1",
+    "o_token_stride_zero": "an o stride is 0 on an axis longer than 1",
+    "dq_batch_stride_zero_B1": None,  # an axis of extent 1 is never stepped
+    "odd_token_strides_Tq1": None,
+    "negative_q_token_stride_8": None,  # any sign, as in Python
+    "dv_equals_dk": "two of dq, dk, dv start at the same address",
+    "dq_equals_q": "starts where an input",
+    "workspace_one_byte_short": "workspace_bytes < flashgen_bwd_workspace_bytes(p)",
+    "workspace_plus_4_bytes": "workspace is not 16-byte aligned",
+    "workspace_on_dq": "the workspace overlaps a tensor",
+    "workspace_on_lse": "the workspace overlaps lse",
+    "workspace_size_overflow": "overflows size_t",
+}
+
+
+def test_backward_launcher_refuses_bad_parameters_before_any_launch(
+    stand_in_example: Path,
+) -> None:
+    from flashgen.generator.bundle import bwd_workspace_layout
+    from flashgen.generator.validate import MAX_LENGTH
+
+    root = stand_in_example.parent  # the stand-in bundle: launch.o and stand_in.o are built
+    nvcc = require_nvcc()
+    src = BWD_VALIDATE_CPP.replace("@D@", str(BWD_B.d)).replace("@SYM@", bwd_symbol(BWD_B))
+    src = src.replace("@MAX@", str(MAX_LENGTH)).replace("@CAUSAL@", str(int(BWD_B.causal)))
+    (root / "bwd_validate.cpp").write_text(src)
+    includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
+    cmd = [_tool("g++"), "-std=c++17", f"-I{root}", *includes, "bwd_validate.cpp", "launch.o",
+           "stand_in.o", "-o", "bwd_validate"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = _stand_in_run(root / "bwd_validate")
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [ln.split("|") for ln in out.stdout.splitlines()]
+    cases = {r[1]: r[2:] for r in rows if r[0] == "case"}
+    assert set(cases) == set(BWD_EXPECTED)
+    for label, (check, launched, calls, why) in cases.items():
+        rule = BWD_EXPECTED[label]
+        if rule is None:
+            assert (int(check), why) == (0, "NULL"), (label, why)
+            if label == "ok":  # pre, main, post, and the opt-in for 64 KiB
+                assert (int(launched), int(calls)) == (0, 4), (label, launched, calls)
+            continue
+        assert (int(check), int(launched), int(calls)) == (INVALID, INVALID, 0), (label, why)
+        assert rule in why, (label, why)
+    (bytes_row,) = [r for r in rows if r[0] == "bytes"]
+    b, h, tq = 2, 4, 33
+    assert bwd_workspace_layout(b, h, tq, BWD_B.d) == (1056, 1056 + b * h * tq * BWD_B.d * 4)
+    assert bwd_workspace_layout(1, 1, 3, 64) == (16, 16 + 3 * 64 * 4)  # D padded to 16 bytes
+    assert bytes_row[1:] == [str(bwd_workspace_layout(b, h, tq, BWD_B.d)[1]), "0", "0"]
+    dispatch = {r[1]: [int(x) for x in r[2:]] for r in rows if r[0] == "dispatch"}
+    assert dispatch == {
+        "ok": [0, 4], "null": [INVALID], "fp16": [NOT_SUPPORTED], "mask": [NOT_SUPPORTED],
+        "bad": [INVALID],
+    }  # fmt: skip
+    (variant_row,) = [r for r in rows if r[0] == "variant"]
+    assert variant_row[1:] == [
+        BWD_A.name, BWD_B.name, "NULL", str(NOT_SUPPORTED),
+        "this bundle has no backward variant for (d, dtype, causal)",
+    ]  # fmt: skip
+
+
+def test_backward_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> None:
+    """As for the forward: the three declarations beside the kernels' definitions compile, and
+    a changed one does not."""
+    nvcc = require_nvcc()
+    files = bundle_files([BWD_A])
+    write_bundle(files, tmp_path)
+    decls = re.findall(
+        rf'extern "C" __global__ void {BWD_A.name}(?:_pre|_post)?\(.*?\);', files[LAUNCHER], re.S
+    )
+    assert len(decls) == 3
+    for label, text in (
+        ("same", "\n".join(decls)),
+        ("changed", decls[2].replace("int kv_group", "long kv_group")),
+    ):
+        src = tmp_path / f"sig_{label}.cu"
+        src.write_text(f'#include "kernels/{BWD_A.name}.cu"\n{text}\n')
+        proc = subprocess.run(
+            [str(nvcc), "-std=c++17", f"-I{tmp_path}", "-x", "cu", "--cuda",
+             "-gencode=arch=compute_90,code=compute_90", str(src), "-o", str(src) + ".ii"],
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        if label == "same":
+            assert proc.returncode == 0, proc.stderr
+        else:
+            assert proc.returncode != 0 and '"C" linkage' in proc.stderr

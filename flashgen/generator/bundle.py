@@ -11,6 +11,13 @@ reference, and a README. Every file is rendered from `templates/bundle/*.j2`.
 `flashgen bundle` filters into one variant per (d, dtype, causal), the key the dispatch
 function `flashgen_fwd` picks a variant by.
 
+Backward variants (direction "bwd", family mma: `templates/mma_bwd.cu.j2`, three kernels
+`<name>_pre`, `<name>`, `<name>_post`) bundle beside forward ones, one per (d, dtype, causal)
+of their own: the header gains `flashgen_bwd_params`, `flashgen_bwd_workspace_bytes` (the fp32
+scratch the caller provides: D, then the dQ accumulator, `bwd_workspace_layout`), the dispatch
+`flashgen_bwd` and per variant `<symbol>_bwd`; the launcher validates as
+`backward.validate_backward` does, then launches the three kernels in order on the stream.
+
 Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI. Its C
 launcher builds them itself with the driver's `cuTensorMapEncodeTiled`, fetched at run time
 through the CUDA runtime (`cudaGetDriverEntryPoint*`), so the library still links without
@@ -27,11 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .._version import __version__
 from .arch import STATIC_SMEM_LIMIT
+from .backward import kernel_names, pre_rows
 from .cache import atomic_write
 from .dtypes import DTYPES
 from .families import FAMILIES, PERSISTENT_MAX_KEY_TILES
+from .oracle_bwd import CANCEL_ULPS, GRAD_EPS_ULPS, GRAD_FACTOR
 from .render import environment, render
 from .select import select
 from .space import shipped
@@ -58,6 +69,15 @@ TEMPLATES: dict[str, str] = {
     "README.md": "bundle/README.md.j2",
 }
 NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashgen_<short>_fwd
+# ... and per direction: a backward variant's C functions are flashgen_<short>_bwd
+NAME_PREFIXES = {"fwd": NAME_PREFIX, "bwd": "flash_bwd_"}
+KERNEL_GLOB = "flash_*.cu"  # every kernel file a bundle may hold
+# Families with a backward kernel a bundle can launch (its ABI: backward.ABI_FORMAT)
+BWD_FAMILIES = frozenset({"mma"})
+# The caller's fp32 workspace of a backward call: D (B*H*Tq floats), then the dQ accumulator
+# (B*H*Tq*d floats) at the next multiple of this many bytes (its float4 accesses), and the
+# workspace pointer itself aligned to it.
+BWD_WORKSPACE_ALIGN = 16
 LOG2E = repr(LOG2E_FLOAT)  # scale -> scale_log2, as the Python runtime does
 # The example's problems: ragged lengths that are not multiples of any tile; causal variants
 # also run Tq > Tk, where the first Tq - Tk query rows see no key (O = 0, LSE = -inf).
@@ -75,6 +95,10 @@ EXAMPLE_SOFTCAP = "30.0"
 EXAMPLE_ALIBI = "0.5"
 EXAMPLE_O_BOUND = {"fp32": "1e-4", "fp16": "2e-2", "bf16": "2e-2"}
 EXAMPLE_LSE_BOUND = "1e-3"
+# The backward example judges dQ, dK and dV with flashgen's gradient rule (oracle_bwd.
+# check_grads, FlashAttention's): max|g - g64| <= GRAD_FACTOR * max|g_ref - g64| + eps, g64 in
+# float64, g_ref a same-precision reference, eps = GRAD_EPS_ULPS storage ulps at max|g64| +
+# CANCEL_ULPS fp32 ulps of the cancellation in dS (see oracle_bwd).
 # Families whose kernels take the TMA tensor maps of Q, K and V ahead of the common ABI.
 TMA_FAMILIES = frozenset({"wgmma"})
 # cuda.h's names of tma.TMA_DTYPE (the launcher static_asserts that they agree)
@@ -98,22 +122,24 @@ class Variant:
 
     @property
     def short(self) -> str:
-        """The kernel name without `flash_fwd_`: the middle of the C symbols."""
-        return self.spec.name.removeprefix(NAME_PREFIX)
+        """The kernel name without `flash_fwd_` (`flash_bwd_`): the middle of the C symbols."""
+        return self.spec.name.removeprefix(NAME_PREFIXES[self.spec.direction])
 
     @property
     def symbol(self) -> str:
-        """Prefix of this variant's C functions: `<symbol>_fwd`, `<symbol>_check`."""
+        """Prefix of this variant's C functions: `<symbol>_fwd`, `<symbol>_check` (forward);
+        `<symbol>_bwd`, `<symbol>_bwd_check` (backward)."""
         return f"flashgen_{self.short}"
 
-    def context(self) -> dict[str, Any]:
-        """The values the bundle templates use for this variant (no arithmetic in templates)."""
+    def _common(self) -> dict[str, Any]:
+        """The values both directions' templates use."""
         s = self.spec
         info = s.dtype_info
         return {
             "kernel": s.name,
             "symbol": self.symbol,
             "file": f"{KERNEL_DIR}/{s.name}.cu",
+            "direction": s.direction,
             "family": s.family,
             "d": s.d,
             "dv": s.dv,
@@ -131,10 +157,6 @@ class Variant:
             "elem_bytes": info.itemsize,
             "causal": s.causal,
             "causal_int": int(s.causal),
-            "features": list(s.features),
-            "features_list": ", ".join(s.features) or "none",
-            "features_text": "".join(f", {f}" for f in s.features),
-            "feature_bits": sum(FEATURE_BITS[f] for f in s.features),
             "mask": "causal" if s.causal else "non-causal",
             "align_elems": s.align_elems,
             "align_bytes": s.align_elems * info.itemsize,
@@ -143,15 +165,27 @@ class Variant:
                 f"({s.align_elems * info.itemsize} B)"
             ),
             "archs": ", ".join(s.archs),
-            "tensor_cores": info.tensor_core and s.family != "simt",
             "math": _math_text(s),
-            "tma": s.family in TMA_FAMILIES,
-            "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
-            # the device rule its launcher enforces: oldest compute capability, and exact for
-            # an arch-specific family (sm_90a code runs on 9.0 only)
             "min_cc": _min_cc(s),
             "exact_cc": _arch_specific(s),
             "cc_text": _cc_text(s),
+        }
+
+    def context(self) -> dict[str, Any]:
+        """The values the bundle templates use for this variant (no arithmetic in templates)."""
+        if self.spec.direction == "bwd":
+            return self.bwd_context()
+        s = self.spec
+        info = s.dtype_info
+        return {
+            **self._common(),
+            "features": list(s.features),
+            "features_list": ", ".join(s.features) or "none",
+            "features_text": "".join(f", {f}" for f in s.features),
+            "feature_bits": sum(FEATURE_BITS[f] for f in s.features),
+            "tensor_cores": info.tensor_core and s.family != "simt",
+            "tma": s.family in TMA_FAMILIES,
+            "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "ex_window": EXAMPLE_WINDOW[s.causal] if "window" in s.features else (-1, -1),
             "ex_use_window": int("window" in s.features),
@@ -164,6 +198,39 @@ class Variant:
                 EXAMPLE_GQA,
             ],
         }
+
+    def bwd_context(self) -> dict[str, Any]:
+        """A backward variant's template values: its three kernels, their grids' row blocks,
+        and what the example judges it with."""
+        s = self.spec
+        pre, main, post = kernel_names(s)
+        return {
+            **self._common(),
+            "pre_kernel": pre,
+            "post_kernel": post,
+            "pre_rows": pre_rows(s),
+            # one storage ulp at 1: the gradient rule's eps is that times max|g64|
+            "machine_eps": repr(machine_eps(s.dtype)),
+            "problems": [
+                EXAMPLE_PROBLEM,
+                *([EXAMPLE_CAUSAL_TALL] if s.causal else []),
+                EXAMPLE_GQA,
+            ],
+        }
+
+
+def machine_eps(dtype: str) -> float:
+    """The spacing of the storage dtype at 1 (np.finfo refuses bfloat16): 2^-7 for bf16."""
+    return float(np.spacing(np.ones((), np.dtype(DTYPES[dtype].numpy))))
+
+
+def bwd_workspace_layout(b: int, h: int, tq: int, d: int) -> tuple[int, int]:
+    """(byte offset of the dQ accumulator, total bytes) of a backward call's workspace: D
+    (B*H*Tq floats), then the accumulator (B*H*Tq*d floats) at the next multiple of
+    BWD_WORKSPACE_ALIGN bytes. The launcher's flashgen_bwd_workspace_bytes computes the same."""
+    rows = b * h * tq
+    offset = -(-rows * 4 // BWD_WORKSPACE_ALIGN) * BWD_WORKSPACE_ALIGN
+    return offset, offset + rows * d * 4
 
 
 def _arch_specific(spec: KernelSpec) -> bool:
@@ -219,16 +286,16 @@ def arch_specific_gencode(specs: Iterable[KernelSpec]) -> str:
 
 
 def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
-    by_key: dict[tuple[int, int, str, bool, tuple[str, ...]], KernelSpec] = {}
+    by_key: dict[tuple[str, int, int, str, bool, tuple[str, ...]], KernelSpec] = {}
     for s in sorted(set(specs), key=lambda s: s.name):
-        key = (s.d, s.dv, s.dtype, s.causal, s.features)
+        key = (s.direction, s.d, s.dv, s.dtype, s.causal, s.features)
         if key in by_key:
             mask = "causal" if s.causal else "non-causal"
             feats = f" with {'+'.join(s.features)}" if s.features else ""
             raise BundleError(
                 f"variants {by_key[key].name} and {s.name} both serve d={s.d} {s.dtype} {mask}"
-                f"{feats}: flashgen_fwd dispatches on (d, dtype, causal, features), so a bundle "
-                "holds one variant per key; keep one of them"
+                f"{feats}: flashgen_{s.direction} dispatches on (d, dtype, causal, features), "
+                "so a bundle holds one variant per key; keep one of them"
             )
         by_key[key] = s
     return list(by_key.values())
@@ -243,10 +310,10 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     for s in specs:
-        if s.direction != "fwd":
+        if s.direction == "bwd" and s.family not in BWD_FAMILIES:
             raise BundleError(
-                f"{s.name}: bundles hold forward kernels only (the C ABI has no backward "
-                "launcher yet); bundle forward variants"
+                f"{s.name}: bundles launch the backward kernels of family "
+                f"{'/'.join(sorted(BWD_FAMILIES))} only; bundle a backward variant of family mma"
             )
         if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
             raise BundleError(
@@ -254,8 +321,12 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
                 "head); bundle the variant without gqapack: it serves the same calls"
             )
     unique = _check_unique(specs)
-    variants = [Variant(s) for s in unique]
-    contexts = [v.context() for v in variants]
+    contexts = [Variant(s).context() for s in unique if s.direction == "fwd"]
+    bwd_contexts = [Variant(s).context() for s in unique if s.direction == "bwd"]
+    every = sorted([*contexts, *bwd_contexts], key=lambda c: c["kernel"])
+    fwd_keys = {(c["d"], c["dtype"], c["causal"]) for c in contexts if not c["features"]}
+    for c in bwd_contexts:  # the example runs the bundle's forward first when it has one
+        c["has_fwd"] = (c["d"], c["dtype"], c["causal"]) in fwd_keys
     headers = sorted({h for s in unique if (h := s.dtype_info.header)})
     names = " ".join(f"--name {s.name}" for s in unique)
     return {
@@ -263,13 +334,24 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "header": HEADER,
         "launcher": LAUNCHER,
         "persistent_max_key_tiles": PERSISTENT_MAX_KEY_TILES,
+        # forward variants (the templates' `variants`), backward ones apart
         "variants": contexts,
+        "bwd_variants": bwd_contexts,
         # dispatch order: fewest features first, so a call runs the least extra work
         "variants_by_features": sorted(contexts, key=lambda c: len(c["features"])),
-        "plain_variants": [c for c in contexts if not c["exact_cc"]],
-        "arch_specific_variants": [c for c in contexts if c["exact_cc"]],
+        # every kernel file, both directions, for the build
+        "plain_variants": [c for c in every if not c["exact_cc"]],
+        "arch_specific_variants": [c for c in every if c["exact_cc"]],
         "has_tma": any(c["tma"] for c in contexts),
-        "num_variants": len(variants),
+        "num_variants": len(unique),
+        "num_fwd_variants": len(contexts),
+        "num_bwd_variants": len(bwd_contexts),
+        "bwd_workspace_align": BWD_WORKSPACE_ALIGN,
+        "grad_factor": repr(GRAD_FACTOR),
+        "grad_eps_ulps": repr(GRAD_EPS_ULPS),
+        "cancel_ulps": repr(CANCEL_ULPS),
+        # fp32 machine epsilon: the cancellation floor is CANCEL_ULPS of it (oracle_bwd)
+        "fp32_eps": repr(float(np.finfo(np.float32).eps)),
         "dtype_headers": headers,
         # the example converts every dtype of the enum on the host
         "all_dtype_headers": sorted({h for i in DTYPES.values() if (h := i.header)}),
@@ -310,20 +392,32 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
 def _bounds_summary(specs: Sequence[KernelSpec]) -> str:
     """The example's pass bounds for the bundle's dtypes, as one line of plain text."""
     parts: list[str] = []
+    grads = (
+        [
+            f"dQ/dK/dV max abs error <= {GRAD_FACTOR:g}x a same-precision reference's "
+            f"+ {GRAD_EPS_ULPS:g} storage ulp of max|g| + an fp32 cancellation floor"
+        ]
+        if any(s.direction == "bwd" for s in specs)
+        else []
+    )
+    specs = [s for s in specs if s.direction == "fwd"]
+    if not specs:
+        return ", ".join(grads)
     for relative in (False, True):
         dts = sorted({s.dtype for s in specs if (s.dtype == "fp32") == relative})
         bounds = sorted({EXAMPLE_O_BOUND[t] for t in dts})
         if dts:
             kind = "relative (Frobenius)" if relative else "max abs"
             parts.append(f"O {kind} error {'/'.join(bounds)} for {'/'.join(dts)}")
-    return ", ".join([*parts, f"LSE max abs error {EXAMPLE_LSE_BOUND}"])
+    return ", ".join([*parts, f"LSE max abs error {EXAMPLE_LSE_BOUND}", *grads])
 
 
 def bundle_files(specs: Sequence[KernelSpec]) -> dict[str, str]:
     """Render a bundle of `specs`: {path relative to the bundle folder: text}, sorted by path.
 
     Pure and byte-deterministic: the same variants (in any order) give the same bytes.
-    Raises BundleError for an empty list or two variants with the same (d, dtype, causal).
+    Raises BundleError for an empty list or two variants of one direction with the same
+    (d, dtype, causal, features).
     """
     ctx = bundle_context(specs)
     env = environment()
@@ -365,9 +459,7 @@ def stale_kernels(files: dict[str, str], out: Path) -> list[Path]:
     folder = out / KERNEL_DIR
     if not folder.is_dir():
         return []
-    return sorted(
-        p for p in folder.glob(f"{NAME_PREFIX}*.cu") if f"{KERNEL_DIR}/{p.name}" not in files
-    )
+    return sorted(p for p in folder.glob(KERNEL_GLOB) if f"{KERNEL_DIR}/{p.name}" not in files)
 
 
 def select_variants(
