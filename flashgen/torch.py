@@ -303,6 +303,7 @@ BWD_SCHEMA = (
     "bool causal, float? scale) -> (Tensor, Tensor, Tensor)"
 )
 _LIB.define(BWD_SCHEMA)
+BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for in registers
 
 # (device, d, dtype, causal) -> the backward plan
 _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
@@ -370,6 +371,10 @@ def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
     ]  # fmt: skip
     if q.dtype not in (torch.float16, torch.bfloat16):
         ctx.unsupported.append(f"dtype {q.dtype} (the backward kernels are fp16/bf16)")
+    if q.shape[-1] > BWD_MAX_D:
+        ctx.unsupported.append(
+            f"head dim {q.shape[-1]} (the backward kernels take d <= {BWD_MAX_D})"
+        )
     ctx.mark_non_differentiable(lse)  # gradients flow through O only
     ctx.save_for_backward(q, k, v, o, lse)  # only O and LSE besides the inputs: no P, no S
 

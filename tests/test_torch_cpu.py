@@ -175,6 +175,10 @@ def test_backward_with_a_feature_it_lacks_says_so():
     f = meta(1, 2, 3, 64).float().requires_grad_()
     with pytest.raises(NotImplementedError, match=r"fp16/bf16"):
         fgt.attention(f, f, f).sum().backward()
+    wide = meta(1, 2, 3, 256).requires_grad_()
+    rule = r"head dim 256 \(the backward kernels take d <= 128\)"
+    with pytest.raises(NotImplementedError, match=rule):
+        fgt.attention(wide, wide, wide).sum().backward()
 
 
 def test_the_eager_shortcut_is_never_taken_off_cuda_or_with_autograd_or_fake_tensors():

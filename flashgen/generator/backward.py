@@ -71,11 +71,13 @@ def default_warps(spec: KernelSpec) -> int:
     return max(1, spec.bc // 16)
 
 
-def register_estimate(spec: KernelSpec) -> int:
+def register_estimate(spec: KernelSpec, br: int | None = None) -> int:
     """Registers per thread of the live arrays: dK and dV (16 keys x dp fp32 per warp: dp/2
-    each), P^T and dP^T in fp32 (16 keys x br: br/2 each) and P^T packed (br/4)."""
+    each), P^T and dP^T in fp32 (16 keys x br: br/2 each) and P^T packed (br/4); `br`
+    overrides the spec's."""
     dp = -(-spec.d // 16) * 16
-    return dp + spec.br + spec.br // 4
+    rows = spec.br if br is None else br
+    return dp + rows + rows // 4
 
 
 def smem_bytes(spec: KernelSpec, stages: int | None = None) -> int:
@@ -130,7 +132,12 @@ def check(fam: Family, spec: KernelSpec) -> list[str]:
             p.append(
                 f"d={spec.d}, br={spec.br}: ~{regs} registers per thread of the backward "
                 f"(dp + 5*br/4, dp = d rounded up to 16) exceed {BWD_REG_BUDGET} and would "
-                "spill; lower br (e.g. 64 or 32)"
+                "spill; "
+                + (
+                    "lower br (e.g. 32)"
+                    if spec.br > 32 and register_estimate(spec, br=32) <= BWD_REG_BUDGET
+                    else "this head dim has no backward variant yet (d <= 128)"
+                )
             )
         p += fam.smem_rule(
             spec,
