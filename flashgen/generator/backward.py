@@ -407,12 +407,5 @@ def launch_backward(
     )  # fmt: skip
     issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream))
     if sync:
-        gdrv = runtime.gpu().drv
-        try:
-            if stream is None:
-                gdrv.Context.synchronize()
-            else:
-                stream.synchronize()
-        except gdrv.Error as exc:
-            raise RuntimeError(f"backward kernels of {spec.name} failed: {exc}") from exc
+        runtime.wait(stream, f"backward kernels of {spec.name} failed")
     return BackwardLaunch(problem, d_buf, dq_accum)

@@ -344,18 +344,24 @@ def launch_problem(
         raise ValueError("q, k, v, o, lse: device pointers are required; pass device arrays")
     bound(q, k, v, o, lse, stream_handle(stream))
     if sync:
-        drv = gpu().drv
-        try:
-            if stream is None:
-                drv.Context.synchronize()
-            else:
-                stream.synchronize()
-        except drv.Error as exc:
-            grid = bound.grid
-            raise RuntimeError(
-                f"kernel {spec.name} failed (grid {grid}, block {spec.threads}, "
-                f"{spec.smem_bytes} B shared memory): {exc}"
-            ) from exc
+        wait(
+            stream,
+            f"kernel {spec.name} failed (grid {bound.grid}, block {spec.threads}, "
+            f"{spec.smem_bytes} B shared memory)",
+        )
+
+
+def wait(stream: Any, failed: str) -> None:
+    """Wait for `stream` (None: the whole context); a CUDA error raises RuntimeError
+    "`failed`: <the driver's message>"."""
+    drv = gpu().drv
+    try:
+        if stream is None:
+            drv.Context.synchronize()
+        else:
+            stream.synchronize()
+    except drv.Error as exc:
+        raise RuntimeError(f"{failed}: {exc}") from exc
 
 
 def to_device(a: np.ndarray) -> Any:

@@ -122,9 +122,9 @@ __device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int
 struct TileSpan {
   int first, end;
 };
-__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
-  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
-  const long long p_last = p_first + BR - 1;          // ... and of its last
+// The same for rows whose key positions (row + tk - tq) run from p_first to p_last.
+__device__ __forceinline__ TileSpan tile_span_pos(long long p_first, long long p_last, int tk, int window_left,
+                                                  int window_right) {
   long long lo = 0, hi = tk;
   if (CAUSAL) hi = min(hi, p_last + 1);
   if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
@@ -132,16 +132,26 @@ __device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window
   if (hi <= lo) return {0, 0};
   return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
 }
+__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
+  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
+  const long long p_last = p_first + BR - 1;          // ... and of its last
+  return tile_span_pos(p_first, p_last, tk, window_left, window_right);
+}
 
-// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR):
-// the ragged end, a tile crossing the causal diagonal or either window edge. Every other tile
-// of the span is wholly visible to every row.
-__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
-                                                int window_right) {
-  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR)
+// (tile_needs_mask_pos: rows at key positions p_first..p_last): the ragged end, a tile crossing
+// the causal diagonal or either window edge. Every other tile of the span is wholly visible to
+// every row.
+__device__ __forceinline__ bool tile_needs_mask_pos(int kv0, long long p_first, long long p_last, int tk,
+                                                    int window_left, int window_right) {
   return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
          (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
          (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
+}
+__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
+                                                int window_right) {
+  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+  return tile_needs_mask_pos(kv0, p_first, p_last, tk, window_left, window_right);
 }
 
 // ---- logits that are not just scale * q.k (SOFTCAP, ALIBI) ---------------------------------
@@ -277,26 +287,6 @@ __device__ __forceinline__ void load_rows_async(elem_t* tile, const elem_t* slab
     cp_async_16(tile + r * LD + ch * 8, src, valid);
   }
 }
-// GQAPACK: the key tiles rows of tokens [r_first, r_last] may see, and whether a key tile needs
-// the per-element mask for them (tile_span / tile_needs_mask for a block of BR tokens).
-__device__ __forceinline__ TileSpan tile_span_rows(int r_first, int r_last, int tq, int tk, int window_left,
-                                                   int window_right) {
-  const long long p_first = (long long)r_first + tk - tq;  // key position of the first row
-  const long long p_last = (long long)r_last + tk - tq;    // ... and of the last
-  long long lo = 0, hi = tk;
-  if (CAUSAL) hi = min(hi, p_last + 1);
-  if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
-  if (WINDOW && window_left >= 0) lo = max(lo, p_first - window_left);
-  if (hi <= lo) return {0, 0};
-  return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
-}
-__device__ __forceinline__ bool tile_needs_mask_rows(int kv0, int r_first, int r_last, int tq, int tk,
-                                                     int window_left, int window_right) {
-  const long long p_first = (long long)r_first + tk - tq, p_last = (long long)r_last + tk - tq;
-  return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
-         (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
-         (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
-}
 // The three tiles: Q and K rows of D columns, V rows of DV.
 template <int ROWS>
 __device__ __forceinline__ void load_qk_async(elem_t* tile, const elem_t* slab, long long stride_t,
@@ -349,7 +339,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   const int r_last = GQAPACK ? (min(q0 + BR, n_rows) - 1) / kv_group : q0 + BR - 1;
 
   // Key tiles wholly above the causal diagonal or outside the window are never loaded.
-  const TileSpan span = GQAPACK ? tile_span_rows(r_first, r_last, tq, tk, window_left, window_right)
+  // (GQAPACK: the key positions of tokens r_first..r_last)
+  const TileSpan span = GQAPACK ? tile_span_pos((long long)r_first + tk - tq, (long long)r_last + tk - tq, tk,
+                                                window_left, window_right)
                                 : tile_span(q0, tq, tk, window_left, window_right);
   const int n_tiles = span.end - span.first;
   const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);  // used when SCORE_MOD
@@ -564,7 +556,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   for (int it = 0; it < n_tiles; ++it) {
     const int kv0 = (span.end - 1 - it) * BC;
     // only the ragged last tile and tiles crossing the causal diagonal or a window edge
-    if (GQAPACK ? tile_needs_mask_rows(kv0, r_first, r_last, tq, tk, window_left, window_right)
+    if (GQAPACK ? tile_needs_mask_pos(kv0, (long long)r_first + tk - tq, (long long)r_last + tk - tq, tk,
+                                      window_left, window_right)
                 : tile_needs_mask(kv0, q0, tq, tk, window_left, window_right)) {
       step(it, Flag<true>{});
     } else {

@@ -100,9 +100,9 @@ __device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int
 struct TileSpan {
   int first, end;
 };
-__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
-  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
-  const long long p_last = p_first + BR - 1;          // ... and of its last
+// The same for rows whose key positions (row + tk - tq) run from p_first to p_last.
+__device__ __forceinline__ TileSpan tile_span_pos(long long p_first, long long p_last, int tk, int window_left,
+                                                  int window_right) {
   long long lo = 0, hi = tk;
   if (CAUSAL) hi = min(hi, p_last + 1);
   if (WINDOW && window_right >= 0) hi = min(hi, p_last + window_right + 1);
@@ -110,16 +110,26 @@ __device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window
   if (hi <= lo) return {0, 0};
   return {(int)(lo / BC), (int)((hi + BC - 1) / BC)};
 }
+__device__ __forceinline__ TileSpan tile_span(int q0, int tq, int tk, int window_left, int window_right) {
+  const long long p_first = (long long)q0 + tk - tq;  // key position of the block's first row
+  const long long p_last = p_first + BR - 1;          // ... and of its last
+  return tile_span_pos(p_first, p_last, tk, window_left, window_right);
+}
 
-// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR):
-// the ragged end, a tile crossing the causal diagonal or either window edge. Every other tile
-// of the span is wholly visible to every row.
-__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
-                                                int window_right) {
-  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+// Whether the tile of keys [kv0, kv0 + BC) needs the per-element mask for rows [q0, q0 + BR)
+// (tile_needs_mask_pos: rows at key positions p_first..p_last): the ragged end, a tile crossing
+// the causal diagonal or either window edge. Every other tile of the span is wholly visible to
+// every row.
+__device__ __forceinline__ bool tile_needs_mask_pos(int kv0, long long p_first, long long p_last, int tk,
+                                                    int window_left, int window_right) {
   return kv0 + BC > tk || (CAUSAL && kv0 + BC - 1 > p_first) ||
          (WINDOW && window_right >= 0 && kv0 + BC - 1 > p_first + window_right) ||
          (WINDOW && window_left >= 0 && kv0 < p_last - window_left);
+}
+__device__ __forceinline__ bool tile_needs_mask(int kv0, int q0, int tq, int tk, int window_left,
+                                                int window_right) {
+  const long long p_first = (long long)q0 + tk - tq, p_last = p_first + BR - 1;
+  return tile_needs_mask_pos(kv0, p_first, p_last, tk, window_left, window_right);
 }
 
 // ---- logits that are not just scale * q.k (SOFTCAP, ALIBI) ---------------------------------
