@@ -15,8 +15,12 @@ compiles it for the tensor's GPU (cached on disk) and binds a launch plan
 (`flashgen.generator.launch`); every later call allocates O and LSE and issues one
 `cuLaunchKernel`. In eager mode, with plain tensors and no autograd or dispatch mode in play,
 `attention` calls that path directly; otherwise (torch.compile, fake tensors, tensors that
-require grad, dispatch modes) it goes through the dispatcher. The op has no backward: a
-backward through it raises.
+require grad, dispatch modes) it goes through the dispatcher.
+
+Gradients: the op is differentiable (fp16/bf16, no features) through the custom op
+`torch.ops.flashgen.attention_backward` (family mma's backward kernels, O and LSE saved).
+`deterministic=True` picks the backward variant without floating-point atomics, whose dQ, dK
+and dV are bit-identical run to run; the default is the faster one with fp32 atomics in dQ.
 
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
@@ -54,7 +58,7 @@ __all__ = ["SCHEMA", "attention"]
 SCHEMA = (
     "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
     "str? variant=None, int window_left=-1, int window_right=-1, float softcap=0., "
-    "Tensor? alibi_slopes=None) -> (Tensor, Tensor)"
+    "Tensor? alibi_slopes=None, bool deterministic=False) -> (Tensor, Tensor)"
 )
 
 _library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
@@ -119,7 +123,7 @@ def _fake_checks(q: Any, k: Any, v: Any, causal: bool, scale: float | None) -> N
 def _fake(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
     variant: str | None = None, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None,
+    softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
 ) -> tuple[Any, Any]:  # fmt: skip
     _fake_checks(q, k, v, causal, scale)
     check_window((window_left, window_right))
@@ -159,9 +163,11 @@ def _raw_stream_fn() -> Callable[[int], int]:
 def _run(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
     variant: str | None = None, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None,
+    softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
 ) -> tuple[Any, Any]:  # fmt: skip
-    """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
+    """The CUDA implementation: signature lookup, allocate, launch on the current stream.
+    `deterministic` only rides along to the backward (setup_context reads it): the forward
+    has no atomics and computes the same either way."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     dev = q.get_device()
     slopes = None if alibi_slopes is None else alibi_slopes.data_ptr()
@@ -290,7 +296,7 @@ def _without_pointers(p: Problem) -> Problem:
 def _cpu(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
     variant: str | None = None, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None,
+    softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
 ) -> tuple[Any, Any]:  # fmt: skip
     """CPU tensors: the validation error that says what to do (the kernels run on CUDA)."""
     check_layout(q, k, v)  # raises "q: a CPU tensor; move it to the GPU"
@@ -300,20 +306,25 @@ def _cpu(
 # ---- the backward pass: dQ, dK, dV from Q, K, V, O, LSE and dO (family mma's kernels) ---------
 BWD_SCHEMA = (
     "attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
-    "bool causal, float? scale) -> (Tensor, Tensor, Tensor)"
+    "bool causal, float? scale, bool deterministic=False) -> (Tensor, Tensor, Tensor)"
 )
 _LIB.define(BWD_SCHEMA)
 BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for in registers
 
-# (device, d, dtype, causal) -> the backward plan
+# (device, d, dtype, causal, deterministic) -> the backward plan
 _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
-def _bwd_plan(dev: int, d: int, dtype: str, causal: bool) -> tuple[KernelSpec, launch.LaunchPlan]:
-    key = (dev, d, dtype, causal)
+def _bwd_plan(
+    dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False
+) -> tuple[KernelSpec, launch.LaunchPlan]:
+    key = (dev, d, dtype, causal, deterministic)
     hit = _bwd_plans.get(key)
     if hit is None:
-        spec = KernelSpec(family="mma", d=d, dtype=dtype, causal=causal, direction="bwd")
+        feats = ("deterministic",) if deterministic else ()
+        spec = KernelSpec(
+            family="mma", d=d, dtype=dtype, causal=causal, direction="bwd", features=feats
+        )
         arch = _device_arch(dev)
         with runtime.for_device_arch(arch):
             karch = runtime.kernel_arch(spec)
@@ -323,34 +334,41 @@ def _bwd_plan(dev: int, d: int, dtype: str, causal: bool) -> tuple[KernelSpec, l
 
 
 def _run_backward(
-    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None
-) -> tuple[Any, Any, Any]:
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
+    deterministic: bool = False,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     """The CUDA backward: fp32 scratch from torch's allocator, three kernels on the current
-    stream, nothing synchronized (CUDA-graph safe like the forward)."""
+    stream, nothing synchronized (CUDA-graph safe like the forward). `deterministic`: the
+    variant without atomics (bit-identical gradients; no fp32 dQ accumulator allocated)."""
     from .generator import backward
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     problem = check_layout(q, k, v)
     dev = int(q.get_device())
-    spec, plan = _bwd_plan(dev, problem.d, problem.dtype, bool(causal))
+    det = bool(deterministic)
+    spec, plan = _bwd_plan(dev, problem.d, problem.dtype, bool(causal), det)
     # dO arrives in whatever layout autograd made; the kernels want O's kind of strides
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
     value = check_scale(scale, problem.d)
     b, h, tq, d = (int(n) for n in q.shape)
     d_buf = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty((b, h, tq, d), dtype=torch.float32, device=q.device)
+    accum = 0
+    if not det:  # the fast mode's fp32 dQ accumulator (the atomics' target)
+        dq_accum = torch.empty((b, h, tq, d), dtype=torch.float32, device=q.device)
+        accum = dq_accum.data_ptr()
     pointers = (
         q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
-        d_buf.data_ptr(), dq_accum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
     )  # fmt: skip
     backward.issue(plan, spec, bp, pointers, value * LOG2E, _raw_stream(dev))
     return dq, dk, dv
 
 
 def _fake_backward(
-    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None
-) -> tuple[Any, Any, Any]:
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
+    deterministic: bool = False,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -359,9 +377,9 @@ _library.register_fake("flashgen::attention_backward", _fake_backward, lib=_LIB)
 
 
 def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-    q, k, v, causal, scale, variant, left, right, cap, slopes = inputs
+    q, k, v, causal, scale, variant, left, right, cap, slopes, deterministic = inputs
     o, lse = output
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
     # the backward kernels have no window, softcap or ALiBi yet: say so when gradients are asked
     ctx.unsupported = [
         name for name, on in (
@@ -387,9 +405,9 @@ def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
         )
     q, k, v, o, lse = ctx.saved_tensors
     if grad_o is None:
-        return None, None, None, None, None, None, None, None, None, None
-    dq, dk, dv = _BWD_OP(q, k, v, o, lse, grad_o, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None, None
+        return None, None, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = _BWD_OP(q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 _LIB.impl("attention", _run, "CUDA")
@@ -445,6 +463,7 @@ def attention(
     window: tuple[int, int] | None = None,
     softcap: float | None = None,
     alibi_slopes: Any = None,
+    deterministic: bool = False,
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
 
@@ -457,6 +476,9 @@ def attention(
     device, or (O, LSE) with `return_lse` (LSE float32 (B, H, Tq), natural log).
     Features, as in `flashgen.attention`: `window=(left, right)` (-1 unbounded), `softcap=c`,
     `alibi_slopes` a float32 (H,) tensor on q's device.
+    `deterministic=True` makes the backward pass (when gradients are asked) use the variant
+    without floating-point atomics: dQ, dK, dV bit-identical run to run, somewhat slower.
+    The forward is the same either way.
 
     Runs on the current stream of q's device, never synchronizes, allocates only through
     torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
@@ -476,6 +498,8 @@ def attention(
     """
     if causal is not True and causal is not False:
         raise ValueError(f"causal={causal!r}: must be True or False")
+    if deterministic is not True and deterministic is not False:
+        raise ValueError(f"deterministic={deterministic!r}: must be True or False")
     if scale is not None:
         scale = check_scale(scale, 1)
     win = check_window(window)
@@ -488,7 +512,9 @@ def attention(
     if _direct(q, k, v):
         o, lse = _run(q, k, v, causal, scale, variant, left, right, cap, alibi_slopes)
     else:
-        o, lse = _OP(q, k, v, causal, scale, variant, left, right, cap, alibi_slopes)
+        o, lse = _OP(
+            q, k, v, causal, scale, variant, left, right, cap, alibi_slopes, deterministic
+        )
     return (o, lse) if return_lse else o
 
 

@@ -20,11 +20,12 @@ from flashgen.generator.spec import KernelSpec, SpecError
 BWD = shipped(direction="bwd")
 
 
-def test_eight_backward_variants_ship_and_the_forward_space_has_none() -> None:
-    assert len(BWD) == 8
-    assert {(s.d, s.dtype, s.causal) for s in BWD} == {
-        (d, t, c) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
-    }
+def test_sixteen_backward_variants_ship_and_the_forward_space_has_none() -> None:
+    assert len(BWD) == 16
+    assert {(s.d, s.dtype, s.causal, backward.is_deterministic(s)) for s in BWD} == {
+        (d, t, c, det) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
+        for det in (False, True)
+    }  # fmt: skip
     assert all(s.direction == "bwd" and s.family == "mma" for s in BWD)
     assert all(s.direction == "fwd" for s in shipped())
 
@@ -32,7 +33,8 @@ def test_eight_backward_variants_ship_and_the_forward_space_has_none() -> None:
 @pytest.mark.parametrize("spec", BWD, ids=lambda s: s.name)
 def test_backward_names_round_trip(spec: KernelSpec) -> None:
     assert re.fullmatch(
-        r"flash_bwd_mma_d\d+_br\d+_bc\d+_(fp16|bf16)_(causal|noncausal)_w\d+_s\d+", spec.name
+        r"flash_bwd_mma_d\d+_br\d+_bc\d+_(fp16|bf16)_(causal|noncausal)(_deterministic)?_w\d+_s\d+",
+        spec.name,
     )
     assert KernelSpec.from_name(spec.name) == spec
 
@@ -62,7 +64,16 @@ def backward_tile() -> tuple[int, int]:
         ),
         (
             {"family": "mma", "features": ("window",)},
-            "features=('window',): the backward pass supports no features yet",
+            "features=('window',): the backward pass supports no features but 'deterministic'",
+        ),
+        (
+            {"family": "mma", "features": ("window", "deterministic")},
+            "features=('window', 'deterministic'): the backward pass supports no features but",
+        ),
+        (
+            {"family": "mma", "features": ("deterministic",), "br": 32},
+            "br=32, bc=64: the deterministic backward's dQ kernel gives each of the bc/16 = 4 "
+            "warps 16 of the br query rows, so it needs br = bc; try br=64",
         ),
         ({"family": "mma", "dv": 128}, "dv=128: the backward pass needs v's head dim equal to d"),
         ({"family": "mma", "warps": 8}, "warps=8: the backward gives each warp 16 of the bc=64"),
@@ -78,6 +89,28 @@ def test_backward_refusals_name_the_value_and_the_fix(
     with pytest.raises(SpecError) as info:
         KernelSpec(direction="bwd", d=fields.pop("d", 64), **fields)  # type: ignore[arg-type]
     assert any(message in p for p in info.value.problems), info.value.problems
+
+
+def test_deterministic_is_a_backward_only_feature() -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family="mma", d=64, features=("deterministic",))
+    assert info.value.problems == [
+        "features: 'deterministic' is a backward-only feature (dQ without atomics); drop it "
+        "for direction='fwd' (the forward is deterministic already)"
+    ]
+    with pytest.raises(SpecError, match=r"'deterministic' is not supported by family simt"):
+        KernelSpec(family="simt", d=64, features=("deterministic",))
+
+
+def test_the_deterministic_mode_is_named_and_round_trips() -> None:
+    spec = KernelSpec(family="mma", d=64, causal=True, direction="bwd", features=("deterministic",))
+    assert spec.name == "flash_bwd_mma_d64_br64_bc64_bf16_causal_deterministic_w4_s2"
+    assert KernelSpec.from_name(spec.name) == spec
+    assert backward.is_deterministic(spec)
+    assert backward.kernel_names(spec) == (f"{spec.name}_pre", spec.name, f"{spec.name}_dq")
+    fast = spec.replace(features=())
+    assert backward.kernel_names(fast)[2] == f"{fast.name}_post"
+    assert not backward.is_deterministic(fast)
 
 
 def test_an_unknown_direction_is_refused_with_the_choices() -> None:
@@ -97,6 +130,12 @@ def test_backward_render_is_plain_cuda_with_three_kernels(spec: KernelSpec) -> N
     for symbol in backward.kernel_names(spec):
         assert re.search(rf"\b{symbol}\(", src), symbol
     assert f"constexpr int STAGES = {spec.stages};" in src
+    det = backward.is_deterministic(spec)
+    assert f"constexpr bool DETERMINISTIC = {'true' if det else 'false'};" in src
+    # the deterministic mode has a dQ kernel and no post kernel; the fast one the other way
+    assert (f"{spec.name}_dq(" in src, f"{spec.name}_post(" in src) == (det, not det)
+    if det:
+        assert f"constexpr int DQ_SMEM_BYTES = {backward.dq_smem_bytes(spec)};" in src
     assert render(spec).source == src  # deterministic
 
 
@@ -129,6 +168,24 @@ def test_validation_refuses_a_gradient_of_the_wrong_shape() -> None:
     assert len(problem.kernel_strides()) == 24
 
 
+def test_the_deterministic_grids_and_shared_memory() -> None:
+    spec = KernelSpec(family="mma", d=64, direction="bwd", features=("deterministic",))
+    dt = np.dtype(spec.dtype_info.numpy)
+    q = np.zeros((2, 3, 1000, 64), dt)
+    k = np.zeros((2, 3, 130, 64), dt)
+    lse = np.zeros((2, 3, 1000), np.float32)
+    problem = backward.validate_backward(spec, q, k, k, q, lse, q, q, k, k, check_pointers=False)
+    pre_rows = backward.pre_rows(spec)
+    # pre per PRE_ROWS rows; main per key tile of BC; dQ per query tile of BR (the forward's)
+    assert problem.grids(spec) == ((-(-1000 // pre_rows), 3, 2), (3, 3, 2), (16, 3, 2))
+    # Q, dO and a two-deep K/V ring at d=64 (rows of 64+8 bf16); d=128: one K/V stage
+    assert backward.smems(spec) == (0, spec.smem_bytes, 2 * 72 * (2 * 64 + 2 * 2 * 64))
+    big = spec.replace(d=128)
+    assert backward.dq_stages(big) == 1
+    assert backward.smems(big)[2] == 2 * 136 * (2 * 64 + 2 * 64)
+    assert backward.smems(spec.replace(features=()))[2] == 0  # the post kernel: none
+
+
 # ---- nvcc -----------------------------------------------------------------------------------
 def _compile_report(job: tuple[KernelSpec, str]) -> list[str]:
     spec, arch = job
@@ -139,6 +196,18 @@ def _compile_report(job: tuple[KernelSpec, str]) -> list[str]:
         if r.spill_bytes or r.registers <= 0:
             bad.append(f"{symbol} [{arch}]: {r.registers} registers, {r.spill_bytes} B spilled")
     return bad
+
+
+@requires_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_deterministic_mode_has_no_atomics_in_its_ptx(arch: str) -> None:
+    """The fast mode's dQ is the only floating-point atomic of the backward; the deterministic
+    variant's PTX has no atom./red. instruction at all (and the fast one's does: the test can
+    fail)."""
+    for spec in (s for s in BWD if s.d == 64 and s.causal and s.dtype == "bf16"):
+        ptx, _ = run_nvcc([*BASE_FLAGS, "-ptx", f"-arch={arch}"], render(spec).source)
+        has_atomics = re.search(rb"\b(atom|red)\.", ptx) is not None
+        assert has_atomics != backward.is_deterministic(spec), spec.name
 
 
 @requires_nvcc

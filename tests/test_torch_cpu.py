@@ -167,6 +167,39 @@ def test_backward_through_the_op_traces_to_grads_of_the_inputs_shapes():
     assert not lse.requires_grad  # gradients flow through O only
 
 
+def test_the_deterministic_backward_traces_and_carries_its_flag_to_the_backward_op():
+    q = meta(2, 8, 3, 64).requires_grad_()
+    k = meta(2, 2, 5, 64).requires_grad_()
+    v = meta(2, 2, 5, 64).requires_grad_()
+    seen = []
+    bwd = torch.ops.flashgen.attention_backward.default
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is bwd:
+                # a default-valued trailing argument is dropped from args: False
+                seen.append(
+                    args[8] if len(args) > 8 else (kwargs or {}).get("deterministic", False)
+                )
+            return func(*args, **(kwargs or {}))
+
+    for det in (True, False):
+        with Spy():
+            fgt.attention(q, k, v, causal=True, deterministic=det).sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+        q.grad = k.grad = v.grad = None
+    assert seen == [True, False]
+    with pytest.raises(ValueError, match=r"deterministic='yes': must be True or False"):
+        fgt.attention(q, k, v, deterministic="yes")
+
+
+def test_the_backward_op_schema_takes_deterministic_with_a_default():
+    schema = str(torch.ops.flashgen.attention_backward.default._schema)
+    assert schema == "flashgen::" + fgt.BWD_SCHEMA
+    assert schema.endswith("bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+    assert str(OP._schema).endswith("bool deterministic=False) -> (Tensor, Tensor)")
+
+
 def test_backward_with_a_feature_it_lacks_says_so():
     q = meta(1, 2, 3, 64).requires_grad_()
     o = fgt.attention(q, q, q, causal=True, window=(4, 0))

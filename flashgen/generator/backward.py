@@ -14,6 +14,19 @@ accumulator, (B, H, Tq, d)); launch the three kernels of the one cubin in order 
   `<name>`       dK, dV (stored once) and dQ (atomicAdd)  grid (ceil(Tk/BC), H_kv, B)
   `<name>_post`  dQ = the accumulator in the storage dtype  grid (ceil(Tq/PRE_ROWS), H, B)
 
+**Deterministic mode** (feature token `deterministic`): no floating-point atomics anywhere, so
+dQ, dK and dV are bit-identical run to run. The order in which blocks add into the fp32 dQ
+accumulator is the only run-to-run freedom of the fast mode; here dQ gets a kernel of its own,
+a block per query tile (as the forward), which recomputes P and dS for every key tile it sees,
+in a fixed order, and sums dS·K in registers. No accumulator, no `_post`:
+
+  `<name>_pre`   D only                                   grid (ceil(Tq/PRE_ROWS), H, B)
+  `<name>`       dK, dV (stored once); no dQ              grid (ceil(Tk/BC), H_kv, B)
+  `<name>_dq`    dQ, stored in the storage dtype          grid (ceil(Tq/BR), H, B)
+
+It recomputes S, P and dP once more (about 2/7 more tensor-core work than the fast mode's
+five GEMMs per tile pair), which is the price of the fixed order.
+
 All three take one argument list (templates/mma_bwd.cu.j2 documents it; `ABI_FORMAT` here):
 pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long long strides
 in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group.
@@ -25,7 +38,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .arch import ARCHS
+from .arch import ARCHS, STATIC_SMEM_LIMIT
 from .validate import (
     LOG2E,
     Problem,
@@ -64,6 +77,13 @@ BWD_INDEX_REGS = 96
 # The preprocess and postprocess kernels give each row this many threads (16-byte chunks of
 # it in turn), so a block of THREADS handles THREADS / PRE_LANES_PER_ROW rows.
 PRE_LANES_PER_ROW = 8
+# The feature token that selects the deterministic mode (see the module docstring).
+DETERMINISTIC = "deterministic"
+
+
+def is_deterministic(spec: KernelSpec) -> bool:
+    """True for the mode without atomics: dQ by its own kernel, bit-identical gradients."""
+    return DETERMINISTIC in spec.features
 
 
 def default_warps(spec: KernelSpec) -> int:
@@ -81,13 +101,30 @@ def register_estimate(spec: KernelSpec, br: int | None = None) -> int:
 
 
 def smem_bytes(spec: KernelSpec, stages: int | None = None) -> int:
-    """K and V of the block, a ring of `stages` Q and dO tiles, dS^T, and the ring's LSE and D
-    rows (fp32); `stages` overrides the spec's."""
+    """K and V of the block, a ring of `stages` Q and dO tiles, dS^T (for the atomic dQ; in
+    deterministic mode for dK's fragments), and the ring's LSE and D rows (fp32); `stages`
+    overrides the spec's."""
     n = spec.stages if stages is None else stages
     item = spec.dtype_info.itemsize
     lds = -(-spec.d // 16) * 16 + BWD_ROW_PAD  # K, V, Q, dO rows
     ldss = spec.br + BWD_ROW_PAD  # dS^T rows (one per key, br queries)
     return item * (2 * spec.bc * lds + 2 * n * spec.br * lds + spec.bc * ldss) + 4 * 2 * n * spec.br
+
+
+def dq_smem_bytes(spec: KernelSpec, stages: int | None = None) -> int:
+    """Shared memory of the deterministic mode's dQ kernel: Q and dO of its query tile, and
+    a ring of `stages` K and V tiles (default: `dq_stages`)."""
+    n = dq_stages(spec) if stages is None else stages
+    lds = -(-spec.d // 16) * 16 + BWD_ROW_PAD
+    return spec.dtype_info.itemsize * lds * (2 * spec.br + 2 * n * spec.bc)
+
+
+def dq_stages(spec: KernelSpec) -> int:
+    """K/V ring depth of the dQ kernel: two (the next key tile loads under this one) when two
+    blocks of it still fit one sm_80 SM, as `default_stages` decides for the main kernel
+    (d=64 at 64x64: 54 KiB; d=128: two stages take 102 KiB, so one, 68 KiB)."""
+    two = dq_smem_bytes(spec, stages=2)
+    return 2 if 2 * two <= ARCHS["sm_80"].smem_per_sm else 1
 
 
 def default_stages(spec: KernelSpec) -> int:
@@ -126,6 +163,13 @@ def check(fam: Family, spec: KernelSpec) -> list[str]:
         )
     if spec.stages not in (1, 2):
         p.append(f"stages={spec.stages}: the Q/dO ring depth must be 1 or 2; try 1")
+    if is_deterministic(spec) and not p and spec.br != spec.bc:
+        # the dQ kernel runs with the main kernel's bc/16 warps, each owning 16 query rows
+        p.append(
+            f"br={spec.br}, bc={spec.bc}: the deterministic backward's dQ kernel gives each of "
+            f"the bc/16 = {spec.bc // 16} warps 16 of the br query rows, so it needs br = bc; "
+            f"try br={spec.bc}"
+        )
     if not p:
         regs = register_estimate(spec)
         if regs > BWD_REG_BUDGET:
@@ -144,6 +188,14 @@ def check(fam: Family, spec: KernelSpec) -> list[str]:
             "2*(2*bc*(dp+8) + 2*stages*br*(dp+8) + bc*(br+8)) + 8*stages*br",
             "lower bc, br or stages",
         )
+        if is_deterministic(spec):
+            limit, need = fam.smem_limit(), dq_smem_bytes(spec)
+            if need > limit:
+                p.append(
+                    f"smem={need} B: the deterministic dQ kernel (2*(dp+8)*(2*br + "
+                    f"{dq_stages(spec)}*2*bc)) exceeds the {limit} B per block of the family's "
+                    "tightest arch; lower br and bc"
+                )
     return p
 
 
@@ -155,12 +207,17 @@ def pre_rows(spec: KernelSpec) -> int:
 def context(fam: Family, spec: KernelSpec) -> dict[str, Any]:
     """The template values of templates/mma_bwd.cu.j2 (all derived here)."""
     dp = fam.d_pad(spec)
+    det = is_deterministic(spec)
     return {
         "row_pad": BWD_ROW_PAD,
         "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
         "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+        "deterministic": det,
         "pre_name": kernel_names(spec)[0],
-        "post_name": kernel_names(spec)[2],
+        # the third kernel: `_post` (accumulator -> dq) or, deterministic, `_dq`
+        "last_name": kernel_names(spec)[2],
+        "dq_stages": dq_stages(spec) if det else 0,
+        "dq_smem_bytes": dq_smem_bytes(spec) if det else 0,
         "pre_lanes": PRE_LANES_PER_ROW,
         "pre_rows": pre_rows(spec),
         # dQ = dS K is computed in units of 16 query rows x DQ_COLS columns (16 fp32
@@ -172,8 +229,15 @@ def context(fam: Family, spec: KernelSpec) -> dict[str, Any]:
 
 
 def kernel_names(spec: KernelSpec) -> tuple[str, str, str]:
-    """The three kernel symbols of a backward variant: (pre, main, post)."""
-    return (f"{spec.name}_pre", spec.name, f"{spec.name}_post")
+    """The three kernel symbols of a backward variant, in launch order: (pre, main, post), or
+    deterministic (pre, main, dq)."""
+    last = "dq" if is_deterministic(spec) else "post"
+    return (f"{spec.name}_pre", spec.name, f"{spec.name}_{last}")
+
+
+def smems(spec: KernelSpec) -> tuple[int, int, int]:
+    """Dynamic shared memory of the three kernels (the pre/post kernels use none)."""
+    return (0, spec.smem_bytes, dq_smem_bytes(spec) if is_deterministic(spec) else 0)
 
 
 # ---- the host side ---------------------------------------------------------------------------
@@ -210,10 +274,12 @@ class BackwardProblem:
         )  # fmt: skip
 
     def grids(self, spec: KernelSpec) -> tuple[tuple[int, int, int], ...]:
-        """Grids of (pre, main, post)."""
+        """Grids of (pre, main, post), or deterministic (pre, main, dq): dq a block per query
+        tile of BR rows of one query head, like the forward."""
         f = self.fwd
         rows = (-(-f.tq // pre_rows(spec)), f.h, f.b)
-        return rows, (-(-f.tk // spec.bc), f.kv_heads, f.b), rows
+        last = (-(-f.tq // spec.br), f.h, f.b) if is_deterministic(spec) else rows
+        return rows, (-(-f.tk // spec.bc), f.kv_heads, f.b), last
 
 
 def _like(name: str, x: Any, shape: tuple[int, ...], dtype: Any, what: str) -> tuple[Strides3, Any]:
@@ -271,16 +337,18 @@ def validate_backward(
 @dataclass(eq=False)
 class BackwardLaunch:
     """One issued backward: the problem and the fp32 scratch it uses (D and the dQ
-    accumulator). Keep it until the stream has finished when launching with sync=False."""
+    accumulator; None in deterministic mode, which needs none). Keep it until the stream has
+    finished when launching with sync=False."""
 
     problem: BackwardProblem
     d_buf: Any
-    dq_accum: Any
+    dq_accum: Any | None
 
 
 def _functions(plan: LaunchPlan, spec: KernelSpec) -> tuple[int, int, int]:
-    """(pre, main, post) CUfunctions, all from the plan's one module (cached on the plan's
-    key: the module stays loaded for the life of the process)."""
+    """(pre, main, post|dq) CUfunctions, all from the plan's one module (cached on the plan's
+    key: the module stays loaded for the life of the process). The plan raised the main
+    kernel's dynamic shared-memory limit; the dQ kernel's is raised here."""
     from . import launch as _launch
 
     key = (spec, plan.arch, plan.device)
@@ -291,7 +359,7 @@ def _functions(plan: LaunchPlan, spec: KernelSpec) -> tuple[int, int, int]:
     found = []
     drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
     try:
-        for name in kernel_names(spec):
+        for name, smem in zip(kernel_names(spec), smems(spec), strict=True):
             if name == spec.name:
                 found.append(plan.function)
                 continue
@@ -300,6 +368,13 @@ def _functions(plan: LaunchPlan, spec: KernelSpec) -> tuple[int, int, int]:
                 drv.lib.cuModuleGetFunction(ctypes.byref(func), plan.module, name.encode()),
                 f"finding {name} in the cubin",
             )
+            if smem > STATIC_SMEM_LIMIT:  # the check rule kept it within every arch's
+                drv.check(
+                    drv.lib.cuFuncSetAttribute(
+                        func, _launch.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+                    ),
+                    f"raising the dynamic shared-memory limit of {name}",
+                )
             found.append(int(func.value or 0))
     finally:
         drv.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
@@ -332,13 +407,14 @@ def issue(
 ) -> None:
     """Launch the three kernels of `spec` in order on the stream `stream_handle` (a CUstream;
     0: the legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq,
-    dk, dv (the two fp32 scratch arrays sized (B, H, Tq) and (B, H, Tq, D)). Nothing waits."""
+    dk, dv (the two fp32 scratch arrays sized (B, H, Tq) and (B, H, Tq, D); dq_accum is never
+    read in deterministic mode: pass 0). Nothing waits."""
     from . import launch as _launch
 
     funcs = _functions(plan, spec)
     params, keep = kernel_params(problem, tuple(int(p or 0) for p in pointers), scale_log2)
     drv = _launch.driver()
-    smems = (0, plan.smem, 0)
+    sizes = smems(spec)
     cur = ctypes.c_void_p()
     drv.cuCtxGetCurrent(ctypes.byref(cur))
     pushed = cur.value != plan.context
@@ -346,7 +422,7 @@ def issue(
         drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
     try:
         for name, func, grid, smem in zip(
-            kernel_names(spec), funcs, problem.grids(spec), smems, strict=True
+            kernel_names(spec), funcs, problem.grids(spec), sizes, strict=True
         ):
             rc = drv.cuLaunchKernel(
                 func, grid[0], grid[1], grid[2], spec.threads, 1, 1, smem, stream_handle,
@@ -384,8 +460,9 @@ def launch_backward(
 
     q, k, v are the forward's inputs, o and lse what the forward wrote for them (with the
     same `scale`, default 1/sqrt(d)), do = dL/dO. Everything is validated before anything is
-    issued; the fp32 scratch is allocated here and the three kernels are launched in order on
-    `stream` (None: the legacy default stream). With `sync` (default) the call waits and
+    issued; the fp32 scratch is allocated here (in deterministic mode only D's: dQ needs no
+    accumulator) and the three kernels are launched in order on `stream` (None: the legacy
+    default stream). With `sync` (default) the call waits and
     raises RuntimeError naming the kernel when one fails; without, keep the returned
     BackwardLaunch (it owns the scratch) until the stream is done.
     """
@@ -400,10 +477,13 @@ def launch_backward(
         raise ValueError("q, k, v, o, do, lse, dq, dk, dv: device arrays with pointers required")
     plan = runtime.get_function(spec)
     d_buf = runtime.empty((f.b, f.h, f.tq), "fp32", pooled=True)
-    dq_accum = runtime.empty((f.b, f.h, f.tq, f.d), "fp32", pooled=True)
+    dq_accum = None  # the deterministic mode has no dQ accumulator
+    if not is_deterministic(spec):
+        dq_accum = runtime.empty((f.b, f.h, f.tq, f.d), "fp32", pooled=True)
     pointers = (
         f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, int(d_buf.gpudata),
-        int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr, problem.dv_ptr,
+        0 if dq_accum is None else int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr,
+        problem.dv_ptr,
     )  # fmt: skip
     issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream))
     if sync:

@@ -544,7 +544,7 @@ FAMILIES: dict[str, Family] = {
         bwd_template="mma_bwd.cu.j2",
         archs=("sm_80", "sm_90"),
         knobs=(("warps", "w"), ("stages", "s")),
-        features=frozenset({"window", "softcap", "alibi", "gqapack"}),
+        features=frozenset({"window", "softcap", "alibi", "gqapack", "deterministic"}),
         # Gemma 2's sliding window with softcap, beside each feature alone; GQA decoding
         shipped_features=(
             ("window",), ("softcap",), ("alibi",), ("window", "softcap"), ("gqapack",),

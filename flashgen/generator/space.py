@@ -72,9 +72,16 @@ def _picked_tiles(family: str, plain: list[KernelSpec]) -> set[KernelSpec]:
 
 
 # The backward variants shipped (compiled ahead, `shipped(direction="bwd")`), at the backward's
-# default tile: the head dims and dtypes training uses most. Everything else compiles on demand.
+# default tile: the head dims and dtypes training uses most, each in the fast mode (dQ by fp32
+# atomics) and the deterministic one (bit-identical gradients). Everything else compiles on
+# demand.
 BWD_AXES: dict[str, dict[str, tuple[object, ...]]] = {
-    "mma": {"d": (64, 128), "dtype": ("fp16", "bf16"), "causal": (False, True)},
+    "mma": {
+        "d": (64, 128),
+        "dtype": ("fp16", "bf16"),
+        "causal": (False, True),
+        "features": ((), ("deterministic",)),
+    },
 }
 
 

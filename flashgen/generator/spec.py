@@ -27,7 +27,8 @@ class KernelSpec:
 
     `direction` is the pass the kernel computes: `fwd`, or `bwd` (dQ, dK, dV from Q, K, V, O,
     dO and the forward's LSE; family mma only, see `Family.bwd_template`). This first backward
-    refuses features and dv != d (`_check_backward`); its `br` is the query tile and `bc` the
+    refuses features but `deterministic` (dQ without atomics: bit-identical gradients) and
+    dv != d (`_check_backward`); its `br` is the query tile and `bc` the
     key tile of one block (`backward.py` has its rules and defaults).
     `br`, `bc` = 0 and `dtype` = "" mean the family's defaults (`Family.default_tile`,
     `Family.default_dtype`: simt 32x32 fp32, mma 128x64 bf16, wgmma 128x128 bf16), so
@@ -100,6 +101,13 @@ class KernelSpec:
         problems += _check_features(self.features, fam.name, fam.features)
         if self.direction == "bwd":
             problems += _check_backward(self, fam)
+        elif isinstance(self.features, (tuple, list)) and any(
+            f in BWD_ONLY_FEATURES for f in self.features
+        ):
+            problems.append(
+                "features: 'deterministic' is a backward-only feature (dQ without atomics); "
+                "drop it for direction='fwd' (the forward is deterministic already)"
+            )
         if problems:
             raise SpecError(problems)
         object.__setattr__(self, "features", _canonical_features(self.features))
@@ -219,6 +227,8 @@ FEATURES: dict[str, str] = {
     "softcap": "logit softcapping: scores s -> c * tanh(s / c) before the softmax",
     "alibi": "ALiBi: logits - slope[head] * |i - j| (per-head fp32 slopes)",
     "gqapack": "grouped-query heads packed into one tile: K/V read once per group (short queries)",
+    "deterministic": "backward only: dQ by a kernel per query tile instead of fp32 atomics, so "
+    "gradients are bit-identical run to run",
 }
 """Compile-time feature tokens, in canonical name order: token -> what it enables.
 
@@ -227,6 +237,9 @@ on window masking and tile skipping); its run-time values (window sizes, softcap
 arguments, so one compiled variant serves every value. Each family lists the tokens it
 supports in `Family.features`.
 """
+
+BWD_ONLY_FEATURES: frozenset[str] = frozenset({"deterministic"})
+"""Feature tokens that only the backward pass takes (the forward refuses them)."""
 
 _HEAD = re.compile(
     r"flash_(?P<direction>[a-z]+)_(?P<family>[a-z0-9]+)_d(?P<d>\d+)(?:_dv(?P<dv>\d+))?_br(?P<br>\d+)"
@@ -301,7 +314,7 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
 
 def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
     """What the first backward version refuses: families without a backward template,
-    features, and a value head dim of its own."""
+    features other than `deterministic`, and a value head dim of its own."""
     if not fam.bwd_template:
         with_bwd = [f"--family {f.name}" for f in _families() if f.bwd_template]
         return [
@@ -309,10 +322,13 @@ def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
             f"{' or '.join(with_bwd)} for the backward pass"
         ]
     problems = []
-    if isinstance(spec.features, (tuple, list)) and spec.features:
+    if isinstance(spec.features, (tuple, list)) and any(
+        f not in BWD_ONLY_FEATURES for f in spec.features
+    ):
         problems.append(
-            f"features={tuple(spec.features)!r}: the backward pass supports no features yet "
-            "(window, softcap and ALiBi come later); drop them for direction='bwd'"
+            f"features={tuple(spec.features)!r}: the backward pass supports no features but "
+            "'deterministic' yet (window, softcap and ALiBi come later); drop them for "
+            "direction='bwd'"
         )
     if spec.dv != spec.d:
         problems.append(

@@ -1,5 +1,10 @@
 """The backward variants on the GPU: dQ, dK, dV of every shipped one against the float64 oracle.
 
+Every shipped variant runs in both modes: the fast one (dQ by fp32 atomics) and the
+deterministic one (feature `deterministic`: dQ by its own kernel per query tile), and the
+deterministic one must also give bit-identical gradients on two runs of a problem with many key
+and query tiles.
+
 For each variant and each pinned problem: the forward (the runtime's mma path, at the family's
 default tile) writes O and LSE, the backward computes the gradients into NaN-poisoned arrays,
 and `oracle_bwd.check_grads` applies FlashAttention's gradient rule (error <= 2x a same-
@@ -27,10 +32,10 @@ from flashgen.generator.validate import check_scale
 
 pytestmark = pytest.mark.gpu
 
-# Shipped variants, plus a probe at a head dim that is padded in-kernel (40 -> 48).
-SPECS = shipped(direction="bwd") + [
-    KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
-]
+# Shipped variants (both modes), plus probes at a head dim that is padded in-kernel (40 -> 48).
+PROBE = KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
+SPECS = shipped(direction="bwd") + [PROBE, PROBE.replace(features=("deterministic",))]
+DETERMINISTIC = [s for s in SPECS if backward.is_deterministic(s)]
 
 # (B, H, H_kv, Tq, Tk, logit_max, layouts of q/k/v/o and of do/dq/dk/dv)
 PLAIN = ("bhtd",) * 4
@@ -72,16 +77,17 @@ def _read(buf: Any, layout: str, d: int) -> np.ndarray:
     return np.array(layout_view(runtime.to_host(buf), layout, d))
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}q{c[3]}k{c[4]}")
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_backward_matches_the_oracle(
+Grads = tuple[np.ndarray, np.ndarray, np.ndarray]
+Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _run_case(
     spec: KernelSpec,
     case: tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]],
-    compiled: dict[KernelSpec, CompiledKernel | Exception],
-) -> None:
-    built = compiled[spec]
-    if isinstance(built, Exception):
-        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+    runs: int = 1,
+) -> tuple[Inputs, list[Grads]]:
+    """The forward once, then `runs` backward launches of `spec` (each into fresh NaN-poisoned
+    gradients): the host inputs (q, k, v, do) and each run's (dq, dk, dv)."""
     b, h, h_kv, tq, tk, logit_max, lay, glay = case
     fwd = KernelSpec(family="mma", d=spec.d, dtype=spec.dtype, causal=spec.causal)
     seed = (tq * 7919 + tk * 31 + h) % 2**31
@@ -96,15 +102,33 @@ def test_backward_matches_the_oracle(
     runtime.launch(fwd, qd, kd, vd, o, lse, scale)
 
     dod = _device_view(do, glay[0])
-    dq_buf, dq = _poisoned(q.shape, spec.dtype, glay[1])
-    dk_buf, dk = _poisoned(k.shape, spec.dtype, glay[2])
-    dv_buf, dv = _poisoned(v.shape, spec.dtype, glay[3])
-    backward.launch_backward(spec, qd, kd, vd, o, lse, dod, dq, dk, dv, scale)
-    got = (
-        _read(dq_buf, glay[1], spec.d),
-        _read(dk_buf, glay[2], spec.d),
-        _read(dv_buf, glay[3], spec.d),
-    )
+    results = []
+    for _ in range(runs):
+        dq_buf, dq = _poisoned(q.shape, spec.dtype, glay[1])
+        dk_buf, dk = _poisoned(k.shape, spec.dtype, glay[2])
+        dv_buf, dv = _poisoned(v.shape, spec.dtype, glay[3])
+        backward.launch_backward(spec, qd, kd, vd, o, lse, dod, dq, dk, dv, scale)
+        results.append((
+            _read(dq_buf, glay[1], spec.d),
+            _read(dk_buf, glay[2], spec.d),
+            _read(dv_buf, glay[3], spec.d),
+        ))  # fmt: skip
+    return (q, k, v, do), results
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}q{c[3]}k{c[4]}")
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_backward_matches_the_oracle(
+    spec: KernelSpec,
+    case: tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]],
+    compiled: dict[KernelSpec, CompiledKernel | Exception],
+) -> None:
+    built = compiled[spec]
+    if isinstance(built, Exception):
+        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+    b, h, h_kv, tq, tk = case[:5]
+    (q, k, v, do), [got] = _run_case(spec, case)
+    scale = check_scale(None, spec.d)
     outcomes = check_grads(got, q, k, v, do, dtype=spec.dtype, scale=scale, causal=spec.causal)
     bad = [
         f"{g.name}: err {g.err:.3g} > bound {g.bound:.3g} (ref err {g.ref_err:.3g}, eps "
@@ -115,3 +139,33 @@ def test_backward_matches_the_oracle(
     assert not bad, f"{spec.name} B={b} H={h} H_kv={h_kv} Tq={tq} Tk={tk}: " + "; ".join(bad)
     if spec.causal and tq > tk:  # rows that see no key get exactly zero dQ
         assert not np.any(got[0][:, :, : tq - tk].astype(np.float32)), "no-key rows of dQ"
+
+
+# Many key and query tiles (1000 = 15 full tiles of 64 and a ragged one), GQA, logits to +-30:
+# every dQ element sums 16 key tiles, every dK/dV element 16 query tiles x 2 heads.
+REPEAT_CASES = [
+    (2, 4, 2, 1000, 1000, 30.0, PLAIN, PLAIN),
+    (1, 4, 4, 1000, 777, None, STRIDED, STRIDED_GRADS),  # Tq > Tk: causal rows with no key
+]
+
+
+@pytest.mark.parametrize("case", REPEAT_CASES, ids=lambda c: "B{}H{}kv{}q{}k{}".format(*c[:5]))
+@pytest.mark.parametrize("spec", DETERMINISTIC, ids=lambda s: s.name)
+def test_the_deterministic_mode_gives_bit_identical_gradients_run_to_run(
+    spec: KernelSpec,
+    case: tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]],
+    compiled: dict[KernelSpec, CompiledKernel | Exception],
+) -> None:
+    built = compiled[spec]
+    if isinstance(built, Exception):
+        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+    (q, k, v, do), runs = _run_case(spec, case, runs=3)
+    first = runs[0]
+    for again in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), first, again, strict=True):
+            # compare the bits (uint16 views): NaN == NaN would not hold as floats
+            assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"{name} differs"
+    scale = check_scale(None, spec.d)
+    outcomes = check_grads(first, q, k, v, do, dtype=spec.dtype, scale=scale, causal=spec.causal)
+    bad = [f"{g.name}: err {g.err:.3g} > bound {g.bound:.3g}" for g in outcomes if not g.passed]
+    assert not bad, f"{spec.name} {case[:5]}: " + "; ".join(bad)

@@ -34,7 +34,10 @@ def f64(t: Any) -> np.ndarray:
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_gradients_match_the_oracle(shape: Any, d: int, causal: bool, dtype: str) -> None:
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+def test_gradients_match_the_oracle(
+    shape: Any, d: int, causal: bool, dtype: str, deterministic: bool
+) -> None:
     b, h, h_kv, tq, tk = shape
     g = torch.Generator(device="cuda").manual_seed(hash((shape, d, causal, dtype)) % 2**31)
     t = TORCH_TYPES[dtype]
@@ -45,13 +48,33 @@ def test_gradients_match_the_oracle(shape: Any, d: int, causal: bool, dtype: str
     do = torch.randn(b, h, tq, d, device="cuda", dtype=t, generator=g)
     for x in (q, k, v):
         x.requires_grad_()
-    o = fgt.attention(q, k, v, causal=causal)
+    o = fgt.attention(q, k, v, causal=causal, deterministic=deterministic)
     o.backward(do)
     torch.cuda.synchronize()
     got = (f64(q.grad), f64(k.grad), f64(v.grad))
     outs = check_grads(got, f64(q), f64(k), f64(v), f64(do), dtype=dtype, causal=causal)
     bad = [f"{x.name}: err {x.err:.3g} > bound {x.bound:.3g}" for x in outs if not x.passed]
-    assert not bad, f"{shape} d={d} causal={causal} {dtype}: " + "; ".join(bad)
+    assert not bad, f"{shape} d={d} causal={causal} {dtype} det={deterministic}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_deterministic_gradients_are_bit_identical_run_to_run(d: int, causal: bool) -> None:
+    g = torch.Generator(device="cuda").manual_seed(1234 + d + causal)
+    b, h, h_kv, t = 2, 8, 2, 1000  # 16 key tiles a dQ row sums, 16 query tiles x 4 heads a dK row
+    q, k, v = (torch.randn(b, n, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
+               for n in (h, h_kv, h_kv))  # fmt: skip
+    do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def grads() -> tuple[Any, ...]:
+        x = [y.detach().clone().requires_grad_() for y in (q, k, v)]
+        o = fgt.attention(*x, causal=causal, deterministic=True)
+        return torch.autograd.grad(o, x, do)
+
+    first = grads()
+    for _ in range(3):
+        for name, a, c in zip(("dq", "dk", "dv"), first, grads(), strict=True):
+            assert torch.equal(a, c), f"{name} differs between runs"
 
 
 def test_gradients_under_torch_compile_equal_eager_ones() -> None:
