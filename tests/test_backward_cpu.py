@@ -250,3 +250,11 @@ def test_inspect_explains_a_backward_variant_without_the_forward_traffic_model()
     assert run.exit_code == 0, run.output
     assert "spills         0 B" in run.output
     assert "traffic model  forward variants only" in run.output
+
+
+def test_bundles_refuse_deterministic_backward_variants():
+    from flashgen.generator.bundle import BundleError, bundle_files
+
+    spec = KernelSpec(family="mma", d=64, direction="bwd", features=("deterministic",))
+    with pytest.raises(BundleError, match="deterministic backward variants are not bundled yet"):
+        bundle_files([spec])

@@ -315,6 +315,11 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
                 f"{s.name}: bundles launch the backward kernels of family "
                 f"{'/'.join(sorted(BWD_FAMILIES))} only; bundle a backward variant of family mma"
             )
+        if "deterministic" in s.features:  # its kernels are _pre, main, _dq: not the launcher's
+            raise BundleError(
+                f"{s.name}: deterministic backward variants are not bundled yet (the bundle's "
+                "launcher runs _pre, main and _post); bundle the variant without deterministic"
+            )
         if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
             raise BundleError(
                 f"{s.name}: gqapack variants are not bundled yet (their grid runs per K/V "
