@@ -258,3 +258,42 @@ def test_bundles_refuse_deterministic_backward_variants():
     spec = KernelSpec(family="mma", d=64, direction="bwd", features=("deterministic",))
     with pytest.raises(BundleError, match="deterministic backward variants are not bundled yet"):
         bundle_files([spec])
+
+
+def test_a_prepared_backward_only_rewrites_the_pointers_between_calls(monkeypatch):
+    import ctypes
+    from types import SimpleNamespace
+
+    from flashgen.generator import backward, launch
+    from flashgen.generator.validate import Problem
+
+    calls: list[tuple[int, tuple[int, int, int], tuple[int, ...], float]] = []
+
+    class Driver:
+        def cuCtxGetCurrent(self, ref):
+            ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p))[0] = 7
+            return 0
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            addrs = [int(a) for a in params]
+            ptrs = tuple(int(ctypes.c_void_p.from_address(a).value or 0) for a in addrs[:11])
+            scale = ctypes.c_float.from_address(addrs[11 + 2 + 24]).value
+            calls.append((f, (gx, gy, gz), ptrs, scale))
+            return 0
+
+    monkeypatch.setattr(launch, "driver", lambda: Driver())
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (101, 102, 103))
+    spec = KernelSpec(family="mma", d=64, direction="bwd", causal=True)
+    fwd = Problem(2, 4, 100, 130, 64, spec.dtype, (25600, 6400, 64), (16640, 8320, 64),
+                  (16640, 8320, 64), (25600, 6400, 64), h_kv=2)  # fmt: skip
+    s = fwd.q_strides
+    bp = backward.BackwardProblem(fwd, s, s, fwd.k_strides, fwd.v_strides, 0, 0, 0, 0)
+    plan = SimpleNamespace(context=7, smem=spec.smem_bytes)
+    prepared = backward.Prepared(plan, spec, bp, 0.5)
+    first, second = tuple(range(16, 16 * 12, 16)), tuple(range(4096, 4096 + 16 * 11, 16))
+    prepared(first, 0)
+    prepared(second, 0)
+    assert [c[0] for c in calls] == [101, 102, 103] * 2  # the three kernels in order, twice
+    assert [c[1] for c in calls[:3]] == list(bp.grids(spec))
+    assert all(c[2] == first for c in calls[:3]) and all(c[2] == second for c in calls[3:])
+    assert all(c[3] == 0.5 for c in calls)  # the scalars stay as prepared

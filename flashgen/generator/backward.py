@@ -35,6 +35,7 @@ in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2;
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +245,7 @@ def smems(spec: KernelSpec) -> tuple[int, int, int]:
 # The kernels' argument list as struct codes: 11 pointers, tq, tk, 24 strides, scale_log2,
 # kv_group.
 ABI_FORMAT = "P" * 11 + "ii" + "q" * 24 + "f" + "i"
+N_POINTERS = 11  # q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv: the per-call arguments
 POINTERS = ("q", "k", "v", "o", "do", "lse", "d_buf", "dq_accum", "dq", "dk", "dv")
 
 Strides3 = tuple[int, int, int]
@@ -401,42 +403,68 @@ def kernel_params(
     return params, args
 
 
+class Prepared:
+    """The launches of one backward variant on one problem signature, ready to issue: the
+    functions, grids, shared memory and a kernelParams array whose eleven pointer slots are
+    the only thing a call writes (the forward's `launch.Bound`, for the three kernels).
+
+    Built once per signature (validation happens before, on the first call's arrays); a later
+    call with the same shapes, strides and pointer alignment only sets the pointers.
+    """
+
+    def __init__(
+        self, plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, scale_log2: float
+    ) -> None:
+        from . import launch as _launch
+
+        self.plan, self.spec = plan, spec
+        self.launches = list(
+            zip(kernel_names(spec), _functions(plan, spec), problem.grids(spec), smems(spec),
+                strict=True)
+        )  # fmt: skip
+        self._params, self._args = kernel_params(problem, (0,) * N_POINTERS, scale_log2)
+        self._ptrs = self._args[: N_POINTERS]  # the c_void_p objects params points at
+        self._drv = _launch.driver()
+        self._cur = ctypes.c_void_p()
+        self._lock = threading.Lock()
+
+    def __call__(self, pointers: tuple[int, ...], stream_handle: int) -> None:
+        """Launch the kernels in order on the stream (a CUstream; 0: the legacy default)."""
+        drv, threads = self._drv, self.spec.threads
+        with self._lock:  # the pointer slots are shared: set them and launch as one step
+            for slot, ptr in zip(self._ptrs, pointers, strict=True):
+                slot.value = int(ptr or 0)
+            drv.cuCtxGetCurrent(ctypes.byref(self._cur))
+            pushed = self._cur.value != self.plan.context
+            if pushed:
+                drv.check(
+                    drv.cuCtxPushCurrent(self.plan.context), "making the kernel's context current"
+                )
+            try:
+                for name, func, grid, smem in self.launches:
+                    rc = drv.cuLaunchKernel(
+                        func, grid[0], grid[1], grid[2], threads, 1, 1, smem, stream_handle,
+                        self._params, None,
+                    )  # fmt: skip
+                    if rc:
+                        raise RuntimeError(
+                            f"kernel {name} failed to launch (grid {grid}, block {threads}, "
+                            f"{smem} B shared memory): {drv.error(rc)}"
+                        )
+            finally:
+                if pushed:
+                    drv.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
+
+
 def issue(
     plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, pointers: tuple[Any, ...],
     scale_log2: float, stream_handle: int,
 ) -> None:
-    """Launch the three kernels of `spec` in order on the stream `stream_handle` (a CUstream;
-    0: the legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq,
-    dk, dv (the two fp32 scratch arrays sized (B, H, Tq) and (B, H, Tq, D); dq_accum is never
-    read in deterministic mode: pass 0). Nothing waits."""
-    from . import launch as _launch
-
-    funcs = _functions(plan, spec)
-    params, keep = kernel_params(problem, tuple(int(p or 0) for p in pointers), scale_log2)
-    drv = _launch.driver()
-    sizes = smems(spec)
-    cur = ctypes.c_void_p()
-    drv.cuCtxGetCurrent(ctypes.byref(cur))
-    pushed = cur.value != plan.context
-    if pushed:
-        drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
-    try:
-        for name, func, grid, smem in zip(
-            kernel_names(spec), funcs, problem.grids(spec), sizes, strict=True
-        ):
-            rc = drv.cuLaunchKernel(
-                func, grid[0], grid[1], grid[2], spec.threads, 1, 1, smem, stream_handle,
-                params, None,
-            )  # fmt: skip
-            if rc:
-                raise RuntimeError(
-                    f"kernel {name} failed to launch (grid {grid}, block {spec.threads}, "
-                    f"{smem} B shared memory): {drv.error(rc)}"
-                )
-    finally:
-        if pushed:
-            drv.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
-    del keep  # cuLaunchKernel copied the arguments
+    """Launch the kernels of `spec` in order on the stream `stream_handle` (a CUstream; 0: the
+    legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv
+    (the two fp32 scratch arrays sized (B, H, Tq) and (B, H, Tq, D); dq_accum is never read in
+    deterministic mode: pass 0). Nothing waits."""
+    Prepared(plan, spec, problem, scale_log2)(tuple(int(p or 0) for p in pointers), stream_handle)
 
 
 def launch_backward(
