@@ -47,6 +47,7 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 Examples:
   flashgen bench --plot                       # the whole protocol, JSON + PNG
   flashgen bench --d 128 --dtype bf16 --t 4096 --t 16384 --all-variants
+  flashgen bench --dtype bf16 --t 4096 --t 16384 --no-features --no-overhead
 """,
 )
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
@@ -72,16 +73,24 @@ Examples:
               help="GQA (32 query heads on 8 K/V heads) and sliding-window (4096 back, "
                    "causal) rows, each against the plain kernel and the peers with the "
                    "feature.")  # fmt: skip
+@click.option("--backward/--no-backward", default=True, show_default=True,
+              help="Backward rows: the backward alone (torch.autograd.grad after one forward, "
+                   "FLOPs 2.5x the forward's) of flashgen.torch, SDPA's FA2 and cuDNN, and FA4 "
+                   "when importable. Only fp16/bf16 cases with d <= 128 (the backward's range); "
+                   "fp32 or d > 128 cases silently get none.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
-@click.option("--plot", is_flag=True, help="Also write a PNG of TFLOP/s against T.")
+@click.option("--plot", is_flag=True,
+              help="Also write a PNG of TFLOP/s against T (backward panels after the "
+                   "forward's).")  # fmt: skip
 @friendly
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
     causal_only: bool | None, all_variants: bool, peers: bool, reps: int, memory: bool,
-    overhead: bool, feature_rows: bool, out: Path, plot: bool,
+    overhead: bool, feature_rows: bool, backward: bool, out: Path, plot: bool,
 ) -> None:  # fmt: skip
-    """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU; write JSON."""
+    """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU, forward and
+    backward; write JSON."""
     from .generator.select import select
     from .generator.tuning import candidates
 
@@ -107,6 +116,11 @@ def bench(
             result.rows += bench_mod.bench_case(
                 c, specs_for(c), peers=bench_mod.available_peers() if peers else (), reps=reps
             )
+            if backward and bench_mod.backward_supported(c):
+                prog.update(task, description=f"{c.dtype} d={c.d} causal={c.causal} T={c.t} bwd")
+                result.rows += bench_mod.bench_backward_case(
+                    c, peers=bench_mod.available_bwd_peers() if peers else (), reps=reps
+                )
             prog.advance(task)
     if feature_rows:
         from .generator import bench_features as bf
@@ -125,22 +139,15 @@ def bench(
     if overhead:
         result.overhead = bench_mod.host_overhead(causal=causal)
 
-    lines = bench_mod.summary_table(result.rows)
-    fa4 = any(x["fa4"] is not None for x in lines)  # FA4 was importable and timed
-    headers = ["dtype", "d", "causal", "T", "flashgen", "FA2", "cuDNN", "effic.",
-               *(["FA4"] if fa4 else []), "x FA2", "x cuDNN", *(["x FA4"] if fa4 else []),
-               "variant"]  # fmt: skip
-    rows = [
-        [x["dtype"], x["d"], "yes" if x["causal"] else "no", x["T"], _fmt(x["flashgen"]),
-         _fmt(x["sdpa-flash"]), _fmt(x["sdpa-cudnn"]), _fmt(x["sdpa-efficient"]),
-         *([_fmt(x["fa4"])] if fa4 else []),
-         _fmt(x["x_sdpa-flash"], 2), _fmt(x["x_sdpa-cudnn"], 2),
-         *([_fmt(x["x_fa4"], 2)] if fa4 else []), x["variant"] or "-"]
-        for x in lines
-    ]  # fmt: skip
     click.echo(f"{gpu_name} ({arch}), TFLOP/s, median of {reps} CUDA-event timings")
-    for line in format_table(headers, rows):
+    for line in summary_lines(result.rows, "fwd"):
         click.echo(line)
+    bwd_lines = summary_lines(result.rows, "bwd")
+    if bwd_lines:
+        click.echo("backward alone (autograd.grad after one forward), TFLOP/s at 2.5x the "
+                   "forward's FLOPs")  # fmt: skip
+        for line in bwd_lines:
+            click.echo(line)
     feats = []
     if feature_rows:
         from .generator import bench_features as bf
@@ -175,7 +182,8 @@ def bench(
                 click.echo(f"note: overhead {o.impl} T={o.t}: {o.error}", err=True)
     errors = [r for r in result.rows if r.error]
     for r in errors:
-        click.echo(f"note: {r.impl} {r.variant or ''} T={r.t}: {r.error}", err=True)
+        where = " bwd" if r.direction == "bwd" else ""
+        click.echo(f"note: {r.impl} {r.variant or ''} T={r.t}{where}: {r.error}", err=True)
     out.mkdir(parents=True, exist_ok=True)
     path = bench_mod.result_path(result.env, out)
     path.write_text(result.to_json() + "\n")
@@ -184,6 +192,29 @@ def bench(
         png = path.with_suffix(".png")
         bench_mod.plot(result.rows, png)
         click.echo(f"wrote {png}")
+
+
+def summary_lines(rows: list[bench_mod.Row], direction: str) -> list[str]:
+    """The printed table of one direction's rows: TFLOP/s per implementation, ratios x FA2
+    and x cuDNN (x FA4 when FA4 ran); the forward also shows SDPA's efficient backend, the
+    backward only the peers it times. A backward without timed rows prints nothing."""
+    lines = bench_mod.summary_table(rows, direction)
+    if not lines and direction != "fwd":
+        return []
+    fa4 = any(x["fa4"] is not None for x in lines)  # FA4 was importable and timed
+    effic = direction == "fwd"
+    headers = ["dtype", "d", "causal", "T", "flashgen", "FA2", "cuDNN",
+               *(["effic."] if effic else []), *(["FA4"] if fa4 else []), "x FA2", "x cuDNN",
+               *(["x FA4"] if fa4 else []), "variant"]  # fmt: skip
+    table = [
+        [x["dtype"], x["d"], "yes" if x["causal"] else "no", x["T"], _fmt(x["flashgen"]),
+         _fmt(x["sdpa-flash"]), _fmt(x["sdpa-cudnn"]),
+         *([_fmt(x["sdpa-efficient"])] if effic else []), *([_fmt(x["fa4"])] if fa4 else []),
+         _fmt(x["x_sdpa-flash"], 2), _fmt(x["x_sdpa-cudnn"], 2),
+         *([_fmt(x["x_fa4"], 2)] if fa4 else []), x["variant"] or "-"]
+        for x in lines
+    ]  # fmt: skip
+    return list(format_table(headers, table))
 
 
 @main.command(

@@ -10,6 +10,13 @@ Host overhead (`host_overhead`): median wall time of one call, from the caller's
 flashgen.torch.attention, torch SDPA (its default backend choice) on the same tensors, and
 flashgen.attention on GPUArrays and on NumPy arrays, on small problems (decode-like T = 1,
 T = 128, T = 1024), causal and not.
+
+Backward rows (`bench_backward_case`, direction "bwd"): the backward alone of flashgen.torch
+(autograd; an mma backward kernel), SDPA's FLASH (FA2) and CUDNN backends, and FA4 when
+importable. Each implementation's forward runs once on requires_grad inputs, then
+`torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` is timed like the forward (median
+of CUDA events). FLOPs = 2.5 x the forward's. Only fp16/bf16 with d <= 128 (the backward's
+range, no features); other cases have no backward rows.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,12 @@ PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # Peers timed only when their package imports: FlashAttention-4's Hopper path (flash-attn-4,
 # CuTe DSL; ../shared/gpu-host/README.md says how to bring it to a GPU host).
 OPTIONAL_PEERS = ("fa4",)
+# The backward's peers (FA4 joins when it imports) and its range: fp16/bf16, d <= 128.
+BWD_PEERS = ("sdpa-flash", "sdpa-cudnn")
+BWD_DTYPES = ("bf16", "fp16")
+BWD_MAX_D = 128
+BWD_FLOPS_FACTOR = 2.5  # backward FLOPs over the forward's (DESIGN.md)
+DIRECTIONS = ("fwd", "bwd")
 
 
 def fa4_available() -> bool:
@@ -54,6 +67,11 @@ def fa4_available() -> bool:
 def available_peers() -> tuple[str, ...]:
     """The peers this machine can time: torch SDPA's backends, plus FA4 when importable."""
     return PEERS + (("fa4",) if fa4_available() else ())
+
+
+def available_bwd_peers() -> tuple[str, ...]:
+    """The backward peers this machine can time: SDPA's FA2 and cuDNN, FA4 when importable."""
+    return BWD_PEERS + (("fa4",) if fa4_available() else ())
 
 
 WARMUP = 5
@@ -89,6 +107,16 @@ class Case:
         f = 4.0 * self.b * self.h * self.t * self.t * self.d
         return f / 2 if self.causal else f
 
+    @property
+    def bwd_flops(self) -> float:
+        """Backward FLOPs: 2.5 x the forward's (so halved under a causal mask too)."""
+        return BWD_FLOPS_FACTOR * self.flops
+
+
+def backward_supported(case: Case) -> bool:
+    """Whether `case` gets backward rows: fp16/bf16 and d <= 128 (the mma backward's range)."""
+    return case.dtype in BWD_DTYPES and case.d <= BWD_MAX_D
+
 
 @dataclass
 class Row:
@@ -107,6 +135,14 @@ class Row:
     max_err_vs_flash: float | None = None  # flashgen only: max |O - sdpa-flash O|
     error: str | None = None
     feature: str | None = None  # a feature row (bench_features): "gqa 32/8", "window 4096,0"
+    direction: str = "fwd"  # "fwd", or "bwd" (bench_backward_case: the backward alone)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Row:
+        """A row from its JSON object; files written before backward rows have no
+        `direction` (forward). Unknown keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
@@ -126,6 +162,22 @@ class BenchResult:
         if self.overhead:
             data["overhead"] = [asdict(r) for r in self.overhead]
         return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> BenchResult:
+        """A run back from `to_json`'s text (or an older file: rows without `direction`
+        are forward rows)."""
+        data = json.loads(text)
+        names = {f.name for f in fields(OverheadRow)}
+        return cls(
+            env=data.get("env", {}),
+            rows=[Row.from_dict(r) for r in data.get("rows", [])],
+            memory=data.get("memory", {}),
+            overhead=[
+                OverheadRow(**{k: v for k, v in o.items() if k in names})
+                for o in data.get("overhead", [])
+            ],
+        )
 
 
 def cases(
@@ -231,7 +283,8 @@ def peer_runner(peer: str, q: Any, k: Any, v: Any, causal: bool) -> Callable[[],
 
 
 def _row(impl: str, variant: str | None, case: Case, ms: float | None, **extra: Any) -> Row:
-    tflops = case.flops / (ms * 1e-3) / 1e12 if ms else None
+    flops = case.bwd_flops if extra.get("direction") == "bwd" else case.flops
+    tflops = flops / (ms * 1e-3) / 1e12 if ms else None
     return Row(
         impl, variant, case.dtype, case.d, case.causal, case.t, case.b, case.h, ms, tflops, **extra
     )
@@ -268,6 +321,95 @@ def bench_case(
                 _row("flashgen", spec.name, case, None, error=f"{type(exc).__name__}: {exc}"[:300])
             )
     del q, k, v, ref
+    return rows
+
+
+def backward_forward(impl: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[Any, Any]:
+    """One differentiable forward of `impl` on (B, H, T, d) tensors: (O, the leaves to
+    differentiate). FA4 takes (B, T, H, d): its leaves are copies in that layout, O stays in
+    it (the caller's dO must match O's shape)."""
+    torch = _torch()
+    if impl == "flashgen":
+        from .. import torch as fg_torch
+
+        return fg_torch.attention(q, k, v, causal=causal), (q, k, v)
+    if impl == "fa4":
+        from flash_attn.cute.interface import flash_attn_func
+
+        leaves = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+        out = flash_attn_func(*leaves, causal=causal)
+        return (out[0] if isinstance(out, tuple) else out), leaves
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }[impl]
+    with sdpa_kernel([backend]):
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return o, (q, k, v)
+
+
+def _bwd_variant(case: Case, device: int) -> str | None:
+    """The name of the backward kernel flashgen.torch runs for `case` on `device`."""
+    try:
+        from .. import torch as fg_torch
+
+        return fg_torch._bwd_plan(device, case.d, case.dtype, case.causal)[0].name
+    except Exception:  # the name is a label: never worth failing the row over
+        return None
+
+
+def bench_backward_case(
+    case: Case, peers: Iterable[str] | None = None, reps: int = REPS
+) -> list[Row]:
+    """Backward rows of one case: flashgen.torch's backward and each peer's (default
+    `available_bwd_peers()`), timed alone -- one forward on requires_grad inputs, then
+    `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` timed (median of CUDA events);
+    FLOPs 2.5 x the forward's. No rows for cases outside the backward's range (fp32, d > 128).
+    A backend that fails is a row with ms=None and its error; flashgen's row carries the max
+    |dQ, dK, dV - FA2's| when FA2 ran."""
+    if not backward_supported(case):
+        return []
+    torch = _torch()
+    q, k, v = (x.requires_grad_() for x in _inputs(case))
+    g = torch.Generator(device=q.device).manual_seed(1)
+    do = torch.randn(q.shape, device=q.device, dtype=q.dtype, generator=g)
+    rows: list[Row] = []
+    ref: tuple[Any, ...] | None = None
+    impls = [*(available_bwd_peers() if peers is None else peers), "flashgen"]
+    for impl in impls:
+        variant = _bwd_variant(case, q.get_device()) if impl == "flashgen" else None
+        o: Any = None
+        fn: Callable[[], Any] | None = None
+        try:
+            o, leaves = backward_forward(impl, q, k, v, case.causal)
+            grad_o = do.transpose(1, 2).contiguous() if impl == "fa4" else do
+
+            def fn(o: Any = o, leaves: Any = leaves, grad_o: Any = grad_o) -> Any:
+                return torch.autograd.grad(o, leaves, grad_o, retain_graph=True)
+
+            grads = fn()
+            if impl == "fa4":
+                grads = tuple(x.transpose(1, 2) for x in grads)
+            extra: dict[str, Any] = {}
+            if impl == "sdpa-flash":
+                ref = grads
+            elif impl == "flashgen" and ref is not None:
+                pairs = zip(grads, ref, strict=True)
+                extra["max_err_vs_flash"] = max(
+                    float((a.float() - b.float()).abs().max()) for a, b in pairs
+                )
+            del grads
+            ms = time_ms(fn, reps=reps)
+            rows.append(_row(impl, variant, case, ms, direction="bwd", **extra))
+        except Exception as exc:  # a backend this build lacks, or a shape it refuses
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(_row(impl, variant, case, None, direction="bwd", error=error))
+        finally:
+            del o, fn  # the graph and its saved tensors go before the next implementation
+    del q, k, v, do, ref
     return rows
 
 
@@ -323,6 +465,8 @@ def environment(commit: str | None = None) -> dict[str, Any]:
             "tokens": TOKENS, "model_dim": MODEL_DIM, "warmup": WARMUP, "reps": REPS,
             "statistic": "median of CUDA-event timings",
             "flops": "4*B*H*T*T*d, halved for causal",
+            "bwd": "autograd.grad(o, (q, k, v), do, retain_graph=True) after one forward",
+            "bwd_flops": "2.5 x the forward's",
         },
     }  # fmt: skip
     try:
@@ -357,11 +501,14 @@ def result_path(env: dict[str, Any], outdir: Path) -> Path:
     return outdir / f"{gpu}-{date}-{str(env.get('commit', 'unknown'))[:10]}.json"
 
 
-def best_rows(rows: list[Row]) -> dict[tuple[str, int, bool, int, str], Row]:
-    """For each (dtype, d, causal, T, impl): the fastest row (flashgen: best variant)."""
+def best_rows(
+    rows: list[Row], direction: str = "fwd"
+) -> dict[tuple[str, int, bool, int, str], Row]:
+    """For each (dtype, d, causal, T, impl): the fastest row (flashgen: best variant), among
+    the rows of one `direction` ("fwd" or "bwd"); feature rows are left out."""
     best: dict[tuple[str, int, bool, int, str], Row] = {}
     for r in rows:
-        if r.tflops is None or r.feature is not None:
+        if r.tflops is None or r.feature is not None or r.direction != direction:
             continue
         key = (r.dtype, r.d, r.causal, r.t, r.impl)
         if key not in best or r.tflops > (best[key].tflops or 0):
@@ -369,9 +516,10 @@ def best_rows(rows: list[Row]) -> dict[tuple[str, int, bool, int, str], Row]:
     return best
 
 
-def summary_table(rows: list[Row]) -> list[dict[str, Any]]:
-    """One line per case: flashgen's best TFLOP/s, each peer's, and the ratios."""
-    best = best_rows(rows)
+def summary_table(rows: list[Row], direction: str = "fwd") -> list[dict[str, Any]]:
+    """One line per case of one `direction`: flashgen's best TFLOP/s, each peer's (None where
+    not timed), and the ratios."""
+    best = best_rows(rows, direction)
     keys = sorted({k[:4] for k in best})
     out = []
     for key in keys:
@@ -393,28 +541,34 @@ def summary_table(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def plot(rows: list[Row], path: Path) -> None:
-    """PNG of TFLOP/s against T, one panel per (dtype, d, causal), one line per implementation."""
+    """PNG of TFLOP/s against T, one panel per (direction, dtype, d, causal): the forward's
+    panels, then the backward's (when there are backward rows); one line per implementation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    best = best_rows(rows)
-    panels = sorted({(k[0], k[1], k[2]) for k in best})
+    best = {direction: best_rows(rows, direction) for direction in DIRECTIONS}
+    panels = [
+        (direction, *key)
+        for direction in DIRECTIONS
+        for key in sorted({(k[0], k[1], k[2]) for k in best[direction]})
+    ]
     cols = 4
     nrows = max(1, math.ceil(len(panels) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
-    for ax, (dt, d, causal) in zip(axes.flat, panels, strict=False):
+    for ax, (direction, dt, d, causal) in zip(axes.flat, panels, strict=False):
         for impl in ("flashgen", *PEERS, *OPTIONAL_PEERS):
             pts = sorted(
                 (k[3], r.tflops)
-                for k, r in best.items()
+                for k, r in best[direction].items()
                 if k[:3] == (dt, d, causal) and k[4] == impl
             )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dt} d={d} {'causal' if causal else 'non-causal'}", fontsize=10)
+        mask = "causal" if causal else "non-causal"
+        ax.set_title(f"{direction} {dt} d={d} {mask}", fontsize=10)
         ax.set_xlabel("T")
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
