@@ -26,6 +26,12 @@ SPECS = (
     KernelSpec(family="mma", d=256, br=128, bc=32, dtype="bf16", causal=False, warps=8, stages=2),
     KernelSpec(family="mma", d=32, br=128, bc=128, dtype="fp16", causal=True, warps=4, stages=1),
     KernelSpec(family="mma", d=96, br=128, bc=128, dtype="fp16", causal=False, warps=8, stages=1),
+    # wgmma: three consumers (br 192), two (br 128) with bc 176, d 256; run it with
+    # FLASHGEN_SM_LIMIT=2 too, so problems of more tiles take the persistent grid (a block
+    # walks several tiles: the Q reload and the q_empty barrier)
+    KernelSpec(family="wgmma", d=64, br=192, bc=128, dtype="bf16", causal=True, stages=2),
+    KernelSpec(family="wgmma", d=128, br=128, bc=176, dtype="fp16", causal=False, stages=2),
+    KernelSpec(family="wgmma", d=256, dtype="bf16", causal=True),
 )
 SHAPES = ((1, 2, 70, 133), (2, 1, 133, 70), (1, 1, 1, 257), (1, 1, 200, 3))
 # `--features`: one variant per feature and family (shipped), and odd head dims generated on
