@@ -19,21 +19,27 @@ class Wgmma:
     `a_regs`: A comes from four 32-bit registers per thread (the m16n8k16 A-fragment layout,
     one 16-row slice per warp); otherwise A comes from a shared-memory descriptor too.
     `trans_b`: B is stored N-major (V in O += P V: keys are rows, d is contiguous).
+    `trans_a`: A (from shared memory) is stored M-major (the backward's dS in dQ = dS K: keys
+    are rows, queries contiguous).
     """
 
     n: int
     a_regs: bool
     trans_b: bool
     mma_type: str  # bf16 or f16
+    trans_a: bool = False
 
     @property
     def fn(self) -> str:
         """The C++ function name."""
         a_src = "rs" if self.a_regs else "ss"
-        return f"wgmma_m64n{self.n}k16_{a_src}{'_tb' if self.trans_b else ''}"
+        ta = "_ta" if self.trans_a else ""
+        return f"wgmma_m64n{self.n}k16_{a_src}{ta}{'_tb' if self.trans_b else ''}"
 
     def source(self) -> str:
         """The C++ definition: a forceinline device function around one asm statement."""
+        if self.trans_a and self.a_regs:
+            raise ValueError("trans_a applies to A in shared memory only")
         acc = self.n // 2
         outs = ", ".join(f'"+f"(d[{i}])' for i in range(acc))
         regs = ", ".join(f"%{i}" for i in range(acc))
@@ -47,7 +53,8 @@ class Wgmma:
         else:
             a_ops = f"%{acc}"
             b_op, p_op = f"%{acc + 1}", f"%{acc + 2}"
-            tail = f"p, 1, 1, 0, {tb}"  # ... imm-trans-a, imm-trans-b
+            ta = 1 if self.trans_a else 0
+            tail = f"p, 1, 1, {ta}, {tb}"  # ... imm-trans-a, imm-trans-b
             ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
             a_param = "uint64_t desc_a"
         shape = f"m64n{self.n}k16.f32.{self.mma_type}.{self.mma_type}"
