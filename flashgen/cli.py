@@ -303,7 +303,8 @@ def spec_options(fn: F) -> F:
         once(
             "--direction",
             type=click.Choice(list(DIRECTIONS)),
-            help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma).",
+            help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma, or wgmma: "
+            "not yet GPU-proven).",
         ),
     ]
     for option in reversed(options):

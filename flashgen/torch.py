@@ -21,6 +21,10 @@ Gradients: the op is differentiable (fp16/bf16, no features) through the custom 
 `torch.ops.flashgen.attention_backward` (family mma's backward kernels, O and LSE saved).
 `deterministic=True` picks the backward variant without floating-point atomics, whose dQ, dK
 and dV are bit-identical run to run; the default is the faster one with fp32 atomics in dQ.
+With FLASHGEN_WGMMA_BWD=1 in the environment, a call on an sm_90 GPU that fits family wgmma's
+backward (d 64 or 128, fp16/bf16, not deterministic, TMA-loadable strides) takes that one
+instead (Hopper: TMA + wgmma; not yet proven on a GPU, so never by default). The choice is
+made on a signature's first backward call; `clear_cache()` forgets it.
 
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
@@ -29,6 +33,7 @@ LSE is float32 (B, H, Tq), natural log.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -311,19 +316,40 @@ BWD_SCHEMA = (
 _LIB.define(BWD_SCHEMA)
 BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for in registers
 
-# (device, d, dtype, causal, deterministic) -> the backward plan
+# "1": family wgmma's backward on sm_90 GPUs where the call fits it (opt-in: not GPU-proven)
+WGMMA_BWD_ENV = "FLASHGEN_WGMMA_BWD"
+WGMMA_BWD_ARCH = "sm_90"  # the GPUs it runs on (compiled for sm_90a)
+
+# (device, d, dtype, causal, deterministic, family) -> the backward plan
 _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
+def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[Any, ...]) -> str:
+    """The backward's family for a call: "wgmma" only when FLASHGEN_WGMMA_BWD=1, the GPU is
+    sm_90 and the call fits the wgmma backward's rules (d 64/128, fp16/bf16, dv = d, not
+    deterministic, every stride of an axis longer than 1 non-zero: the TMA steps them);
+    else "mma" (the backward has no features at all: the op refuses them before)."""
+    from .generator.wgmma_bwd import HEAD_DIMS
+
+    if os.environ.get(WGMMA_BWD_ENV) != "1" or deterministic:
+        return "mma"
+    fits = (
+        problem.d in HEAD_DIMS and problem.value_dim == problem.d
+        and problem.dtype in ("fp16", "bf16")
+        and all(s != 0 or n == 1 for t in tensors for n, s in zip(t.shape, t.stride(), strict=True))
+    )  # fmt: skip
+    return "wgmma" if fits and _device_arch(dev) == WGMMA_BWD_ARCH else "mma"
+
+
 def _bwd_plan(
-    dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False
+    dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False, family: str = "mma"
 ) -> tuple[KernelSpec, launch.LaunchPlan]:
-    key = (dev, d, dtype, causal, deterministic)
+    key = (dev, d, dtype, causal, deterministic, family)
     hit = _bwd_plans.get(key)
     if hit is None:
         feats = ("deterministic",) if deterministic else ()
         spec = KernelSpec(
-            family="mma", d=d, dtype=dtype, causal=causal, direction="bwd", features=feats
+            family=family, d=d, dtype=dtype, causal=causal, direction="bwd", features=feats
         )
         arch = _device_arch(dev)
         with runtime.for_device_arch(arch):
@@ -343,7 +369,8 @@ def _run_backward(
     from .generator import backward
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # dO arrives in whatever layout autograd made; the kernels want O's kind of strides
+    # dO arrives in whatever layout autograd made; the kernels want O's kind of strides (and
+    # the wgmma backward's TMA positive strides: an expanded dO, stride 0, is copied too)
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     tensors = (q, k, v, o, lse, do)
     det = bool(deterministic)
@@ -355,7 +382,8 @@ def _run_backward(
     if hit is None:  # first call of this signature: validate everything, then reuse
         problem = check_layout(q, k, v)
         dev = int(q.get_device())
-        spec, plan = _bwd_plan(dev, problem.d, problem.dtype, bool(causal), det)
+        family = _bwd_family(dev, problem, det, (q, k, v, o, do))
+        spec, plan = _bwd_plan(dev, problem.d, problem.dtype, bool(causal), det, family)
         bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
         value = check_scale(scale, problem.d)
         hit = (backward.Prepared(plan, spec, bp, value * LOG2E), dev)
@@ -537,7 +565,10 @@ def attention(
 
 
 def clear_cache() -> None:
-    """Forget every validated signature and selection (the loaded kernels stay cached)."""
+    """Forget every validated signature and selection, forward and backward (the loaded
+    kernels stay cached)."""
     with _entries_lock:
         _entries.clear()
         _plans.clear()
+        _bwd_entries.clear()
+        _bwd_plans.clear()

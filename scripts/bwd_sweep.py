@@ -29,9 +29,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def use_variant(spec: KernelSpec) -> None:
-    """Make flashgen.torch's backward run `spec` (its caches are cleared)."""
+    """Make flashgen.torch's backward run `spec`, of either family (its caches are cleared)."""
 
-    def plan(dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False) -> Any:
+    def plan(
+        dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False,
+        family: str = "mma",
+    ) -> Any:  # fmt: skip
         with runtime.for_device_arch(fgt._device_arch(dev)):
             karch = runtime.kernel_arch(spec)
         hit = launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, dev)

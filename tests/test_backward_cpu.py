@@ -59,10 +59,6 @@ def backward_tile() -> tuple[int, int]:
             "direction='bwd': family simt has no backward kernel yet; use --family mma",
         ),
         (
-            {"family": "wgmma"},
-            "direction='bwd': family wgmma has no backward kernel yet; use --family mma",
-        ),
-        (
             {"family": "mma", "features": ("window",)},
             "features=('window',): the backward pass supports no features but 'deterministic'",
         ),

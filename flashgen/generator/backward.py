@@ -30,12 +30,20 @@ five GEMMs per tile pair), which is the price of the fixed order.
 All three take one argument list (templates/mma_bwd.cu.j2 documents it; `ABI_FORMAT` here):
 pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long long strides
 in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group.
+
+**Family wgmma** (`wgmma_bwd.py` has its rules; not yet proven on a GPU) launches the same
+three kernels with the same grids and argument list, each preceded by by-value arguments a
+registered builder supplies (`register_prefix_args`; `BWD_PREFIX_PROVIDERS` names the module
+that registers it): tma.py's four tensor maps tm_q, tm_k, tm_v, tm_do. `Prepared` builds them
+on a call's pointers and again only when q, k, v or dO move.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -388,10 +396,46 @@ def _functions(plan: LaunchPlan, spec: KernelSpec) -> tuple[int, int, int]:
 _function_cache: dict[tuple[Any, str, int], tuple[int, int, int]] = {}
 
 
+# ---- leading by-value arguments (family wgmma: the TMA tensor maps) ------------------------
+# A builder gets the spec, the problem and the eleven pointers (POINTERS order) and returns
+# ctypes objects, one kernelParams entry each, ahead of the ABI's arguments.
+BwdPrefixArgs = Callable[["KernelSpec", BackwardProblem, tuple[int, ...]], Sequence[Any]]
+# family -> module whose import registers that family's backward prefix builder
+BWD_PREFIX_PROVIDERS: dict[str, str] = {"wgmma": "flashgen.generator.tma"}
+_prefix_builders: dict[str, tuple[BwdPrefixArgs, tuple[int, ...]]] = {}
+
+
+def register_prefix_args(
+    family: str, builder: BwdPrefixArgs, uses: Sequence[str] = POINTERS
+) -> None:
+    """Make `builder(spec, problem, pointers)` supply the leading by-value arguments of
+    `family`'s backward kernels; it is called again only when a pointer it `uses` changes."""
+    bad = [u for u in uses if u not in POINTERS]
+    if bad or not uses:
+        raise ValueError(f"uses={tuple(uses)!r}: name some of {', '.join(POINTERS)}")
+    _prefix_builders[family] = (builder, tuple(POINTERS.index(u) for u in uses))
+
+
+def prefix_builder(family: str) -> tuple[BwdPrefixArgs, tuple[int, ...]] | None:
+    """(builder, indices of the pointers it uses) of the family's backward, or None (mma)."""
+    if family not in _prefix_builders and family in BWD_PREFIX_PROVIDERS:
+        importlib.import_module(BWD_PREFIX_PROVIDERS[family])
+        if family not in _prefix_builders:
+            raise RuntimeError(
+                f"family {family}: its backward kernels take leading arguments, but "
+                f"{BWD_PREFIX_PROVIDERS[family]} registered no builder; call "
+                "backward.register_prefix_args there"
+            )
+    return _prefix_builders.get(family)
+
+
 def kernel_params(
-    problem: BackwardProblem, pointers: tuple[int, ...], scale_log2: float
-) -> tuple[Any, list[Any]]:
-    """The kernelParams array of the three kernels (and the ctypes objects it points at)."""
+    problem: BackwardProblem, pointers: tuple[int, ...], scale_log2: float,
+    prefix: Sequence[Any] = (),
+) -> tuple[Any, list[Any]]:  # fmt: skip
+    """The kernelParams array of the three kernels (and the ctypes objects of the ABI's
+    arguments it points at): the `prefix` objects' addresses first (the caller keeps them
+    alive), then the ABI's arguments."""
     c = ctypes
     f = problem.fwd
     args: list[Any] = [c.c_void_p(p) for p in pointers]
@@ -399,7 +443,8 @@ def kernel_params(
     args += [c.c_longlong(s) for s in problem.kernel_strides()]
     args += [c.c_float(scale_log2), c.c_int(f.kv_group)]
     assert len(args) == len(ABI_FORMAT)
-    params = (c.c_void_p * len(args))(*[c.addressof(a) for a in args])
+    addrs = [c.addressof(a) for a in (*prefix, *args)]
+    params = (c.c_void_p * len(addrs))(*addrs)
     return params, args
 
 
@@ -409,7 +454,9 @@ class Prepared:
     the only thing a call writes (the forward's `launch.Bound`, for the three kernels).
 
     Built once per signature (validation happens before, on the first call's arrays); a later
-    call with the same shapes, strides and pointer alignment only sets the pointers.
+    call with the same shapes, strides and pointer alignment only sets the pointers. A family
+    with leading arguments (wgmma: tensor maps of q, k, v and dO) rebuilds them when a
+    pointer they depend on changes, and only then.
     """
 
     def __init__(
@@ -422,11 +469,29 @@ class Prepared:
             zip(kernel_names(spec), _functions(plan, spec), problem.grids(spec), smems(spec),
                 strict=True)
         )  # fmt: skip
+        self.problem = problem
         self._params, self._args = kernel_params(problem, (0,) * N_POINTERS, scale_log2)
         self._ptrs = self._args[: N_POINTERS]  # the c_void_p objects params points at
+        self._prefix = prefix_builder(spec.family)
+        self._prefix_keep: Sequence[Any] = ()  # the objects the prefix entries point at
+        self._last_key: tuple[int, ...] | None = None
         self._drv = _launch.driver()
         self._cur = ctypes.c_void_p()
         self._lock = threading.Lock()
+
+    def _set_prefix(self, pointers: tuple[int, ...], key: tuple[int, ...]) -> None:
+        assert self._prefix is not None
+        blobs = list(self._prefix[0](self.spec, self.problem, pointers))
+        addrs = [ctypes.addressof(b) for b in blobs]
+        n = len(ABI_FORMAT)
+        if len(self._params) == len(addrs) + n:
+            for i, a in enumerate(addrs):
+                self._params[i] = a
+        else:
+            common = list(self._params)[len(self._params) - n :]
+            self._params = (ctypes.c_void_p * (len(addrs) + n))(*addrs, *common)
+        self._prefix_keep = blobs
+        self._last_key = key
 
     def __call__(self, pointers: tuple[int, ...], stream_handle: int) -> None:
         """Launch the kernels in order on the stream (a CUstream; 0: the legacy default)."""
@@ -434,6 +499,10 @@ class Prepared:
         with self._lock:  # the pointer slots are shared: set them and launch as one step
             for slot, ptr in zip(self._ptrs, pointers, strict=True):
                 slot.value = int(ptr or 0)
+            if self._prefix is not None:
+                key = tuple(int(pointers[i] or 0) for i in self._prefix[1])
+                if key != self._last_key:
+                    self._set_prefix(tuple(int(p or 0) for p in pointers), key)
             drv.cuCtxGetCurrent(ctypes.byref(self._cur))
             pushed = self._cur.value != self.plan.context
             if pushed:

@@ -310,6 +310,13 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     for s in specs:
+        if s.direction == "bwd" and s.family not in BWD_FAMILIES and s.fam.bwd_template:
+            raise BundleError(
+                f"{s.name}: {s.family} backward variants are not bundled yet (their kernels "
+                "take TMA tensor maps the bundle's backward launcher does not build, and they "
+                "are not yet proven on a GPU); bundle the family mma backward variant "
+                f"(flash_bwd_mma_..., --family mma) for d={s.d} {s.dtype}"
+            )
         if s.direction == "bwd" and s.family not in BWD_FAMILIES:
             raise BundleError(
                 f"{s.name}: bundles launch the backward kernels of family "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import backward
+from . import backward, wgmma_bwd
 from .arch import ARCHS
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ class Family:
     # keeps smem at 64 KiB (d=64, two Q/dO stages) / 77.5 KiB (d=128, one): two blocks per sm_80 SM
     bwd_template: str = ""
     bwd_tile: tuple[int, int] = (64, 64)
+    # the feature tokens its backward supports (the rest are refused for direction "bwd")
+    bwd_features: frozenset[str] = frozenset()
 
     def d_pad(self, spec: KernelSpec) -> int:
         """The head dim the math runs at: d rounded up to the family's MMA granularity (the
@@ -395,10 +397,16 @@ WGMMA_SMEM_ALIGN = 1024
 
 @dataclass(frozen=True)
 class WgmmaFamily(Family):
-    """FlashAttention-3 on Hopper: TMA + mbarrier ring, a producer warpgroup, 64-row consumers."""
+    """FlashAttention-3 on Hopper: TMA + mbarrier ring, a producer warpgroup, 64-row consumers.
+
+    A backward spec (direction "bwd") takes its rules and sizes from `wgmma_bwd.py` (not yet
+    proven on a GPU: opt-in only).
+    """
 
     def consumers(self, spec: KernelSpec) -> int:
-        """Consumer warpgroups: one per 64 query rows."""
+        """Consumer warpgroups: one per 64 query rows (backward: one per 64 keys)."""
+        if spec.direction == "bwd":
+            return wgmma_bwd.consumers(spec)
         return max(1, spec.br // 64)
 
     def default_warps(self, spec: KernelSpec) -> int:
@@ -433,6 +441,8 @@ class WgmmaFamily(Family):
         return self.dv_pad(spec) // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
 
     def smem_bytes(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return wgmma_bwd.smem_bytes(spec)
         dp, dvp = self.d_pad(spec), self.dv_pad(spec)
         tiles = spec.dtype_info.itemsize * (
             dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
@@ -453,6 +463,8 @@ class WgmmaFamily(Family):
         return (tiles, 1, 1)
 
     def check(self, spec: KernelSpec) -> list[str]:
+        if spec.direction == "bwd":
+            return wgmma_bwd.check(self, spec)
         p = self.tensor_core_rule(spec)
         if spec.d % 8 or not 8 <= spec.d <= 256:
             p.append(
@@ -502,6 +514,8 @@ class WgmmaFamily(Family):
         return p
 
     def context(self, spec: KernelSpec) -> dict[str, Any]:
+        if spec.direction == "bwd":
+            return wgmma_bwd.context(self, spec)
         from .wgmma_ptx import Wgmma, wrappers
 
         mma_type = "bf16" if spec.dtype == "bf16" else "f16"
@@ -542,6 +556,7 @@ FAMILIES: dict[str, Family] = {
         name="mma",
         template="mma.cu.j2",
         bwd_template="mma_bwd.cu.j2",
+        bwd_features=frozenset({"deterministic"}),
         archs=("sm_80", "sm_90"),
         knobs=(("warps", "w"), ("stages", "s")),
         features=frozenset({"window", "softcap", "alibi", "gqapack", "deterministic"}),
@@ -562,6 +577,10 @@ FAMILIES: dict[str, Family] = {
     "wgmma": WgmmaFamily(
         name="wgmma",
         template="wgmma.cu.j2",
+        # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
+        # no features yet, not in any shipped space (wgmma_bwd.py)
+        bwd_template="wgmma_bwd.cu.j2",
+        bwd_tile=wgmma_bwd.DEFAULT_TILE,
         archs=("sm_90a",),
         knobs=(("stages", "s"),),
         shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),

@@ -302,7 +302,8 @@ def plan(
         hit = _plans.get(key)
         if hit is not None:
             return hit
-        prefix = prefix_builder(spec.family)
+        # a backward variant's leading arguments are backward.py's (its Prepared builds them)
+        prefix = prefix_builder(spec.family) if spec.direction == "fwd" else None
         binary = cubin() if callable(cubin) else cubin
         drv = driver()
         try:

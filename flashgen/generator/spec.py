@@ -26,10 +26,12 @@ class KernelSpec:
     """A kernel configuration: every size a compile-time constant of the generated source.
 
     `direction` is the pass the kernel computes: `fwd`, or `bwd` (dQ, dK, dV from Q, K, V, O,
-    dO and the forward's LSE; family mma only, see `Family.bwd_template`). This first backward
-    refuses features but `deterministic` (dQ without atomics: bit-identical gradients) and
-    dv != d (`_check_backward`); its `br` is the query tile and `bc` the
-    key tile of one block (`backward.py` has its rules and defaults).
+    dO and the forward's LSE; families mma and wgmma, see `Family.bwd_template`; wgmma's is not
+    yet GPU-proven, so opt-in only). This first backward refuses dv != d and features its
+    family's backward lacks (`Family.bwd_features`: mma's `deterministic`, dQ without atomics:
+    bit-identical gradients; wgmma's none) (`_check_backward`); its `br` is the query tile and
+    `bc` the key tile of one block (`backward.py` and `wgmma_bwd.py` have the rules and
+    defaults).
     `br`, `bc` = 0 and `dtype` = "" mean the family's defaults (`Family.default_tile`,
     `Family.default_dtype`: simt 32x32 fp32, mma 128x64 bf16, wgmma 128x128 bf16), so
     `KernelSpec(family="mma", d=128)` is a valid mma kernel.
@@ -98,7 +100,12 @@ class KernelSpec:
                 f"direction={self.direction!r}: unknown direction; choose one of "
                 f"{', '.join(DIRECTIONS)}"
             )
-        problems += _check_features(self.features, fam.name, fam.features)
+        # a family's backward judges features by its own list (`_check_backward`): here only
+        # that each token is a known one, named once
+        bwd = self.direction == "bwd" and bool(fam.bwd_template)
+        problems += _check_features(
+            self.features, fam.name, frozenset(FEATURES) if bwd else fam.features
+        )
         if self.direction == "bwd":
             problems += _check_backward(self, fam)
         elif isinstance(self.features, (tuple, list)) and any(
@@ -313,23 +320,32 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
 
 
 def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
-    """What the first backward version refuses: families without a backward template,
-    features other than `deterministic`, and a value head dim of its own."""
+    """What the backward refuses: families without a backward template, features their
+    backward lacks (`Family.bwd_features`), and a value head dim of its own."""
     if not fam.bwd_template:
-        with_bwd = [f"--family {f.name}" for f in _families() if f.bwd_template]
+        from .space import BWD_AXES  # the families whose backward ships (proven on a GPU)
+
+        with_bwd = [f"--family {f}" for f in BWD_AXES]
         return [
             f"direction='bwd': family {fam.name} has no backward kernel yet; use "
             f"{' or '.join(with_bwd)} for the backward pass"
         ]
     problems = []
     if isinstance(spec.features, (tuple, list)) and any(
-        f not in BWD_ONLY_FEATURES for f in spec.features
+        f not in fam.bwd_features for f in spec.features
     ):
-        problems.append(
-            f"features={tuple(spec.features)!r}: the backward pass supports no features but "
-            "'deterministic' yet (window, softcap and ALiBi come later); drop them for "
-            "direction='bwd'"
-        )
+        if fam.bwd_features:
+            problems.append(
+                f"features={tuple(spec.features)!r}: the backward pass supports no features but "
+                f"{', '.join(repr(f) for f in sorted(fam.bwd_features))} yet (window, softcap "
+                "and ALiBi come later); drop them for direction='bwd'"
+            )
+        else:
+            problems.append(
+                f"features={tuple(spec.features)!r}: the {fam.name} backward supports no "
+                "features yet (window, softcap, alibi, gqapack, deterministic); drop them for "
+                "direction='bwd', or use --family mma (its backward serves deterministic)"
+            )
     if spec.dv != spec.d:
         problems.append(
             f"dv={spec.dv}: the backward pass needs v's head dim equal to d={spec.d} for now; "

@@ -10,6 +10,10 @@ everything they depend on, so a repeated call re-encodes nothing.
 The maps go ahead of the common arguments through launch.py's prefix-args hook (launch.py
 calls `cuLaunchKernel` with an array of pointers to each argument; PyCUDA's `prepared_call`
 cannot pass them: its packed parameter buffer gave "illegal instruction" on the H200).
+
+The `wgmma` backward's three kernels take four maps, tm_q, tm_k, tm_v, tm_do (Q and dO with
+boxes of BR rows, K and V of BC rows, over the K/V heads), ahead of the backward's C ABI
+(`backward_tensor_maps`, through backward.py's prefix-args hook); nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections import OrderedDict
 from functools import cache
 from typing import Any
 
+from . import backward
 from .launch import register_prefix_args
 from .spec import KernelSpec
 from .validate import Problem
@@ -134,3 +139,44 @@ def prefix_args(spec: KernelSpec, problem: Problem) -> list[Any]:
 
 
 register_prefix_args("wgmma", prefix_args, uses=("q", "k", "v"))
+
+
+_bwd_maps: OrderedDict[tuple[Any, ...], tuple[TensorMap, TensorMap, TensorMap, TensorMap]] = (
+    OrderedDict()
+)
+
+
+def backward_tensor_maps(
+    spec: KernelSpec, bp: backward.BackwardProblem, q: int, k: int, v: int, do: int
+) -> tuple[TensorMap, TensorMap, TensorMap, TensorMap]:
+    """Q, K, V and dO tensor maps of the `wgmma` backward (Q and dO boxes of BR rows, K and V
+    of BC rows, K and V over the K/V heads), from a small LRU cache keyed by all inputs."""
+    p = bp.fwd
+    key = (spec.dtype, spec.br, spec.bc, p.b, p.h, p.kv_heads, p.tq, p.tk, p.d, p.value_dim,
+           q, k, v, do, p.q_strides, p.k_strides, p.v_strides, bp.do_strides)  # fmt: skip
+    hit = _bwd_maps.get(key)
+    if hit is not None:
+        _bwd_maps.move_to_end(key)
+        return hit
+    maps = (
+        encode(q, spec.dtype, p.b, p.h, p.tq, p.d, p.q_strides, spec.br),
+        encode(k, spec.dtype, p.b, p.kv_heads, p.tk, p.d, p.k_strides, spec.bc),
+        encode(v, spec.dtype, p.b, p.kv_heads, p.tk, p.value_dim, p.v_strides, spec.bc),
+        encode(do, spec.dtype, p.b, p.h, p.tq, p.value_dim, bp.do_strides, spec.br),
+    )
+    _bwd_maps[key] = maps
+    if len(_bwd_maps) > _CACHE_SIZE:
+        _bwd_maps.popitem(last=False)
+    return maps
+
+
+def backward_prefix_args(
+    spec: KernelSpec, bp: backward.BackwardProblem, pointers: tuple[int, ...]
+) -> list[Any]:
+    """The `wgmma` backward kernels' leading arguments (backward.py's prefix-args hook):
+    tm_q, tm_k, tm_v, tm_do, from the call's pointers (backward.POINTERS order)."""
+    at = dict(zip(backward.POINTERS, pointers, strict=True))
+    return list(backward_tensor_maps(spec, bp, at["q"], at["k"], at["v"], at["do"]))
+
+
+backward.register_prefix_args("wgmma", backward_prefix_args, uses=("q", "k", "v", "do"))

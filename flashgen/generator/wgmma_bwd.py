@@ -1,0 +1,140 @@
+"""The backward pass (dQ, dK, dV) of family wgmma (Hopper, sm_90a): its variant rules and
+template values. NOT yet proven on a GPU: nothing selects it by default (flashgen.torch only
+with FLASHGEN_WGMMA_BWD=1 on an sm_90 GPU), no shipped space holds it, bundles refuse it.
+
+`families.WgmmaFamily` hands a spec with direction "bwd" here. A block owns BC keys of one K/V
+head (64 per consumer warpgroup, so `consumers` = bc/64) and walks every query tile of BR rows
+that sees them, for every query head of its GQA group; a producer warpgroup streams Q and dO
+tiles through a `stages`-deep TMA ring. The kernels (templates/wgmma_bwd.cu.j2) are the mma
+backward's three, `<name>_pre`, `<name>`, `<name>_post`, with the same grids and C ABI
+(backward.ABI_FORMAT), each preceded by four tensor maps (tm_q, tm_k, tm_v, tm_do: tma.py
+builds them, backward.Prepared passes them). No features yet, dv = d, and d a multiple of 64
+up to 128 (so d_pad = d).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backward import PRE_LANES_PER_ROW, kernel_names, pre_rows
+
+if TYPE_CHECKING:
+    from .families import WgmmaFamily
+    from .spec import KernelSpec
+
+# Keys a consumer warpgroup owns (the M of its m64nNk16 dK/dV accumulators).
+KEYS_PER_CONSUMER = 64
+# The values each knob may take, and the tile a backward spec gets when it names none.
+HEAD_DIMS = (64, 128)
+QUERY_TILES = (32, 64)  # br: query rows per step (the N of S^T = K Q^T)
+KEY_TILES = (64, 128)  # bc: keys per block
+STAGES = (1, 2, 3)  # depth of the Q/dO ring
+DEFAULT_TILE = (64, 128)  # (br, bc)
+# Registers a consumer thread needs beyond its dK and dV accumulators (d/2 each at 64 keys x d
+# per warpgroup): S^T/dP^T (br/2 each, fp32) and descriptors, indices, loop state. Coarse: the
+# compile test pins what ptxas really does.
+BWD_INDEX_REGS = 48
+# Bytes of the dynamic shared memory spent on aligning the base to a swizzle atom.
+SMEM_ALIGN = 1024
+# Columns of dQ = dS K one wgmma computes: one 64-column (128-byte) swizzled slab of K at a
+# time (the template's CHUNK), so a consumer holds 32 fp32 dQ accumulators beside dK and dV.
+DQ_COLS = 64
+
+
+def consumers(spec: KernelSpec) -> int:
+    """Consumer warpgroups: one per 64 keys of the block."""
+    return max(1, spec.bc // KEYS_PER_CONSUMER)
+
+
+def register_estimate(spec: KernelSpec) -> int:
+    """Registers per consumer thread: dK and dV (d/2 each), S^T and dP^T (br/2 each), plus
+    BWD_INDEX_REGS."""
+    return spec.d + spec.br + BWD_INDEX_REGS
+
+
+def smem_bytes(spec: KernelSpec) -> int:
+    """K and V of the block, a ring of `stages` Q and dO tiles, P^T and dS^T (bc x br each),
+    the alignment slack and the mbarriers (one for K/V, full and empty per stage for Q/dO and
+    for LSE/D)."""
+    item = spec.dtype_info.itemsize
+    d, br, bc, n = spec.d, spec.br, spec.bc, spec.stages
+    tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
+    return SMEM_ALIGN + tiles + 8 * (1 + 4 * n)
+
+
+def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
+    """Every broken rule of a backward wgmma spec as 'value: rule; fix' (its feature and dv
+    rules are spec.py's `_check_backward`, checked before)."""
+    p = fam.tensor_core_rule(spec)
+    if spec.d not in HEAD_DIMS:
+        p.append(
+            f"d={spec.d}: the wgmma backward takes d = 64 or 128 (64-column TMA slabs, dK and "
+            "dV in registers); try 128, or --family mma for other head dims"
+        )
+    if spec.br not in QUERY_TILES:
+        p.append(
+            f"br={spec.br}: the wgmma backward's query tile must be 32 or 64 (the N of "
+            f"S^T = K Q^T per step); try {DEFAULT_TILE[0]}"
+        )
+    if spec.bc not in KEY_TILES:
+        p.append(
+            f"bc={spec.bc}: the wgmma backward's key tile must be 64 or 128 (64 keys per "
+            f"consumer warpgroup); try {DEFAULT_TILE[1]}"
+        )
+    elif spec.warps != fam.default_warps(spec):
+        p.append(
+            f"warps={spec.warps}: the wgmma backward derives warps from bc (4 * (bc/64 + 1) = "
+            f"{fam.default_warps(spec)}: a producer warpgroup and bc/64 consumers); leave warps "
+            "unset"
+        )
+    if spec.stages not in STAGES:
+        p.append(
+            f"stages={spec.stages}: the wgmma backward's Q/dO ring depth must be 1, 2 or 3; try 2"
+        )
+    if not p:
+        budget = fam.register_split(spec)[1]
+        regs = register_estimate(spec)
+        if regs > budget:
+            p.append(
+                f"d={spec.d}, br={spec.br}: ~{regs} registers per consumer thread of the wgmma "
+                f"backward (d + br + {BWD_INDEX_REGS}) exceed the {budget} that "
+                f"{consumers(spec)} consumer warpgroups get; lower br"
+            )
+        p += fam.smem_rule(
+            spec,
+            "1024 + 2*(2*bc*d + 2*stages*br*d + 2*bc*br) + 8*(1 + 4*stages)",
+            "lower stages, br or bc",
+        )
+    return p
+
+
+def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
+    """The template values of templates/wgmma_bwd.cu.j2 (all derived here)."""
+    from .wgmma_ptx import Wgmma, wrappers
+
+    mt = "bf16" if spec.dtype == "bf16" else "f16"
+    n_cons = consumers(spec)
+    # S^T = K Q^T and dP^T = V dO^T: 64 keys x br per consumer, both operands in shared memory
+    sdp = Wgmma(n=spec.br, a_regs=False, trans_b=False, mma_type=mt)
+    # dV += P^T dO and dK += dS^T Q: 64 keys x d, A (P^T, dS^T) from registers, B N-major
+    dkv = Wgmma(n=spec.d, a_regs=True, trans_b=True, mma_type=mt)
+    # dQ = dS K: each consumer its 64 keys' partial, one 64-column slab of d at a time (the
+    # template's CHUNK: 32 accumulators, not d/2); dS^T in shared memory read M-major
+    dq = Wgmma(n=DQ_COLS, a_regs=False, trans_b=True, mma_type=mt, trans_a=True)
+    producer, consumer = fam.register_split(spec)
+    names = kernel_names(spec)
+    return {
+        "consumers": n_cons,
+        "stages": spec.stages,
+        "producer_regs": producer,
+        "consumer_regs": consumer,
+        "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+        "pre_name": names[0],
+        "last_name": names[2],
+        "pre_lanes": PRE_LANES_PER_ROW,
+        "pre_rows": pre_rows(spec),
+        "sdp_fn": sdp.fn,
+        "dkv_fn": dkv.fn,
+        "dq_fn": dq.fn,
+        "wgmma_wrappers": wrappers([sdp, dkv, dq]),
+    }

@@ -1,0 +1,460 @@
+"""Family wgmma's backward on a CPU: spec, name, rules, template values, the launch's
+kernelParams (four tensor maps ahead of the mma backward's ABI), the opt-in torch selection,
+and (once templates/wgmma_bwd.cu.j2 exists) rendering and nvcc for sm_90a."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import flashgen
+from flashgen.generator import backward, families, tma, wgmma_bwd
+from flashgen.generator.bundle import BundleError, bundle_files
+from flashgen.generator.render import context, template_name
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.generator.validate import Problem
+from flashgen.generator.wgmma_ptx import Wgmma, wrappers
+
+TEMPLATE = Path(flashgen.__file__).parent / "templates" / "wgmma_bwd.cu.j2"
+needs_template = pytest.mark.skipif(
+    not TEMPLATE.is_file(), reason="templates/wgmma_bwd.cu.j2 is not written yet"
+)
+
+NAME = "flash_bwd_wgmma_d128_br64_bc128_bf16_causal_s2"
+
+
+def bwd(**fields: Any) -> KernelSpec:
+    return KernelSpec(family="wgmma", direction="bwd", **fields)
+
+
+# ---- spec and name ----------------------------------------------------------------------------
+def test_a_wgmma_backward_spec_gets_its_defaults_and_name() -> None:
+    spec = bwd(d=128, causal=True)
+    assert spec.name == NAME
+    assert (spec.br, spec.bc, spec.stages, spec.dtype) == (64, 128, 2, "bf16")
+    assert (spec.warps, spec.threads) == (12, 384)  # a producer and two consumer warpgroups
+    assert template_name(spec) == "wgmma_bwd.cu.j2"
+    assert families.FAMILIES["wgmma"].min_blocks(spec) == 1
+    assert families.FAMILIES["wgmma"].d_pad(spec) == spec.d
+
+
+@pytest.mark.parametrize(
+    ("d", "br", "bc", "dtype", "causal", "stages"),
+    list(itertools.product((64, 128), (32, 64), (64, 128), ("fp16", "bf16"), (False, True),
+                           (1, 2, 3))),  # fmt: skip
+)
+def test_every_wgmma_backward_variant_round_trips_its_name(
+    d: int, br: int, bc: int, dtype: str, causal: bool, stages: int
+) -> None:
+    spec = bwd(d=d, br=br, bc=bc, dtype=dtype, causal=causal, stages=stages)
+    mask = "causal" if causal else "noncausal"
+    assert spec.name == f"flash_bwd_wgmma_d{d}_br{br}_bc{bc}_{dtype}_{mask}_s{stages}"
+    assert KernelSpec.from_name(spec.name) == spec
+    assert spec.warps == 4 * (1 + bc // 64) and spec.threads == 128 * (1 + bc // 64)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"d": 96}, "d=96: the wgmma backward takes d = 64 or 128"),
+        ({"d": 256}, "d=256: the wgmma backward takes d = 64 or 128"),
+        ({"dtype": "fp32"}, "dtype=fp32: family wgmma needs a tensor-core dtype; use fp16 or bf16"),
+        ({"dv": 64}, "dv=64: the backward pass needs v's head dim equal to d=128"),
+        ({"br": 128}, "br=128: the wgmma backward's query tile must be 32 or 64"),
+        ({"br": 16}, "br=16: the wgmma backward's query tile must be 32 or 64"),
+        ({"bc": 192}, "bc=192: the wgmma backward's key tile must be 64 or 128"),
+        ({"bc": 32}, "bc=32: the wgmma backward's key tile must be 64 or 128"),
+        ({"stages": 4}, "stages=4: the wgmma backward's Q/dO ring depth must be 1, 2 or 3"),
+        ({"warps": 8}, "warps=8: the wgmma backward derives warps from bc (4 * (bc/64 + 1) = 12"),
+    ]
+    + [
+        (
+            {"features": (f,)},
+            f"features=('{f}',): the wgmma backward supports no features yet (window, softcap, "
+            "alibi, gqapack, deterministic); drop them for direction='bwd', or use --family mma "
+            "(its backward serves deterministic)",
+        )
+        for f in ("window", "softcap", "alibi", "gqapack", "deterministic")
+    ],
+)
+def test_wgmma_backward_refusals_are_one_line_naming_value_rule_and_fix(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        bwd(d=fields.pop("d", 128), **fields)
+    assert len(info.value.problems) == 1, info.value.problems
+    assert message in info.value.problems[0], info.value.problems
+
+
+def test_the_register_rule_refuses_past_the_consumer_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # d + br + 48 per consumer thread: d=128 br=64 is 240, exactly two consumers' budget
+    assert wgmma_bwd.register_estimate(bwd(d=128)) == 240 == families.WGMMA_REGS[2][1]
+    monkeypatch.setitem(families.WGMMA_REGS, 2, (24, 200))
+    with pytest.raises(SpecError) as info:
+        bwd(d=128)
+    assert info.value.problems == [
+        "d=128, br=64: ~240 registers per consumer thread of the wgmma backward (d + br + 48) "
+        "exceed the 200 that 2 consumer warpgroups get; lower br"
+    ]
+    assert bwd(d=64).d == 64  # 176 fits
+    assert bwd(d=128, bc=64).bc == 64  # one consumer: its own budget (240)
+
+def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(families.WgmmaFamily, "smem_limit", lambda self: 150_000)
+    with pytest.raises(SpecError) as info:
+        bwd(d=128)
+    [line] = info.value.problems
+    assert line.startswith("smem=164936 B: exceeds the 150000 B per block of sm_90a")
+    assert line.endswith("lower stages, br or bc")
+    assert bwd(d=128, stages=1).smem_bytes < 150_000
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # 1024 + 2*bc*d*2 + 2*stages*br*d*2 + 2*bc*br*2 + 8*(1 + 4*stages)
+        ({"d": 128}, 1024 + 65536 + 65536 + 32768 + 72),
+        ({"d": 64, "bc": 64, "br": 32, "stages": 1}, 1024 + 16384 + 8192 + 8192 + 40),
+        ({"d": 128, "stages": 3}, 1024 + 65536 + 98304 + 32768 + 104),
+    ],
+)
+def test_the_shared_memory_formula(fields: dict[str, Any], expected: int) -> None:
+    spec = bwd(**fields)
+    assert spec.smem_bytes == expected
+    assert backward.smems(spec) == (0, expected, 0)
+
+
+def test_the_largest_wgmma_backward_fits_an_sm_90a_block() -> None:
+    big = bwd(d=128, br=64, bc=128, stages=3)
+    assert big.smem_bytes <= families.FAMILIES["wgmma"].smem_limit()
+
+
+def test_no_wgmma_backward_variant_ships_and_bundles_refuse_them() -> None:
+    assert shipped("wgmma", direction="bwd") == []
+    assert all(s.family == "mma" for s in shipped(direction="bwd"))
+    spec = bwd(d=64)
+    with pytest.raises(BundleError, match=r"wgmma backward variants are not bundled yet"):
+        bundle_files([spec])
+
+
+def test_families_without_a_backward_point_at_the_shipped_one() -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family="simt", direction="bwd")
+    assert info.value.problems == [
+        "direction='bwd': family simt has no backward kernel yet; use --family mma for the "
+        "backward pass"
+    ]
+
+
+def test_the_forward_wgmma_rules_are_unchanged_by_the_backward() -> None:
+    fwd = KernelSpec(family="wgmma", d=128)
+    assert fwd.name == "flash_fwd_wgmma_d128_br128_bc128_bf16_noncausal_s2"
+    assert families.FAMILIES["wgmma"].consumers(fwd) == 2
+    with pytest.raises(SpecError, match=r"stages=1: K/V ring depth must be 2, 3 or 4"):
+        KernelSpec(family="wgmma", d=128, stages=1)
+
+
+# ---- template values --------------------------------------------------------------------------
+def test_the_context_for_d128_br64_bc128() -> None:
+    spec = KernelSpec.from_name(NAME)
+    ctx = context(spec)
+    sdp = Wgmma(n=64, a_regs=False, trans_b=False, mma_type="bf16")
+    dkv = Wgmma(n=128, a_regs=True, trans_b=True, mma_type="bf16")
+    dq = Wgmma(n=64, a_regs=False, trans_b=True, mma_type="bf16", trans_a=True)
+    assert {k: ctx[k] for k in (
+        "consumers", "stages", "producer_regs", "consumer_regs", "pack_type", "pre_name",
+        "last_name", "pre_lanes", "pre_rows", "sdp_fn", "dkv_fn", "dq_fn", "wgmma_wrappers",
+    )} == {
+        "consumers": 2, "stages": 2, "producer_regs": 24, "consumer_regs": 240,
+        "pack_type": "bf16x2", "pre_name": f"{NAME}_pre", "last_name": f"{NAME}_post",
+        "pre_lanes": backward.PRE_LANES_PER_ROW, "pre_rows": 384 // backward.PRE_LANES_PER_ROW,
+        "sdp_fn": sdp.fn, "dkv_fn": dkv.fn, "dq_fn": dq.fn,
+        "wgmma_wrappers": wrappers([sdp, dkv, dq]),
+    }  # fmt: skip
+    assert (ctx["d_pad"], ctx["dv_pad"], ctx["threads"], ctx["warps"]) == (128, 128, 384, 12)
+    assert (ctx["smem_bytes"], ctx["min_blocks"], ctx["ctype"]) == (164936, 1, "__nv_bfloat16")
+    assert ctx["dq_fn"].endswith("_ta_tb")
+
+
+def test_one_consumer_takes_dq_whole_and_fp16_uses_f16_wrappers() -> None:
+    ctx = context(bwd(d=64, bc=64, br=32, dtype="fp16"))
+    assert (ctx["consumers"], ctx["producer_regs"], ctx["consumer_regs"]) == (1, 56, 240)
+    assert ctx["pack_type"] == "f16x2"
+    assert ctx["sdp_fn"] == Wgmma(n=32, a_regs=False, trans_b=False, mma_type="f16").fn
+    assert ctx["dq_fn"] == Wgmma(64, False, True, "f16", trans_a=True).fn  # a 64-column slab
+    two = context(bwd(d=64))  # two consumers: still 64 columns of dQ a wgmma (not d/2)
+    assert two["dq_fn"] == Wgmma(64, False, True, "bf16", trans_a=True).fn
+    assert ".f32.f16.f16" in ctx["wgmma_wrappers"] and "bf16" not in ctx["wgmma_wrappers"]
+    assert ctx["pre_rows"] == 256 // backward.PRE_LANES_PER_ROW
+
+
+# ---- launch: grids and kernelParams -----------------------------------------------------------
+def _problem(spec: KernelSpec) -> backward.BackwardProblem:
+    d = spec.d
+    fwd = Problem(2, 4, 100, 130, d, spec.dtype, (400 * d, 100 * d, d), (260 * d, 130 * d, d),
+                  (260 * d, 130 * d, d), (400 * d, 100 * d, d), h_kv=2)  # fmt: skip
+    s = fwd.q_strides
+    return backward.BackwardProblem(fwd, s, s, fwd.k_strides, fwd.v_strides, 0, 0, 0, 0)
+
+
+def test_the_grids_are_the_mma_backwards() -> None:
+    spec = KernelSpec.from_name(NAME)
+    bp = _problem(spec)
+    rows = -(-100 // (384 // backward.PRE_LANES_PER_ROW))
+    assert bp.grids(spec) == ((rows, 4, 2), (-(-130 // 128), 2, 2), (rows, 4, 2))
+
+
+class _Driver:
+    """Records each cuLaunchKernel: the function, grid, block, smem and the params' addresses."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, tuple[int, int, int], int, int, list[int]]] = []
+
+    def cuCtxGetCurrent(self, ref: Any) -> int:
+        ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p))[0] = 7
+        return 0
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
+        addrs = [int(a) for a in params]
+        self.calls.append((f, (gx, gy, gz), bx, smem, addrs))
+        return 0
+
+
+@pytest.fixture
+def fake_launch(monkeypatch: pytest.MonkeyPatch) -> tuple[_Driver, list[tuple[Any, ...]]]:
+    from flashgen.generator import launch
+
+    drv = _Driver()
+    encoded: list[tuple[Any, ...]] = []
+
+    def encode(ptr, dtype, b, h, t, d, strides, rows):
+        encoded.append((ptr, dtype, b, h, t, d, strides, rows))
+        m = tma.TensorMap()
+        m.opaque[0], m.opaque[1], m.opaque[2] = ptr, rows, len(encoded)
+        return m
+
+    monkeypatch.setattr(launch, "driver", lambda: drv)
+    monkeypatch.setattr(tma, "encode", encode)
+    monkeypatch.setattr(tma, "_bwd_maps", tma.OrderedDict())
+    return drv, encoded
+
+
+def test_kernel_params_put_four_tensor_maps_ahead_of_the_mma_abi(
+    monkeypatch: pytest.MonkeyPatch, fake_launch: tuple[_Driver, list[tuple[Any, ...]]]
+) -> None:
+    drv, encoded = fake_launch
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (201, 202, 203))
+    spec = KernelSpec.from_name(NAME)
+    bp = _problem(spec)
+    prepared = backward.Prepared(SimpleNamespace(context=7), spec, bp, 0.25)
+    ptrs = tuple(range(0x1000, 0x1000 + 0x100 * 11, 0x100))  # q k v o do lse d dqa dq dk dv
+    prepared(ptrs, 0)
+    assert [c[0] for c in drv.calls] == [201, 202, 203]
+    assert [c[1] for c in drv.calls] == list(bp.grids(spec))
+    assert {c[2] for c in drv.calls} == {384}
+    assert [c[3] for c in drv.calls] == [0, spec.smem_bytes, 0]
+    f = bp.fwd
+    # tm_q, tm_k, tm_v, tm_do: Q and dO boxes of br rows over H heads, K and V of bc over H_kv
+    assert encoded == [
+        (ptrs[0], "bf16", 2, 4, 100, 128, f.q_strides, 64),
+        (ptrs[1], "bf16", 2, 2, 130, 128, f.k_strides, 128),
+        (ptrs[2], "bf16", 2, 2, 130, 128, f.v_strides, 128),
+        (ptrs[4], "bf16", 2, 4, 100, 128, bp.do_strides, 64),
+    ]
+    for _, _, _, _, addrs in drv.calls:
+        assert len(addrs) == 4 + 39
+        maps = [tma.TensorMap.from_address(a) for a in addrs[:4]]
+        assert [(m.opaque[0], m.opaque[1]) for m in maps] == [
+            (ptrs[0], 64), (ptrs[1], 128), (ptrs[2], 128), (ptrs[4], 64),
+        ]  # fmt: skip
+        abi = addrs[4:]
+        got = tuple(int(ctypes.c_void_p.from_address(a).value or 0) for a in abi[:11])
+        assert got == ptrs
+        assert [ctypes.c_int.from_address(a).value for a in abi[11:13]] == [100, 130]
+        assert tuple(ctypes.c_longlong.from_address(a).value for a in abi[13:37]) == (
+            bp.kernel_strides()
+        )
+        assert ctypes.c_float.from_address(abi[37]).value == 0.25
+        assert ctypes.c_int.from_address(abi[38]).value == 2  # kv_group
+
+
+def test_the_maps_are_rebuilt_only_when_q_k_v_or_do_move(
+    monkeypatch: pytest.MonkeyPatch, fake_launch: tuple[_Driver, list[tuple[Any, ...]]]
+) -> None:
+    drv, encoded = fake_launch
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (201, 202, 203))
+    spec = KernelSpec.from_name(NAME)
+    prepared = backward.Prepared(SimpleNamespace(context=7), spec, _problem(spec), 0.25)
+    first = tuple(range(0x1000, 0x1000 + 0x100 * 11, 0x100))
+    fresh_outputs = first[:5] + tuple(p + 0x10000 for p in first[5:])  # lse .. dv move
+    prepared(first, 0)
+    prepared(fresh_outputs, 0)
+    assert len(encoded) == 4  # nothing the maps depend on moved
+    new_do = fresh_outputs[:4] + (0x9000,) + fresh_outputs[5:]
+    prepared(new_do, 0)
+    assert len(encoded) == 8 and encoded[-1][0] == 0x9000
+    last = drv.calls[-1][4]
+    assert tma.TensorMap.from_address(last[3]).opaque[0] == 0x9000
+    prepared(first, 0)  # back to the first pointers: from the cache, not encoded again
+    assert len(encoded) == 8
+
+
+def test_the_mma_backward_still_has_no_leading_arguments(
+    monkeypatch: pytest.MonkeyPatch, fake_launch: tuple[_Driver, list[tuple[Any, ...]]]
+) -> None:
+    drv, encoded = fake_launch
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (101, 102, 103))
+    spec = KernelSpec(family="mma", d=64, direction="bwd", causal=True)
+    assert backward.prefix_builder("mma") is None
+    prepared = backward.Prepared(SimpleNamespace(context=7), spec, _problem(spec), 0.5)
+    ptrs = tuple(range(16, 16 * 12, 16))
+    prepared(ptrs, 0)
+    assert not encoded and len(prepared._params) == 39
+    for *_, addrs in drv.calls:
+        assert tuple(int(ctypes.c_void_p.from_address(a).value or 0) for a in addrs[:11]) == ptrs
+
+
+def test_a_prefix_builder_names_known_pointers() -> None:
+    with pytest.raises(ValueError, match=r"uses=\('x',\): name some of q, k, v, o, do"):
+        backward.register_prefix_args("nope", lambda s, p, ptrs: [], uses=("x",))
+
+
+# ---- flashgen.torch: opt-in selection ---------------------------------------------------------
+@pytest.fixture
+def fgt(monkeypatch: pytest.MonkeyPatch) -> Any:
+    pytest.importorskip("torch")
+    mod = pytest.importorskip("flashgen.torch")
+    monkeypatch.setattr(mod, "_device_arch", lambda dev: "sm_90")
+    monkeypatch.delenv(mod.WGMMA_BWD_ENV, raising=False)
+    return mod
+
+
+def _call(d: int = 128, dtype: str = "bf16") -> tuple[Problem, tuple[Any, ...]]:
+    import torch
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    q = torch.empty(2, 4, 100, d, device="meta", dtype=tdt)
+    s = (400 * d, 100 * d, d)
+    return Problem(2, 4, 100, 100, d, dtype, s, s, s, s), (q, q, q, q, q)
+
+
+def test_torch_takes_the_wgmma_backward_only_when_asked_on_sm_90(
+    fgt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem, tensors = _call()
+    assert fgt._bwd_family(0, problem, False, tensors) == "mma"  # not asked
+    monkeypatch.setenv(fgt.WGMMA_BWD_ENV, "0")
+    assert fgt._bwd_family(0, problem, False, tensors) == "mma"
+    monkeypatch.setenv(fgt.WGMMA_BWD_ENV, "1")
+    assert fgt._bwd_family(0, problem, False, tensors) == "wgmma"
+    assert fgt._bwd_family(0, problem, True, tensors) == "mma"  # deterministic: mma's
+    for d, dtype, want in ((96, "bf16", "mma"), (256, "bf16", "mma"), (64, "fp32", "mma"),
+                           (64, "fp16", "wgmma")):  # fmt: skip
+        other, like = _call(d, dtype)
+        assert fgt._bwd_family(0, other, False, like) == want, (d, dtype)
+    expanded = tensors[0][:, :1].expand(2, 4, 100, 128)  # stride 0 on heads: no TMA
+    assert fgt._bwd_family(0, problem, False, (*tensors[:4], expanded)) == "mma"
+    monkeypatch.setattr(fgt, "_device_arch", lambda dev: "sm_80")
+    assert fgt._bwd_family(0, problem, False, tensors) == "mma"
+    monkeypatch.setattr(fgt, "_device_arch", lambda dev: "sm_100")
+    assert fgt._bwd_family(0, problem, False, tensors) == "mma"
+
+
+def test_torch_builds_the_plan_of_the_chosen_family(
+    fgt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flashgen.generator import launch
+
+    made: list[tuple[str, str]] = []
+
+    def plan(spec: KernelSpec, cubin: Any, arch: str, dev: int) -> Any:
+        made.append((spec.name, arch))
+        return SimpleNamespace(spec=spec)
+
+    monkeypatch.setattr(launch, "plan", plan)
+    monkeypatch.setattr(fgt, "_bwd_plans", {})
+    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False, "wgmma")
+    assert spec.name == NAME
+    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False)
+    assert spec.family == "mma"
+    assert made == [(NAME, "sm_90a"), (spec.name, "sm_90")]
+    fgt.clear_cache()
+    assert not fgt._bwd_plans
+
+
+# ---- rendering and nvcc (once the template exists) ----------------------------------------------
+COMPILED = ["flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s2", NAME]
+
+
+@needs_template
+@pytest.mark.parametrize("name", COMPILED)
+def test_the_render_has_three_kernels_each_taking_four_maps_then_the_mma_abi(name: str) -> None:
+    from flashgen.generator.render import render
+
+    spec = KernelSpec.from_name(name)
+    src = render(spec).source
+    assert "{%" not in src and "{{" not in src
+    assert "templates/wgmma_bwd.cu.j2" in src.splitlines()[0]
+    assert src.count('extern "C" __global__') == 3
+    for symbol in backward.kernel_names(spec):
+        m = re.search(rf"\b{symbol}\(", src)
+        assert m, symbol
+        sig = src[m.end() : src.index("{", m.end())]
+        at = [sig.find(t) for t in ("tm_q", "tm_k", "tm_v", "tm_do")]
+        assert -1 not in at and at == sorted(at), (symbol, at)
+        assert sig.count("__grid_constant__") == 4 and sig.count("long long") == 24, symbol
+        assert at[-1] < sig.index("long long")
+    assert render(spec).source == src
+
+
+@needs_template
+@pytest.mark.parametrize("name", COMPILED)
+def test_nvcc_compiles_the_three_kernels_for_sm_90a_without_spills(
+    name: str, nvcc_required: Path
+) -> None:
+    from flashgen.generator.compile import BASE_FLAGS, run_nvcc
+    from flashgen.generator.render import render
+    from flashgen.generator.report import parse_ptxas
+
+    spec = KernelSpec.from_name(name)
+    _, log = run_nvcc([*BASE_FLAGS, "-cubin", "-arch=sm_90a"], render(spec).source)
+    for symbol in backward.kernel_names(spec):
+        r = parse_ptxas(log, symbol, "sm_90a")
+        assert r.registers > 0 and r.spill_bytes == 0, (symbol, r)
+
+
+@needs_template
+def test_cli_builds_a_wgmma_backward_variant(nvcc_required: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from flashgen.cli import main
+
+    run = CliRunner().invoke(
+        main, ["build", "--family", "wgmma", "--direction", "bwd", "--d", "64", "--causal",
+               "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert run.exit_code == 0, run.output
+    assert (tmp_path / "flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s2.cu").exists()
+    assert "sm_90a" in run.output
+
+
+def test_cli_renders_nothing_for_an_invalid_wgmma_backward(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from flashgen.cli import main
+
+    run = CliRunner().invoke(
+        main, ["build", "--family", "wgmma", "--direction", "bwd", "--d", "96", "--no-compile",
+               "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert run.exit_code == 2
+    assert "d=96: the wgmma backward takes d = 64 or 128" in run.output
