@@ -47,8 +47,8 @@ def test_a_wgmma_backward_spec_gets_its_defaults_and_name() -> None:
 
 @pytest.mark.parametrize(
     ("d", "br", "bc", "dtype", "causal", "stages"),
-    list(itertools.product((64, 128), (32, 64), (64, 128), ("fp16", "bf16"), (False, True),
-                           (1, 2, 3))),  # fmt: skip
+    list(itertools.product((64, 128), (64,), (64, 128), ("fp16", "bf16"), (False, True),
+                           (2, 3))),  # fmt: skip
 )
 def test_every_wgmma_backward_variant_round_trips_its_name(
     d: int, br: int, bc: int, dtype: str, causal: bool, stages: int
@@ -67,11 +67,12 @@ def test_every_wgmma_backward_variant_round_trips_its_name(
         ({"d": 256}, "d=256: the wgmma backward takes d = 64 or 128"),
         ({"dtype": "fp32"}, "dtype=fp32: family wgmma needs a tensor-core dtype; use fp16 or bf16"),
         ({"dv": 64}, "dv=64: the backward pass needs v's head dim equal to d=128"),
-        ({"br": 128}, "br=128: the wgmma backward's query tile must be 32 or 64"),
-        ({"br": 16}, "br=16: the wgmma backward's query tile must be 32 or 64"),
+        ({"br": 128}, "br=128: the wgmma backward's query tile must be 64"),
+        ({"br": 32}, "br=32: the wgmma backward's query tile must be 64"),
         ({"bc": 192}, "bc=192: the wgmma backward's key tile must be 64 or 128"),
         ({"bc": 32}, "bc=32: the wgmma backward's key tile must be 64 or 128"),
-        ({"stages": 4}, "stages=4: the wgmma backward's Q/dO ring depth must be 1, 2 or 3"),
+        ({"stages": 4}, "stages=4: the wgmma backward's Q/dO ring depth must be 2 or 3"),
+        ({"stages": 1}, "stages=1: the wgmma backward's Q/dO ring depth must be 2 or 3"),
         ({"warps": 8}, "warps=8: the wgmma backward derives warps from bc (4 * (bc/64 + 1) = 12"),
     ]
     + [
@@ -115,7 +116,7 @@ def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.Monkey
     [line] = info.value.problems
     assert line.startswith("smem=164936 B: exceeds the 150000 B per block of sm_90a")
     assert line.endswith("lower stages, br or bc")
-    assert bwd(d=128, stages=1).smem_bytes < 150_000
+    assert bwd(d=64, stages=2).smem_bytes < 150_000
 
 
 @pytest.mark.parametrize(
@@ -123,7 +124,7 @@ def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.Monkey
     [
         # 1024 + 2*bc*d*2 + 2*stages*br*d*2 + 2*bc*br*2 + 8*(1 + 4*stages)
         ({"d": 128}, 1024 + 65536 + 65536 + 32768 + 72),
-        ({"d": 64, "bc": 64, "br": 32, "stages": 1}, 1024 + 16384 + 8192 + 8192 + 40),
+        ({"d": 64, "bc": 64, "stages": 2}, 1024 + 16384 + 32768 + 16384 + 72),
         ({"d": 128, "stages": 3}, 1024 + 65536 + 98304 + 32768 + 104),
     ],
 )
@@ -186,10 +187,10 @@ def test_the_context_for_d128_br64_bc128() -> None:
 
 
 def test_one_consumer_takes_dq_whole_and_fp16_uses_f16_wrappers() -> None:
-    ctx = context(bwd(d=64, bc=64, br=32, dtype="fp16"))
+    ctx = context(bwd(d=64, bc=64, dtype="fp16"))
     assert (ctx["consumers"], ctx["producer_regs"], ctx["consumer_regs"]) == (1, 56, 240)
     assert ctx["pack_type"] == "f16x2"
-    assert ctx["sdp_fn"] == Wgmma(n=32, a_regs=False, trans_b=False, mma_type="f16").fn
+    assert ctx["sdp_fn"] == Wgmma(n=64, a_regs=False, trans_b=False, mma_type="f16").fn
     assert ctx["dq_fn"] == Wgmma(64, False, True, "f16", trans_a=True).fn  # a 64-column slab
     two = context(bwd(d=64))  # two consumers: still 64 columns of dQ a wgmma (not d/2)
     assert two["dq_fn"] == Wgmma(64, False, True, "bf16", trans_a=True).fn

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 KEYS_PER_CONSUMER = 64
 # The values each knob may take, and the tile a backward spec gets when it names none.
 HEAD_DIMS = (64, 128)
-QUERY_TILES = (32, 64)  # br: query rows per step (the N of S^T = K Q^T)
+QUERY_TILES = (64,)  # br: query rows per step (the N of S^T = K Q^T; dS^T rows are one 128-B atom)
 KEY_TILES = (64, 128)  # bc: keys per block
-STAGES = (1, 2, 3)  # depth of the Q/dO ring
+STAGES = (2, 3)  # depth of the Q/dO ring (1: no prefetch; d128 bc64 s1 also spilled 16 B)
 DEFAULT_TILE = (64, 128)  # (br, bc)
 # Registers a consumer thread needs beyond its dK and dV accumulators (d/2 each at 64 keys x d
 # per warpgroup): S^T/dP^T (br/2 each, fp32) and descriptors, indices, loop state. Coarse: the
@@ -73,8 +73,8 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
         )
     if spec.br not in QUERY_TILES:
         p.append(
-            f"br={spec.br}: the wgmma backward's query tile must be 32 or 64 (the N of "
-            f"S^T = K Q^T per step); try {DEFAULT_TILE[0]}"
+            f"br={spec.br}: the wgmma backward's query tile must be 64 (dS^T is stored as rows "
+            f"of 64 queries, one 128-byte swizzle atom); try {DEFAULT_TILE[0]}"
         )
     if spec.bc not in KEY_TILES:
         p.append(
@@ -89,7 +89,7 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
         )
     if spec.stages not in STAGES:
         p.append(
-            f"stages={spec.stages}: the wgmma backward's Q/dO ring depth must be 1, 2 or 3; try 2"
+            f"stages={spec.stages}: the wgmma backward's Q/dO ring depth must be 2 or 3; try 2"
         )
     if not p:
         budget = fam.register_split(spec)[1]

@@ -34,7 +34,14 @@ pytestmark = pytest.mark.gpu
 
 # Shipped variants (both modes), plus probes at a head dim that is padded in-kernel (40 -> 48).
 PROBE = KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
+# The wgmma backward (sm_90a; not shipped yet): both consumer counts, d 64/128, both dtypes.
+WGMMA_PROBES = [
+    KernelSpec(family="wgmma", direction="bwd", d=d, bc=bc, dtype=dt, causal=c)
+    for d, bc, dt, c in ((64, 128, "bf16", True), (128, 128, "bf16", False),
+                         (128, 64, "fp16", True), (64, 64, "fp16", False))
+]  # fmt: skip
 SPECS = shipped(direction="bwd") + [PROBE, PROBE.replace(features=("deterministic",))]
+SPECS += WGMMA_PROBES
 DETERMINISTIC = [s for s in SPECS if backward.is_deterministic(s)]
 
 # (B, H, H_kv, Tq, Tk, logit_max, layouts of q/k/v/o and of do/dq/dk/dv)
