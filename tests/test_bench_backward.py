@@ -244,7 +244,7 @@ def test_bench_backward_case_rows_errors_and_gradient_check(
     monkeypatch.setattr(bench, "_inputs", inputs)
     monkeypatch.setattr(bench, "backward_forward", forward)
     monkeypatch.setattr(bench, "time_ms", timer)
-    monkeypatch.setattr(bench, "_bwd_variant", lambda c, dev: "mma_bwd_d64")
+    monkeypatch.setattr(bench, "_bwd_variant", lambda c, q, k, v: "mma_bwd_d64")
     rows = bench.bench_backward_case(case, peers=("sdpa-flash", "sdpa-cudnn"), reps=7)
     assert forwards == ["sdpa-flash", "sdpa-cudnn", "flashgen"]  # each forward runs once
     assert [r.impl for r in rows] == ["sdpa-flash", "sdpa-cudnn", "flashgen"]

@@ -351,12 +351,16 @@ def backward_forward(impl: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[A
     return o, (q, k, v)
 
 
-def _bwd_variant(case: Case, device: int) -> str | None:
-    """The name of the backward kernel flashgen.torch runs for `case` on `device`."""
+def _bwd_variant(case: Case, q: Any, k: Any, v: Any) -> str | None:
+    """The name of the backward kernel flashgen.torch runs for `case` on these inputs (its
+    family as the op chooses it: wgmma only with FLASHGEN_WGMMA_BWD=1 on sm_90)."""
     try:
         from .. import torch as fg_torch
+        from .validate import check_layout
 
-        return fg_torch._bwd_plan(device, case.d, case.dtype, case.causal)[0].name
+        dev = q.get_device()
+        family = fg_torch._bwd_family(dev, check_layout(q, k, v), False, (q, k, v))
+        return fg_torch._bwd_plan(dev, case.d, case.dtype, case.causal, False, family)[0].name
     except Exception:  # the name is a label: never worth failing the row over
         return None
 
@@ -380,7 +384,7 @@ def bench_backward_case(
     ref: tuple[Any, ...] | None = None
     impls = [*(available_bwd_peers() if peers is None else peers), "flashgen"]
     for impl in impls:
-        variant = _bwd_variant(case, q.get_device()) if impl == "flashgen" else None
+        variant = _bwd_variant(case, q, k, v) if impl == "flashgen" else None
         o: Any = None
         fn: Callable[[], Any] | None = None
         try:
