@@ -22,8 +22,14 @@ from _fakecuda import FakeLibcuda, install_libcuda, install_pycuda, kinds
 
 from flashgen.generator import launch, runtime
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
+from flashgen.generator.prefix import PrefixRegistry
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+
+
+def fresh_prefixes() -> PrefixRegistry[Any]:
+    """An empty forward prefix registry (the real one already holds wgmma's builder)."""
+    return PrefixRegistry(launch.POINTERS, launch.PREFIX_PROVIDERS, "kernels")
 
 
 @pytest.fixture
@@ -265,8 +271,7 @@ def test_family_prefix_args_lead_the_kernel_params_and_are_rebuilt_only_when_poi
             blobs.append(b)
         return blobs
 
-    monkeypatch.setattr(launch, "_prefix_builders", {})
-    monkeypatch.setattr(launch, "_prefix_uses", {})
+    monkeypatch.setattr(launch, "_prefixes", fresh_prefixes())
     launch.register_prefix_args("simt", builder)
     cuda.prefix_sizes = [128, 128, 128]
     q, k, v, o, lse = operands(SIMT)
@@ -308,8 +313,7 @@ def test_prefix_args_that_use_only_q_k_v_are_not_rebuilt_for_fresh_outputs(
         b.bytes[0] = len(built)
         return [b]
 
-    monkeypatch.setattr(launch, "_prefix_builders", {})
-    monkeypatch.setattr(launch, "_prefix_uses", {})
+    monkeypatch.setattr(launch, "_prefixes", fresh_prefixes())
     launch.register_prefix_args("simt", builder, uses=("q", "k", "v"))
     cuda.prefix_sizes = [128]
     q, k, v, o, lse = operands(SIMT)

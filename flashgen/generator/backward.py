@@ -41,13 +41,13 @@ on a call's pointers and again only when q, k, v or dO move.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .arch import ARCHS, STATIC_SMEM_LIMIT
+from .prefix import PrefixRegistry
 from .validate import (
     LOG2E,
     Problem,
@@ -402,7 +402,9 @@ _function_cache: dict[tuple[Any, str, int], tuple[int, int, int]] = {}
 BwdPrefixArgs = Callable[["KernelSpec", BackwardProblem, tuple[int, ...]], Sequence[Any]]
 # family -> module whose import registers that family's backward prefix builder
 BWD_PREFIX_PROVIDERS: dict[str, str] = {"wgmma": "flashgen.generator.tma"}
-_prefix_builders: dict[str, tuple[BwdPrefixArgs, tuple[int, ...]]] = {}
+_prefixes: PrefixRegistry[BwdPrefixArgs] = PrefixRegistry(
+    POINTERS, BWD_PREFIX_PROVIDERS, "backward kernels"
+)
 
 
 def register_prefix_args(
@@ -410,23 +412,12 @@ def register_prefix_args(
 ) -> None:
     """Make `builder(spec, problem, pointers)` supply the leading by-value arguments of
     `family`'s backward kernels; it is called again only when a pointer it `uses` changes."""
-    bad = [u for u in uses if u not in POINTERS]
-    if bad or not uses:
-        raise ValueError(f"uses={tuple(uses)!r}: name some of {', '.join(POINTERS)}")
-    _prefix_builders[family] = (builder, tuple(POINTERS.index(u) for u in uses))
+    _prefixes.register(family, builder, uses)
 
 
 def prefix_builder(family: str) -> tuple[BwdPrefixArgs, tuple[int, ...]] | None:
     """(builder, indices of the pointers it uses) of the family's backward, or None (mma)."""
-    if family not in _prefix_builders and family in BWD_PREFIX_PROVIDERS:
-        importlib.import_module(BWD_PREFIX_PROVIDERS[family])
-        if family not in _prefix_builders:
-            raise RuntimeError(
-                f"family {family}: its backward kernels take leading arguments, but "
-                f"{BWD_PREFIX_PROVIDERS[family]} registered no builder; call "
-                "backward.register_prefix_args there"
-            )
-    return _prefix_builders.get(family)
+    return _prefixes.get(family)
 
 
 def kernel_params(

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import importlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -56,6 +55,7 @@ from typing import Any
 from .arch import STATIC_SMEM_LIMIT
 from .families import family_of
 from .features import NO_FEATURES, FeatureArgs, check_fits
+from .prefix import PrefixRegistry
 from .spec import KernelSpec
 from .validate import Problem
 
@@ -79,10 +79,9 @@ class GpuUnavailable(RuntimeError):
 
 PrefixArgs = Callable[[KernelSpec, Problem], Sequence[Any]]
 POINTERS = ("q", "k", "v", "o", "lse")
-_prefix_builders: dict[str, PrefixArgs] = {}
-_prefix_uses: dict[str, tuple[int, ...]] = {}  # family -> indices into POINTERS it reads
 # family -> module whose import registers that family's prefix builder
 PREFIX_PROVIDERS: dict[str, str] = {"wgmma": "flashgen.generator.tma"}
+_prefixes: PrefixRegistry[PrefixArgs] = PrefixRegistry(POINTERS, PREFIX_PROVIDERS, "kernels")
 
 
 def register_prefix_args(family: str, builder: PrefixArgs, uses: Sequence[str] = POINTERS) -> None:
@@ -92,24 +91,12 @@ def register_prefix_args(family: str, builder: PrefixArgs, uses: Sequence[str] =
     called again only when one of those changes (tensor maps of q, k and v need not be
     re-encoded for every fresh output buffer).
     """
-    bad = [u for u in uses if u not in POINTERS]
-    if bad or not uses:
-        raise ValueError(f"uses={tuple(uses)!r}: name some of {', '.join(POINTERS)}")
-    _prefix_builders[family] = builder
-    _prefix_uses[family] = tuple(POINTERS.index(u) for u in uses)
+    _prefixes.register(family, builder, uses)
 
 
-def prefix_builder(family: str) -> PrefixArgs | None:
-    """The family's prefix builder (importing its provider module first), or None."""
-    if family not in _prefix_builders and family in PREFIX_PROVIDERS:
-        importlib.import_module(PREFIX_PROVIDERS[family])
-        if family not in _prefix_builders:
-            raise RuntimeError(
-                f"family {family}: its kernels take leading arguments, but "
-                f"{PREFIX_PROVIDERS[family]} registered no builder; call "
-                "launch.register_prefix_args there"
-            )
-    return _prefix_builders.get(family)
+def prefix_builder(family: str) -> tuple[PrefixArgs, tuple[int, ...]] | None:
+    """(the family's prefix builder, indices of the pointers it uses), or None."""
+    return _prefixes.get(family)
 
 
 class Driver:
@@ -303,14 +290,14 @@ def plan(
         if hit is not None:
             return hit
         # a backward variant's leading arguments are backward.py's (its Prepared builds them)
-        prefix = prefix_builder(spec.family) if spec.direction == "fwd" else None
+        found = prefix_builder(spec.family) if spec.direction == "fwd" else None
         binary = cubin() if callable(cubin) else cubin
         drv = driver()
         try:
             module, func = drv.load(device, binary, spec.name, spec.smem_bytes)
         except RuntimeError as exc:
             raise RuntimeError(f"kernel {spec.name} ({arch}): loading failed: {exc}") from exc
-        uses = _prefix_uses.get(spec.family, tuple(range(len(POINTERS))))
+        prefix, uses = found if found is not None else (None, tuple(range(len(POINTERS))))
         made = LaunchPlan(
             spec, arch, device, drv.primary_context(device), module, func,
             (spec.threads, 1, 1), spec.smem_bytes, prefix, uses, drv.sm_count(device),
