@@ -16,7 +16,6 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -25,19 +24,9 @@ from flashgen.generator import bench
 from flashgen.generator.spec import KernelSpec
 
 
-def synced_ms(fn: Callable[[], Any], reps: int = 30) -> float:
+def synced_ms(fn: Callable[[], Any]) -> float:
     """A synchronize after every rep (scripts/wgmma_dev.py's loop)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        z.synchronize()
-        times.append(a.elapsed_time(z))
-    return float(statistics.median(times))
+    return bench.time_ms(fn, warmup=3, reps=30, sync_each=True)
 
 
 def main() -> None:
