@@ -2,9 +2,10 @@
 
     python3 scripts/bwd_bench.py OUT.json [--t 4096,16384] [--d 64,128]
 
-Protocol as the forward's (B*T = 16384, H*d = 2048, bf16), timing the backward alone: each
-implementation's forward runs once, then `torch.autograd.grad` of O against a fixed dO is
-timed (median of CUDA events). FLOPs = 2.5 x the forward's 4*B*H*T^2*d (causal: half).
+A bf16 shortcut to `flashgen bench`'s backward rows (`bench.bench_backward_case`: the
+protocol's problems, B*T = 16384, H*d = 2048; each implementation's forward once, then
+`torch.autograd.grad` of O against a fixed dO timed; FLOPs = 2.5 x the forward's, causal
+half), written as one row per case with each implementation's TFLOP/s.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import json
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import flashgen.torch as fgt
-from flashgen.generator.bench import time_ms
+from flashgen.generator.bench import Case, bench_backward_case
+
+NAMES = {"flashgen": "flashgen", "sdpa-flash": "fa2", "sdpa-cudnn": "cudnn"}
 
 
 def main() -> None:
@@ -31,21 +31,13 @@ def main() -> None:
     for d in (int(x) for x in args.d.split(",")):
         for t in (int(x) for x in args.t.split(",")):
             for causal in (False, True):
-                b, h = 16384 // t, 2048 // d
-                q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16,
-                                       requires_grad=True) for _ in range(3))  # fmt: skip
-                do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
-                flops = 2.5 * 4 * b * h * t * t * d * (0.5 if causal else 1.0)
-                row: dict[str, Any] = {"d": d, "t": t, "b": b, "h": h, "causal": causal}
-                for name in ("flashgen", "fa2", "cudnn"):
-                    try:
-                        o = _forward(name, q, k, v, causal)
-                        ms = time_ms(lambda o=o, ins=(q, k, v), do=do: torch.autograd.grad(
-                            o, ins, do, retain_graph=True))  # fmt: skip
-                        row[name] = flops / ms / 1e9
-                    except Exception as exc:  # a backend this build lacks
-                        row[name] = None
-                        row[f"{name}_error"] = str(exc)[:200]
+                case = Case("bf16", d, causal, t)
+                row: dict[str, Any] = {"d": d, "t": t, "b": case.b, "h": case.h, "causal": causal}
+                for r in bench_backward_case(case, peers=("sdpa-flash", "sdpa-cudnn")):
+                    name = NAMES[r.impl]
+                    row[name] = r.tflops
+                    if r.error:
+                        row[f"{name}_error"] = r.error
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     with open(args.out, "w") as fh:
@@ -56,14 +48,6 @@ def main() -> None:
         ratio = f"{fg / fa:.2f}" if fg and fa else "-"
         cells = " ".join(f"{r.get(n) or 0:7.1f}" for n in ("flashgen", "fa2", "cudnn"))
         print(f"{r['d']:3} {r['t']:6} {r['causal']!s:6} {cells} {ratio:>6}")
-
-
-def _forward(name: str, q: Any, k: Any, v: Any, causal: bool) -> Any:
-    if name == "flashgen":
-        return fgt.attention(q, k, v, causal=causal)
-    backend = SDPBackend.FLASH_ATTENTION if name == "fa2" else SDPBackend.CUDNN_ATTENTION
-    with sdpa_kernel(backend):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 if __name__ == "__main__":

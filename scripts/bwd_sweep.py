@@ -4,7 +4,7 @@
 
 Each NAME is a backward variant (`flash_bwd_mma_...`); it runs on the bench's problem for its
 d, dtype and causal flag (B*T = 16384, H*d = 2048) at every --t, with the protocol of
-scripts/bwd_bench.py (forward once, `torch.autograd.grad` timed, FLOPs = 2.5 x forward).
+`bench.bench_backward_case` (forward once, `torch.autograd.grad` timed, FLOPs = 2.5 x forward).
 `--peers` adds SDPA's FA2 backward for the same rows. The torch op normally picks the family
 default backward; here its plan lookup is pointed at NAME for the duration of the rows.
 """
@@ -16,16 +16,12 @@ import json
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashgen.torch as fgt
 from flashgen.generator import launch, runtime
-from flashgen.generator.bench import time_ms
+from flashgen.generator.bench import Case, bench_backward_case
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.spec import KernelSpec
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def use_variant(spec: KernelSpec) -> None:
@@ -45,18 +41,13 @@ def use_variant(spec: KernelSpec) -> None:
 
 
 def tflops(impl: str, spec: KernelSpec, t: int) -> float:
-    b, h, d = 16384 // t, 2048 // spec.d, spec.d
-    q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=DTYPES[spec.dtype],
-                           requires_grad=True) for _ in range(3))  # fmt: skip
-    do = torch.randn(b, h, t, d, device="cuda", dtype=DTYPES[spec.dtype])
-    if impl == "flashgen":
-        o = fgt.attention(q, k, v, causal=spec.causal)
-    else:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=spec.causal)
-    ms = time_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-    flops = 2.5 * 4 * b * h * t * t * d * (0.5 if spec.causal else 1.0)
-    return flops / ms / 1e9
+    """`impl` ("flashgen" or an SDPA peer such as "sdpa-flash") on the bench's problem."""
+    peers = () if impl == "flashgen" else (impl,)
+    rows = bench_backward_case(Case(spec.dtype, spec.d, spec.causal, t), peers=peers)
+    row = next(r for r in rows if r.impl == impl)
+    if row.tflops is None:
+        raise RuntimeError(row.error or f"{impl}: no timing")
+    return row.tflops
 
 
 def main() -> None:
@@ -83,7 +74,7 @@ def main() -> None:
             if args.peers and peer_key not in seen_peer:
                 seen_peer.add(peer_key)
                 prow = {"variant": f"fa2_d{spec.d}_{spec.dtype}_causal{int(spec.causal)}", "t": t,
-                        "tflops": tflops("fa2", spec, t)}  # fmt: skip
+                        "tflops": tflops("sdpa-flash", spec, t)}  # fmt: skip
                 rows.append(prow)
                 print(json.dumps(prow), flush=True)
     with open(args.out, "w") as fh:

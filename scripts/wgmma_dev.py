@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from flashgen.generator import launch, runtime
+from flashgen.generator.bench import time_ms
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.oracle import check_outputs
 from flashgen.generator.spec import KernelSpec
@@ -111,17 +112,8 @@ def check(spec: KernelSpec, func: Any, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def timed(fn: Any, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        z.synchronize()
-        times.append(a.elapsed_time(z))
-    return float(np.median(times))
+    """Median ms, a synchronize after every rep (see scripts/timing_probe.py for why it matters)."""
+    return time_ms(fn, warmup=3, reps=reps, sync_each=True)
 
 
 def bench(specs: list[tuple[KernelSpec, Any]], ts: list[int]) -> list[dict[str, Any]]:

@@ -202,8 +202,13 @@ def _torch() -> Any:
     return torch
 
 
-def time_ms(fn: Callable[[], Any], warmup: int = WARMUP, reps: int = REPS) -> float:
-    """Median milliseconds of `fn` over `reps` CUDA-event-timed calls after `warmup` calls."""
+def time_ms(
+    fn: Callable[[], Any], warmup: int = WARMUP, reps: int = REPS, *, sync_each: bool = False
+) -> float:
+    """Median milliseconds of `fn` over `reps` CUDA-event-timed calls after `warmup` calls.
+
+    The reps run back to back (the protocol); `sync_each` waits for every rep before the next
+    (the dev scripts' loop, kept to compare the two)."""
     torch = _torch()
     for _ in range(warmup):
         fn()
@@ -214,6 +219,8 @@ def time_ms(fn: Callable[[], Any], warmup: int = WARMUP, reps: int = REPS) -> fl
         s.record()
         fn()
         e.record()
+        if sync_each:
+            e.synchronize()
     torch.cuda.synchronize()
     return float(statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)))
 
@@ -251,6 +258,17 @@ def flashgen_runner(
     return run, o
 
 
+def _sdpa_backend(peer: str) -> Any:
+    """The torch SDPBackend a `sdpa-*` peer forces."""
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }[peer]
+
+
 def peer_runner(peer: str, q: Any, k: Any, v: Any, causal: bool) -> Callable[[], Any]:
     """A closure running torch SDPA with one backend forced, or FA4 (`fa4`)."""
     torch = _torch()
@@ -266,13 +284,9 @@ def peer_runner(peer: str, q: Any, k: Any, v: Any, causal: bool) -> Callable[[],
             return out.transpose(1, 2)
 
         return run_fa4
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
-    backend = {
-        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
-        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-    }[peer]
+    backend = _sdpa_backend(peer)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run() -> Any:
@@ -339,13 +353,9 @@ def backward_forward(impl: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[A
         leaves = tuple(x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
         out = flash_attn_func(*leaves, causal=causal)
         return (out[0] if isinstance(out, tuple) else out), leaves
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
-    backend = {
-        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
-        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
-    }[impl]
+    backend = _sdpa_backend(impl)
     with sdpa_kernel([backend]):
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return o, (q, k, v)

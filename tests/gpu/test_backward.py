@@ -123,6 +123,14 @@ def _run_case(
     return (q, k, v, do), results
 
 
+def _require_built(
+    compiled: dict[KernelSpec, CompiledKernel | Exception], spec: KernelSpec
+) -> None:
+    built = compiled[spec]
+    if isinstance(built, Exception):
+        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}H{c[1]}kv{c[2]}q{c[3]}k{c[4]}")
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_backward_matches_the_oracle(
@@ -130,9 +138,7 @@ def test_backward_matches_the_oracle(
     case: tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]],
     compiled: dict[KernelSpec, CompiledKernel | Exception],
 ) -> None:
-    built = compiled[spec]
-    if isinstance(built, Exception):
-        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+    _require_built(compiled, spec)
     b, h, h_kv, tq, tk = case[:5]
     (q, k, v, do), [got] = _run_case(spec, case)
     scale = check_scale(None, spec.d)
@@ -163,9 +169,7 @@ def test_the_deterministic_mode_gives_bit_identical_gradients_run_to_run(
     case: tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[str, ...]],
     compiled: dict[KernelSpec, CompiledKernel | Exception],
 ) -> None:
-    built = compiled[spec]
-    if isinstance(built, Exception):
-        pytest.fail(f"{spec.name} did not compile: {built}", pytrace=False)
+    _require_built(compiled, spec)
     (q, k, v, do), runs = _run_case(spec, case, runs=3)
     first = runs[0]
     for again in runs[1:]:
