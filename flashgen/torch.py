@@ -393,10 +393,11 @@ def _run_backward(
             _bwd_entries[key] = hit
     prepared, dev = hit
     b, h, tq, d = (int(n) for n in q.shape)
-    d_buf = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
+    d_shape, dq_shape = backward.scratch_shapes(prepared.spec, b, h, tq, d)
+    d_buf = torch.empty(d_shape, dtype=torch.float32, device=q.device)
     accum = 0
-    if not det:  # the fast mode's fp32 dQ accumulator (the atomics' target)
-        dq_accum = torch.empty((b, h, tq, d), dtype=torch.float32, device=q.device)
+    if dq_shape is not None:  # the fast mode's fp32 dQ accumulator (what blocks add into)
+        dq_accum = torch.empty(dq_shape, dtype=torch.float32, device=q.device)
         accum = dq_accum.data_ptr()
     pointers = (
         q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),

@@ -8,7 +8,8 @@ rest in one line).
 
 **Host side** (`launch_backward`): validate q, k, v, o, lse (the forward's), dO and the three
 gradient arrays; allocate the fp32 scratch (D = rowsum(dO ∘ O), (B, H, Tq), and the dQ
-accumulator, (B, H, Tq, d)); launch the three kernels of the one cubin in order on one stream:
+accumulator, (B, H, Tq, d); `scratch_shapes`); launch the three kernels of the one cubin in
+order on one stream:
 
   `<name>_pre`   D, and zeroes the dQ accumulator        grid (ceil(Tq/PRE_ROWS), H, B)
   `<name>`       dK, dV (stored once) and dQ (atomicAdd)  grid (ceil(Tk/BC), H_kv, B)
@@ -31,8 +32,9 @@ All three take one argument list (templates/mma_bwd.cu.j2 documents it; `ABI_FOR
 pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long long strides
 in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group.
 
-**Family wgmma** (`wgmma_bwd.py` has its rules; not yet proven on a GPU) launches the same
-three kernels with the same grids and argument list, each preceded by by-value arguments a
+**Family wgmma** (`wgmma_bwd.py` has its rules) launches the same three kernels with the same
+argument list -- its scratch padded to whole query tiles (`scratch_shapes`), the pre kernel's
+grid over those rows -- each preceded by by-value arguments a
 registered builder supplies (`register_prefix_args`; `BWD_PREFIX_PROVIDERS` names the module
 that registers it): tma.py's four tensor maps tm_q, tm_k, tm_v, tm_do. `Prepared` builds them
 on a call's pointers and again only when q, k, v or dO move.
@@ -213,6 +215,24 @@ def pre_rows(spec: KernelSpec) -> int:
     return spec.threads // PRE_LANES_PER_ROW
 
 
+def scratch_rows(spec: KernelSpec, tq: int) -> int:
+    """Query rows per head of the fp32 scratch: tq, or for family wgmma tq rounded up to BR
+    (its main kernel bulk-copies whole query tiles of LSE and D, and adds whole tiles into the
+    dQ accumulator)."""
+    return -(-tq // spec.br) * spec.br if spec.family == "wgmma" else tq
+
+
+def scratch_shapes(
+    spec: KernelSpec, b: int, h: int, tq: int, d: int
+) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """Shapes of the two fp32 scratch arrays a backward call allocates: d_buf, and the dQ
+    accumulator (None in deterministic mode). mma: (B, H, Tq) and (B, H, Tq, d). wgmma: D and
+    LSE*log2(e) side by side, (B, H, 2, TQP), and (B, H, TQP, d), TQP = `scratch_rows`."""
+    rows = scratch_rows(spec, tq)
+    d_buf = (b, h, 2, rows) if spec.family == "wgmma" else (b, h, tq)
+    return d_buf, None if is_deterministic(spec) else (b, h, rows, d)
+
+
 def context(fam: Family, spec: KernelSpec) -> dict[str, Any]:
     """The template values of templates/mma_bwd.cu.j2 (all derived here)."""
     dp = fam.d_pad(spec)
@@ -287,9 +307,10 @@ class BackwardProblem:
         """Grids of (pre, main, post), or deterministic (pre, main, dq): dq a block per query
         tile of BR rows of one query head, like the forward."""
         f = self.fwd
+        pre = (-(-scratch_rows(spec, f.tq) // pre_rows(spec)), f.h, f.b)  # all scratch rows
         rows = (-(-f.tq // pre_rows(spec)), f.h, f.b)
         last = (-(-f.tq // spec.br), f.h, f.b) if is_deterministic(spec) else rows
-        return rows, (-(-f.tk // spec.bc), f.kv_heads, f.b), last
+        return pre, (-(-f.tk // spec.bc), f.kv_heads, f.b), last
 
 
 def _like(name: str, x: Any, shape: tuple[int, ...], dtype: Any, what: str) -> tuple[Strides3, Any]:
@@ -522,7 +543,7 @@ def issue(
 ) -> None:
     """Launch the kernels of `spec` in order on the stream `stream_handle` (a CUstream; 0: the
     legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv
-    (the two fp32 scratch arrays sized (B, H, Tq) and (B, H, Tq, D); dq_accum is never read in
+    (the two fp32 scratch arrays shaped as `scratch_shapes` says; dq_accum is never read in
     deterministic mode: pass 0). Nothing waits."""
     Prepared(plan, spec, problem, scale_log2)(tuple(int(p or 0) for p in pointers), stream_handle)
 
@@ -564,10 +585,10 @@ def launch_backward(
     if any(p is None for p in ptrs):
         raise ValueError("q, k, v, o, do, lse, dq, dk, dv: device arrays with pointers required")
     plan = runtime.get_function(spec)
-    d_buf = runtime.empty((f.b, f.h, f.tq), "fp32", pooled=True)
-    dq_accum = None  # the deterministic mode has no dQ accumulator
-    if not is_deterministic(spec):
-        dq_accum = runtime.empty((f.b, f.h, f.tq, f.d), "fp32", pooled=True)
+    d_shape, dq_shape = scratch_shapes(spec, f.b, f.h, f.tq, f.d)
+    d_buf = runtime.empty(d_shape, "fp32", pooled=True)
+    # the deterministic mode has no dQ accumulator
+    dq_accum = None if dq_shape is None else runtime.empty(dq_shape, "fp32", pooled=True)
     pointers = (
         f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, int(d_buf.gpudata),
         0 if dq_accum is None else int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr,

@@ -53,13 +53,13 @@ def register_estimate(spec: KernelSpec) -> int:
 
 
 def smem_bytes(spec: KernelSpec) -> int:
-    """K and V of the block, a ring of `stages` Q and dO tiles, P^T and dS^T (bc x br each),
-    the alignment slack and the mbarriers (one for K/V, full and empty per stage for Q/dO and
-    for LSE/D)."""
+    """K and V of the block, a ring of `stages` Q and dO tiles with their LSE and D rows (fp32),
+    two dS^T buffers (bc x br each), the fp32 dQ of a query tile (br x d), the alignment slack
+    and the mbarriers (one for K/V, full and empty per stage for Q and for dO)."""
     item = spec.dtype_info.itemsize
     d, br, bc, n = spec.d, spec.br, spec.bc, spec.stages
     tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
-    return SMEM_ALIGN + tiles + 8 * (1 + 4 * n)
+    return SMEM_ALIGN + tiles + 4 * br * d + 8 * br * n + 8 * (1 + 4 * n)
 
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
@@ -102,7 +102,7 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
             )
         p += fam.smem_rule(
             spec,
-            "1024 + 2*(2*bc*d + 2*stages*br*d + 2*bc*br) + 8*(1 + 4*stages)",
+            "1024 + 2*(2*bc*d + 2*stages*br*d + 2*bc*br) + 4*br*d + 8*br*stages + 8*(1 + 4*stages)",
             "lower stages, br or bc",
         )
     return p
@@ -118,8 +118,8 @@ def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
     sdp = Wgmma(n=spec.br, a_regs=False, trans_b=False, mma_type=mt)
     # dV += P^T dO and dK += dS^T Q: 64 keys x d, A (P^T, dS^T) from registers, B N-major
     dkv = Wgmma(n=spec.d, a_regs=True, trans_b=True, mma_type=mt)
-    # dQ = dS K: each consumer its 64 keys' partial, one 64-column slab of d at a time (the
-    # template's CHUNK: 32 accumulators, not d/2); dS^T in shared memory read M-major
+    # dQ = dS K over all bc keys, one 64-column slab of d at a time (the template's CHUNK: 32
+    # accumulators, not d/2); dS^T in shared memory read M-major
     dq = Wgmma(n=DQ_COLS, a_regs=False, trans_b=True, mma_type=mt, trans_a=True)
     producer, consumer = fam.register_split(spec)
     names = kernel_names(spec)
