@@ -18,13 +18,13 @@ compiles it for the tensor's GPU (cached on disk) and binds a launch plan
 require grad, dispatch modes) it goes through the dispatcher.
 
 Gradients: the op is differentiable (fp16/bf16, no features) through the custom op
-`torch.ops.flashgen.attention_backward` (family mma's backward kernels, O and LSE saved).
-`deterministic=True` picks the backward variant without floating-point atomics, whose dQ, dK
-and dV are bit-identical run to run; the default is the faster one with fp32 atomics in dQ.
-With FLASHGEN_WGMMA_BWD=1 in the environment, a call on an sm_90 GPU that fits family wgmma's
-backward (d 64 or 128, fp16/bf16, not deterministic, TMA-loadable strides) takes that one
-instead (Hopper: TMA + wgmma; not yet proven on a GPU, so never by default). The choice is
-made on a signature's first backward call; `clear_cache()` forgets it.
+`torch.ops.flashgen.attention_backward` (O and LSE saved). On an sm_90 GPU (H100/H200) a call
+that fits family wgmma's backward (d 64 or 128, fp16/bf16, not deterministic, TMA-loadable
+strides) runs it (TMA + wgmma, dQ added by bulk reductions); every other call runs family
+mma's. `deterministic=True` picks mma's variant without floating-point atomics, whose dQ, dK
+and dV are bit-identical run to run. FLASHGEN_WGMMA_BWD=0 in the environment keeps sm_90 on
+mma's backward too. The choice is made on a signature's first backward call; `clear_cache()`
+forgets it.
 
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
@@ -325,13 +325,13 @@ _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
 def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[Any, ...]) -> str:
-    """The backward's family for a call: "wgmma" only when FLASHGEN_WGMMA_BWD=1, the GPU is
-    sm_90 and the call fits the wgmma backward's rules (d 64/128, fp16/bf16, dv = d, not
-    deterministic, every stride of an axis longer than 1 non-zero: the TMA steps them);
-    else "mma" (the backward has no features at all: the op refuses them before)."""
+    """The backward's family for a call: "wgmma" when the GPU is sm_90 and the call fits the
+    wgmma backward's rules (d 64/128, fp16/bf16, dv = d, not deterministic, every stride of an
+    axis longer than 1 non-zero: the TMA steps them), unless FLASHGEN_WGMMA_BWD=0; else "mma"
+    (the backward has no features at all: the op refuses them before)."""
     from .generator.wgmma_bwd import HEAD_DIMS
 
-    if os.environ.get(WGMMA_BWD_ENV) != "1" or deterministic:
+    if os.environ.get(WGMMA_BWD_ENV) == "0" or deterministic:
         return "mma"
     fits = (
         problem.d in HEAD_DIMS and problem.value_dim == problem.d

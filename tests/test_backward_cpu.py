@@ -17,10 +17,10 @@ from flashgen.generator.report import parse_ptxas
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
 
-BWD = shipped(direction="bwd")
+BWD = shipped("mma", direction="bwd")  # family mma's (test_wgmma_bwd_cpu.py has wgmma's)
 
 
-def test_sixteen_backward_variants_ship_and_the_forward_space_has_none() -> None:
+def test_sixteen_mma_backward_variants_ship_and_the_forward_space_has_none() -> None:
     assert len(BWD) == 16
     assert {(s.d, s.dtype, s.causal, backward.is_deterministic(s)) for s in BWD} == {
         (d, t, c, det) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)

@@ -139,9 +139,14 @@ def test_the_largest_wgmma_backward_fits_an_sm_90a_block() -> None:
     assert big.smem_bytes <= families.FAMILIES["wgmma"].smem_limit()
 
 
-def test_no_wgmma_backward_variant_ships_and_bundles_refuse_them() -> None:
-    assert shipped("wgmma", direction="bwd") == []
-    assert all(s.family == "mma" for s in shipped(direction="bwd"))
+def test_eight_wgmma_backward_variants_ship_and_bundles_refuse_them() -> None:
+    ships = shipped("wgmma", direction="bwd")
+    assert {(s.d, s.dtype, s.causal) for s in ships} == {
+        (d, t, c) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
+    }  # fmt: skip
+    # the default tile, 3 stages at d 64 and 2 at d 128 (wgmma_bwd.default_stages)
+    assert {(s.d, s.br, s.bc, s.stages) for s in ships} == {(64, 64, 128, 3), (128, 64, 128, 2)}
+    assert len(shipped(direction="bwd")) == len(shipped("mma", direction="bwd")) + 8
     spec = bwd(d=64)
     with pytest.raises(BundleError, match=r"wgmma backward variants are not bundled yet"):
         bundle_files([spec])
@@ -151,8 +156,8 @@ def test_families_without_a_backward_point_at_the_shipped_one() -> None:
     with pytest.raises(SpecError) as info:
         KernelSpec(family="simt", direction="bwd")
     assert info.value.problems == [
-        "direction='bwd': family simt has no backward kernel yet; use --family mma for the "
-        "backward pass"
+        "direction='bwd': family simt has no backward kernel yet; use --family mma or --family "
+        "wgmma for the backward pass"
     ]
 
 
@@ -348,11 +353,12 @@ def _call(d: int = 128, dtype: str = "bf16") -> tuple[Problem, tuple[Any, ...]]:
     return Problem(2, 4, 100, 100, d, dtype, s, s, s, s), (q, q, q, q, q)
 
 
-def test_torch_takes_the_wgmma_backward_only_when_asked_on_sm_90(
+def test_torch_takes_the_wgmma_backward_on_sm_90_unless_told_not_to(
     fgt: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     problem, tensors = _call()
-    assert fgt._bwd_family(0, problem, False, tensors) == "mma"  # not asked
+    monkeypatch.delenv(fgt.WGMMA_BWD_ENV, raising=False)
+    assert fgt._bwd_family(0, problem, False, tensors) == "wgmma"  # the default on sm_90
     monkeypatch.setenv(fgt.WGMMA_BWD_ENV, "0")
     assert fgt._bwd_family(0, problem, False, tensors) == "mma"
     monkeypatch.setenv(fgt.WGMMA_BWD_ENV, "1")
@@ -444,7 +450,7 @@ def test_cli_builds_a_wgmma_backward_variant(nvcc_required: Path, tmp_path: Path
                "--out", str(tmp_path)],
     )  # fmt: skip
     assert run.exit_code == 0, run.output
-    assert (tmp_path / "flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s2.cu").exists()
+    assert (tmp_path / "flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s3.cu").exists()
     assert "sm_90a" in run.output
 
 

@@ -363,7 +363,7 @@ def backward_forward(impl: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[A
 
 def _bwd_variant(case: Case, q: Any, k: Any, v: Any) -> str | None:
     """The name of the backward kernel flashgen.torch runs for `case` on these inputs (its
-    family as the op chooses it: wgmma only with FLASHGEN_WGMMA_BWD=1 on sm_90)."""
+    family as the op chooses it: wgmma on sm_90 where it fits, else mma)."""
     try:
         from .. import torch as fg_torch
         from .validate import check_layout

@@ -399,8 +399,7 @@ WGMMA_SMEM_ALIGN = 1024
 class WgmmaFamily(Family):
     """FlashAttention-3 on Hopper: TMA + mbarrier ring, a producer warpgroup, 64-row consumers.
 
-    A backward spec (direction "bwd") takes its rules and sizes from `wgmma_bwd.py` (not yet
-    proven on a GPU: opt-in only).
+    A backward spec (direction "bwd") takes its rules and sizes from `wgmma_bwd.py`.
     """
 
     def consumers(self, spec: KernelSpec) -> int:
@@ -417,6 +416,8 @@ class WgmmaFamily(Family):
         return WGMMA_REGS[self.consumers(spec)]
 
     def default_stages(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return wgmma_bwd.default_stages(spec)
         return 2
 
     def d_pad(self, spec: KernelSpec) -> int:
@@ -578,7 +579,7 @@ FAMILIES: dict[str, Family] = {
         name="wgmma",
         template="wgmma.cu.j2",
         # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
-        # no features yet, not in any shipped space (wgmma_bwd.py)
+        # no features yet (wgmma_bwd.py)
         bwd_template="wgmma_bwd.cu.j2",
         bwd_tile=wgmma_bwd.DEFAULT_TILE,
         archs=("sm_90a",),

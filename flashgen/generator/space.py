@@ -82,6 +82,13 @@ BWD_AXES: dict[str, dict[str, tuple[object, ...]]] = {
         "causal": (False, True),
         "features": ((), ("deterministic",)),
     },
+    # Hopper: the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
+    # deterministic variant (the mma one serves that mode on every GPU)
+    "wgmma": {
+        "d": (64, 128),
+        "dtype": ("fp16", "bf16"),
+        "causal": (False, True),
+    },
 }
 
 

@@ -1,6 +1,6 @@
 """The backward pass (dQ, dK, dV) of family wgmma (Hopper, sm_90a): its variant rules and
-template values. NOT yet proven on a GPU: nothing selects it by default (flashgen.torch only
-with FLASHGEN_WGMMA_BWD=1 on an sm_90 GPU), no shipped space holds it, bundles refuse it.
+template values. flashgen.torch runs it on sm_90 GPUs by default (space.BWD_AXES ships it at
+the default tile); bundles refuse it (their C launcher builds no backward tensor maps yet).
 
 `families.WgmmaFamily` hands a spec with direction "bwd" here. A block owns BC keys of one K/V
 head (64 per consumer warpgroup, so `consumers` = bc/64) and walks every query tile of BR rows
@@ -39,6 +39,13 @@ SMEM_ALIGN = 1024
 # Columns of dQ = dS K one wgmma computes: one 64-column (128-byte) swizzled slab of K at a
 # time (the template's CHUNK), so a consumer holds 32 fp32 dQ accumulators beside dK and dV.
 DQ_COLS = 64
+
+
+def default_stages(spec: KernelSpec) -> int:
+    """Q/dO ring depth when the spec names none: 3 at d = 64 (measured 3-5% over 2 on the
+    H200, bench/results/*-wgmma-bwd-sweep.json), 2 at d = 128 (3 is no faster and takes
+    227 KB of shared memory)."""
+    return 3 if spec.d <= 64 else 2
 
 
 def consumers(spec: KernelSpec) -> int:

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.gpu
 
 # Shipped variants (both modes), plus probes at a head dim that is padded in-kernel (40 -> 48).
 PROBE = KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
-# The wgmma backward (sm_90a; not shipped yet): both consumer counts, d 64/128, both dtypes.
+# Unshipped wgmma backward tiles (sm_90a): one and two consumers, d 64/128, both dtypes.
 WGMMA_PROBES = [
     KernelSpec(family="wgmma", direction="bwd", d=d, bc=bc, dtype=dt, causal=c)
     for d, bc, dt, c in ((64, 128, "bf16", True), (128, 128, "bf16", False),
