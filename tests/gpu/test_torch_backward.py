@@ -1,6 +1,7 @@
-"""`flashgen.torch.attention` is differentiable: dQ, dK, dV from the mma backward kernels,
-judged by FlashAttention's gradient rule (`oracle_bwd.check_grads`) against float64.
-Skipped without torch built with CUDA."""
+"""`flashgen.torch.attention` is differentiable: dQ, dK, dV from the backward kernels (family
+wgmma's on sm_90, mma's elsewhere or with FLASHGEN_WGMMA_BWD=0), judged by FlashAttention's
+gradient rule (`oracle_bwd.check_grads`) against float64. Skipped without torch built with
+CUDA."""
 
 from __future__ import annotations
 
@@ -90,3 +91,43 @@ def test_gradients_under_torch_compile_equal_eager_ones() -> None:
     # round the loss's gradient differently, so close, not bit-identical
     for a, c in zip(eager, compiled, strict=True):
         torch.testing.assert_close(a, c)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_forward_and_backward_replay_in_a_cuda_graph(d: int, deterministic: bool) -> None:
+    """Captured once, replayed on new values: the replay's gradients pass the oracle's rule
+    (and in deterministic mode equal an eager run's bit for bit)."""
+    g = torch.Generator(device="cuda").manual_seed(77 + d)
+    shape = (2, 4, 200, d)
+
+    def fresh() -> tuple[Any, ...]:
+        return tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+                     for _ in range(4))  # fmt: skip
+
+    q, k, v, do = (x.requires_grad_(i < 3) for i, x in enumerate(fresh()))
+
+    def step() -> tuple[Any, ...]:
+        o = fgt.attention(q, k, v, causal=True, deterministic=deterministic)
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles and loads the kernels outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = step()
+    with torch.no_grad():
+        for x, y in zip((q, k, v, do), fresh(), strict=True):
+            x.copy_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = tuple(f64(x) for x in grads)
+    outs = check_grads(got, f64(q), f64(k), f64(v), f64(do), dtype="bf16", causal=True)
+    bad = [f"{x.name}: err {x.err:.3g} > bound {x.bound:.3g}" for x in outs if not x.passed]
+    assert not bad, "; ".join(bad)
+    if deterministic:
+        for name, a, c in zip(("dq", "dk", "dv"), grads, step(), strict=True):
+            assert torch.equal(a, c), f"{name}: replay differs from an eager run"
