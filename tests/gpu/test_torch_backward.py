@@ -1,16 +1,19 @@
 """`flashgen.torch.attention` is differentiable: dQ, dK, dV from the backward kernels (family
 wgmma's on sm_90, mma's elsewhere or with FLASHGEN_WGMMA_BWD=0), judged by FlashAttention's
-gradient rule (`oracle_bwd.check_grads`) against float64. Skipped without torch built with
-CUDA."""
+gradient rule (`oracle_bwd.check_grads`) against float64, with and without the run-time
+features (window, softcap, ALiBi; each through both backward families on sm_90). Skipped
+without torch built with CUDA."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from flashgen.generator.oracle import visible
 from flashgen.generator.oracle_bwd import check_grads
 
 torch = pytest.importorskip("torch")
@@ -131,3 +134,177 @@ def test_forward_and_backward_replay_in_a_cuda_graph(d: int, deterministic: bool
     if deterministic:
         for name, a, c in zip(("dq", "dk", "dv"), grads, step(), strict=True):
             assert torch.equal(a, c), f"{name}: replay differs from an eager run"
+
+
+# ---- run-time features: window, softcap, ALiBi --------------------------------------------------
+
+
+@pytest.fixture(params=["wgmma", "mma"])
+def bwd_family(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The backward family a test runs: wgmma (sm_90's default; skipped on other GPUs) or mma
+    (FLASHGEN_WGMMA_BWD=0). The caches are cleared on both sides so the choice is made anew."""
+    family = request.param
+    if family == "wgmma":
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("family wgmma's backward runs on sm_90 GPUs only")
+        monkeypatch.delenv(fgt.WGMMA_BWD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(fgt.WGMMA_BWD_ENV, "0")
+    fgt.clear_cache()
+    yield family
+    fgt.clear_cache()  # later tests choose again, without this test's environment
+
+
+def _backward_specs() -> list[Any]:
+    """The backward variants flashgen.torch has bound since the last clear_cache() (its
+    private cache of (Prepared, device) entries), to see which family and features ran."""
+    return [entry[0].spec for entry in fgt._bwd_entries.values()]
+
+
+@dataclass(frozen=True)
+class FeatureCase:
+    shape: tuple[int, int, int, int, int]  # (B, H, H_kv, Tq, Tk)
+    d: int
+    dtype: str
+    causal: bool
+    window: tuple[int, int] | None = None
+    softcap: float | None = None
+    alibi: float | None = None  # slopes alibi * 2^(-8 (i + 1) / H) for query head i
+    logit_max: float | None = None  # Q and K scaled so that max |scale q.k| is this
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        on = (self.window is not None, self.softcap is not None, self.alibi is not None)
+        return tuple(t for t, o in zip(("window", "softcap", "alibi"), on, strict=True) if o)
+
+    @property
+    def label(self) -> str:
+        parts = ["B{}H{}kv{}q{}k{}".format(*self.shape), f"d{self.d}", self.dtype]
+        parts.append("causal" if self.causal else "noncausal")
+        if self.window is not None:
+            parts.append("win{},{}".format(*("inf" if n < 0 else n for n in self.window)))
+        if self.softcap is not None:
+            parts.append(f"cap{self.softcap:g}")
+        if self.alibi is not None:
+            parts.append(f"alibi{self.alibi:g}")
+        if self.logit_max is not None:
+            parts.append(f"logits{self.logit_max:g}")
+        return "-".join(parts)
+
+
+FC = FeatureCase
+FEATURE_CASES = [
+    # windows: causal sliding, two-sided with GQA 4, empty (0, 0) with Tq > Tk (rows that see
+    # no key), right only, wider than both sequences (the kernels get it as unbounded)
+    FC((2, 4, 4, 77, 77), 64, "bf16", True, window=(16, 0)),
+    FC((1, 8, 2, 130, 257), 128, "fp16", False, window=(40, 24)),
+    FC((2, 4, 1, 200, 64), 64, "fp16", True, window=(0, 0)),
+    FC((1, 4, 2, 97, 131), 128, "bf16", False, window=(-1, 8)),
+    FC((1, 2, 2, 150, 190), 64, "bf16", True, window=(1000, 1000)),
+    # softcaps from far below the logits (+-30) to above them
+    FC((2, 4, 1, 200, 64), 64, "fp16", False, softcap=0.5, logit_max=30.0),
+    FC((2, 4, 4, 77, 77), 128, "fp16", True, softcap=5.0, logit_max=30.0),
+    FC((1, 4, 2, 150, 190), 64, "bf16", False, softcap=50.0, logit_max=30.0),
+    # ALiBi: a slope per query head (GQA), and steep slopes
+    FC((1, 8, 2, 130, 257), 64, "bf16", True, alibi=1.0),
+    FC((2, 4, 1, 200, 64), 128, "bf16", False, alibi=8.0, logit_max=30.0),
+    # Gemma 2's window + softcap, and all three together
+    FC((1, 8, 2, 257, 129), 64, "fp16", True, window=(64, 0), softcap=30.0, logit_max=30.0),
+    FC((1, 4, 2, 130, 130), 128, "bf16", True, window=(32, 0), softcap=20.0, alibi=1.0),
+]
+
+
+def _slopes(alibi: float | None, h: int) -> Any:
+    if alibi is None:
+        return None
+    heads = torch.arange(1, h + 1, device="cuda", dtype=torch.float64)
+    return (alibi * 2.0 ** (-8.0 * heads / h)).float()
+
+
+def _feature_inputs(case: FeatureCase, seed: int) -> tuple[Any, ...]:
+    """q (a (B, T, H, d) model layout seen through a transposed view), k, v, dO; q and k scaled
+    to `logit_max` when it is set, then rounded to the dtype."""
+    b, h, h_kv, tq, tk = case.shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, tq, h, case.d, device="cuda", generator=g).transpose(1, 2)
+    k, v = (torch.randn(b, h_kv, tk, case.d, device="cuda", generator=g) for _ in "kv")
+    do = torch.randn(b, h, tq, case.d, device="cuda", generator=g)
+    if case.logit_max is not None:
+        ke = k.repeat_interleave(h // h_kv, dim=1)
+        peak = float((q @ ke.transpose(-1, -2)).abs().max()) * case.d**-0.5
+        gain = (case.logit_max / peak) ** 0.5
+        q, k = q * gain, k * gain
+    t = TORCH_TYPES[case.dtype]
+    return tuple(x.to(t) for x in (q, k, v, do))
+
+
+@pytest.mark.parametrize("case", FEATURE_CASES, ids=lambda c: c.label)
+def test_feature_gradients_match_the_oracle(case: FeatureCase, bwd_family: str) -> None:
+    """Gradients with a window, softcap and ALiBi (no NotImplementedError any more) pass the
+    oracle's rule, through the family the parametrization chose, compiled with the features."""
+    b, h, h_kv, tq, tk = case.shape
+    q, k, v, do = _feature_inputs(case, seed=sum(case.shape) * 131 + case.d)
+    slopes = _slopes(case.alibi, h)
+    kw = {"window": case.window, "softcap": case.softcap, "alibi_slopes": slopes}
+    for x in (q, k, v):
+        x.requires_grad_()
+    o = fgt.attention(q, k, v, causal=case.causal, **kw)
+    o.backward(do)
+    torch.cuda.synchronize()
+    ran = _backward_specs()
+    assert [(s.family, tuple(s.features)) for s in ran] == [(bwd_family, case.tokens)], (
+        f"expected one {bwd_family} backward with {case.tokens}: {[s.name for s in ran]}"
+    )
+    got = (f64(q.grad), f64(k.grad), f64(v.grad))
+    host_slopes = None if slopes is None else slopes.cpu().numpy()
+    outs = check_grads(
+        got, f64(q), f64(k), f64(v), f64(do), dtype=case.dtype, causal=case.causal,
+        window=case.window, softcap=case.softcap, alibi_slopes=host_slopes,
+    )  # fmt: skip
+    bad = [f"{x.name}: err {x.err:.3g} > bound {x.bound:.3g}" for x in outs if not x.passed]
+    assert not bad, f"{case.label} ({bwd_family}): " + "; ".join(bad)
+    empty = ~visible(tq, tk, causal=case.causal, window=case.window).any(axis=1)
+    assert not np.any(got[0][:, :, empty]), "dQ of rows that see no key must be zero"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_deterministic_feature_gradients_are_bit_identical_and_right(d: int) -> None:
+    """deterministic=True (family mma without atomics) with a window and ALiBi: many key and
+    query tiles, the same bits on every run, and the oracle's rule."""
+    case = FC((2, 4, 2, 500, 700), d, "bf16", True, window=(100, 20), alibi=1.0)
+    q, k, v, do = _feature_inputs(case, seed=4242 + d)
+    slopes = _slopes(case.alibi, case.shape[1])
+    kw = {"window": case.window, "alibi_slopes": slopes, "deterministic": True}
+
+    def grads() -> tuple[Any, ...]:
+        x = [y.detach().clone().requires_grad_() for y in (q, k, v)]
+        return torch.autograd.grad(fgt.attention(*x, causal=True, **kw), x, do)
+
+    first = grads()
+    for _ in range(2):
+        for name, a, c in zip(("dq", "dk", "dv"), first, grads(), strict=True):
+            assert torch.equal(a, c), f"{name} differs between runs"
+    outs = check_grads(
+        tuple(f64(x) for x in first), f64(q), f64(k), f64(v), f64(do), dtype="bf16", causal=True,
+        window=case.window, alibi_slopes=slopes.cpu().numpy(),
+    )  # fmt: skip
+    bad = [f"{x.name}: err {x.err:.3g} > bound {x.bound:.3g}" for x in outs if not x.passed]
+    assert not bad, "; ".join(bad)
+
+
+def test_feature_gradients_under_torch_compile_equal_eager_ones() -> None:
+    """A sliding window with softcap through torch.compile(fullgraph=True), forward and
+    backward: the feature values reach the backward op from the traced graph."""
+    g = torch.Generator(device="cuda").manual_seed(99)
+    q, k, v = (torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))  # fmt: skip
+
+    def step(q: Any, k: Any, v: Any) -> Any:
+        o = fgt.attention(q, k, v, causal=True, window=(48, 0), softcap=20.0)
+        return o.float().square().mean()
+
+    eager = torch.autograd.grad(step(q, k, v), (q, k, v))
+    compiled = torch.autograd.grad(torch.compile(step, fullgraph=True)(q, k, v), (q, k, v))
+    for a, c in zip(eager, compiled, strict=True):
+        assert torch.isfinite(c).all()
+        torch.testing.assert_close(a, c)
