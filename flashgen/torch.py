@@ -1,7 +1,8 @@
 """`flashgen.torch`: generated FlashAttention kernels as a PyTorch operator.
 
-`attention(q, k, v, *, causal=False, scale=None, return_lse=False, spec=None)` runs on CUDA
-tensors and returns torch tensors. It is registered as the custom op
+`attention(q, k, v, *, causal=False, scale=None, return_lse=False, spec=None, window=None,
+softcap=None, alibi_slopes=None, deterministic=False)` runs on CUDA tensors and returns torch
+tensors. It is registered as the custom op
 `torch.ops.flashgen.attention` (schema below) with a fake implementation, so
 `torch.compile(..., fullgraph=True)` traces it as one graph node, and it can be captured in a
 CUDA graph: outputs come from torch's caching allocator on q's device, the kernel is launched on
@@ -17,14 +18,17 @@ compiles it for the tensor's GPU (cached on disk) and binds a launch plan
 `attention` calls that path directly; otherwise (torch.compile, fake tensors, tensors that
 require grad, dispatch modes) it goes through the dispatcher.
 
-Gradients: the op is differentiable (fp16/bf16, no features) through the custom op
-`torch.ops.flashgen.attention_backward` (O and LSE saved). On an sm_90 GPU (H100/H200) a call
-that fits family wgmma's backward (d 64 or 128, fp16/bf16, not deterministic, TMA-loadable
-strides) runs it (TMA + wgmma, dQ added by bulk reductions); every other call runs family
-mma's. `deterministic=True` picks mma's variant without floating-point atomics, whose dQ, dK
-and dV are bit-identical run to run. FLASHGEN_WGMMA_BWD=0 in the environment keeps sm_90 on
-mma's backward too. The choice is made on a signature's first backward call; `clear_cache()`
-forgets it.
+Gradients: the op is differentiable (fp16/bf16, d <= 128, dv = d; with the window, softcap
+and ALiBi features too) through the custom op `torch.ops.flashgen.attention_backward` (O and
+LSE saved, and the ALiBi slopes; the feature values are passed on to it, and it runs the
+backward variant compiled with the call's features). On an sm_90 GPU (H100/H200) a call that
+fits family wgmma's backward (d 64 or 128, fp16/bf16, not deterministic, TMA-loadable strides)
+runs it (TMA + wgmma, dQ added by bulk reductions); every other call runs family mma's.
+`deterministic=True` picks mma's variant without floating-point atomics, whose dQ, dK and dV
+are bit-identical run to run. FLASHGEN_WGMMA_BWD=0 in the environment keeps sm_90 on mma's
+backward too. The choice is made on a signature's first backward call; `clear_cache()`
+forgets it. A backward through a call the kernels cannot serve (fp32, d > 128, dv != d)
+raises NotImplementedError naming it.
 
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
@@ -311,7 +315,9 @@ def _cpu(
 # ---- the backward pass: dQ, dK, dV from Q, K, V, O, LSE and dO (family mma's kernels) ---------
 BWD_SCHEMA = (
     "attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
-    "bool causal, float? scale, bool deterministic=False) -> (Tensor, Tensor, Tensor)"
+    "bool causal, float? scale, bool deterministic=False, int window_left=-1, "
+    "int window_right=-1, float softcap=0., Tensor? alibi_slopes=None) "
+    "-> (Tensor, Tensor, Tensor)"
 )
 _LIB.define(BWD_SCHEMA)
 BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for in registers
@@ -320,15 +326,15 @@ BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for
 WGMMA_BWD_ENV = "FLASHGEN_WGMMA_BWD"
 WGMMA_BWD_ARCH = "sm_90"  # the GPUs it runs on (compiled for sm_90a)
 
-# (device, d, dtype, causal, deterministic, family) -> the backward plan
+# (device, d, dtype, causal, deterministic, family, feature tokens) -> the backward plan
 _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
 def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[Any, ...]) -> str:
     """The backward's family for a call: "wgmma" when the GPU is sm_90 and the call fits the
     wgmma backward's rules (d 64/128, fp16/bf16, dv = d, not deterministic, every stride of an
-    axis longer than 1 non-zero: the TMA steps them), unless FLASHGEN_WGMMA_BWD=0; else "mma"
-    (the backward has no features at all: the op refuses them before)."""
+    axis longer than 1 non-zero: the TMA steps them), unless FLASHGEN_WGMMA_BWD=0; else "mma".
+    Window, softcap and ALiBi do not enter the choice: both families' backwards take them."""
     from .generator.wgmma_bwd import HEAD_DIMS
 
     if os.environ.get(WGMMA_BWD_ENV) == "0" or deterministic:
@@ -342,12 +348,16 @@ def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[
 
 
 def _bwd_plan(
-    dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False, family: str = "mma"
-) -> tuple[KernelSpec, launch.LaunchPlan]:
-    key = (dev, d, dtype, causal, deterministic, family)
+    dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False, family: str = "mma",
+    features: tuple[str, ...] = (),
+) -> tuple[KernelSpec, launch.LaunchPlan]:  # fmt: skip
+    """The backward variant (the family's default tile) for a call, compiled and loaded:
+    `features` are the call's feature tokens (`FeatureArgs.tokens`: window, softcap, alibi),
+    compiled in beside `deterministic`."""
+    key = (dev, d, dtype, causal, deterministic, family, tuple(features))
     hit = _bwd_plans.get(key)
     if hit is None:
-        feats = ("deterministic",) if deterministic else ()
+        feats = (*features, *(("deterministic",) if deterministic else ()))
         spec = KernelSpec(
             family=family, d=d, dtype=dtype, causal=causal, direction="bwd", features=feats
         )
@@ -361,11 +371,15 @@ def _bwd_plan(
 
 def _run_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
-    deterministic: bool = False,
+    deterministic: bool = False, window_left: int = -1, window_right: int = -1,
+    softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """The CUDA backward: fp32 scratch from torch's allocator, three kernels on the current
     stream, nothing synchronized (CUDA-graph safe like the forward). `deterministic`: the
-    variant without atomics (bit-identical gradients; no fp32 dQ accumulator allocated)."""
+    variant without atomics (bit-identical gradients; no fp32 dQ accumulator allocated).
+    The feature values are the forward's (window sides -1: unbounded, softcap 0.0: off, the
+    ALiBi slopes a float32 (H,) tensor on q's device or None); the variant is compiled with
+    the features they use."""
     from .generator import backward
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -374,19 +388,29 @@ def _run_backward(
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     tensors = (q, k, v, o, lse, do)
     det = bool(deterministic)
+    slopes = None if alibi_slopes is None else alibi_slopes.data_ptr()
     key = (
         *((t.shape, t.stride(), t.dtype) for t in tensors), q.get_device(),
         tuple(t.data_ptr() & 15 for t in tensors), bool(causal), scale, det,
+        window_left, window_right, softcap, slopes,
     )  # fmt: skip
-    hit = _bwd_entries.get(key)
+    try:
+        hit = _bwd_entries.get(key)
+    except TypeError:  # an unhashable argument: validation names it
+        hit = None
     if hit is None:  # first call of this signature: validate everything, then reuse
         problem = check_layout(q, k, v)
         dev = int(q.get_device())
+        features = _bwd_features(problem, window_left, window_right, softcap, alibi_slopes, q)
         family = _bwd_family(dev, problem, det, (q, k, v, o, do))
-        spec, plan = _bwd_plan(dev, problem.d, problem.dtype, bool(causal), det, family)
+        args = (dev, problem.d, problem.dtype, bool(causal), det, family)
+        # (features only when there are some: scripts/bwd_sweep.py swaps in a _bwd_plan of
+        # its own with the six arguments)
+        tokens = features.tokens
+        spec, plan = _bwd_plan(*args, features=tokens) if tokens else _bwd_plan(*args)
         bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
         value = check_scale(scale, problem.d)
-        hit = (backward.Prepared(plan, spec, bp, value * LOG2E), dev)
+        hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features), dev)
         with _entries_lock:
             if len(_bwd_entries) >= MAX_SIGNATURES:
                 _bwd_entries.clear()
@@ -407,15 +431,37 @@ def _run_backward(
     return dq, dk, dv
 
 
-# backward signature (shapes, strides, dtypes, device, pointer alignment, causal, scale, mode)
-# -> (prepared launches, device): later calls of a signature skip validation
+def _bwd_features(
+    problem: Problem, left: int, right: int, cap: float, slopes: Any, q: Any
+) -> FeatureArgs:
+    """The backward call's feature values, validated as the forward's are (`_prepare`)."""
+    ptr = None
+    if slopes is not None:
+        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
+        if slopes.device != q.device:
+            raise ValueError(
+                f"alibi_slopes on {slopes.device}, q on {q.device}: must be on one device; move "
+                "them with .to(q.device)"
+            )
+        if not slopes.is_contiguous():
+            raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
+        ptr = int(slopes.data_ptr())
+    return FeatureArgs(check_window((left, right)), check_softcap(cap), ptr)
+
+
+# backward signature (shapes, strides, dtypes, device, pointer alignment, causal, scale, mode,
+# feature values and the ALiBi slopes' pointer) -> (prepared launches, device): later calls of
+# a signature skip validation
 _bwd_entries: dict[tuple[Any, ...], tuple[Any, int]] = {}
 
 
 def _fake_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
-    deterministic: bool = False,
+    deterministic: bool = False, window_left: int = -1, window_right: int = -1,
+    softcap: float = 0.0, alibi_slopes: Any = None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
+    check_window((window_left, window_right))
+    check_softcap(softcap)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -427,13 +473,9 @@ def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
     q, k, v, causal, scale, variant, left, right, cap, slopes, deterministic = inputs
     o, lse = output
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-    # the backward kernels have no window, softcap or ALiBi yet: say so when gradients are asked
-    ctx.unsupported = [
-        name for name, on in (
-            ("window", left != -1 or right != -1), ("softcap", cap != 0.0),
-            ("alibi_slopes", slopes is not None), ("dv != d", v.shape[-1] != q.shape[-1]),
-        ) if on
-    ]  # fmt: skip
+    ctx.window, ctx.softcap = (left, right), cap  # window, softcap and ALiBi: passed on
+    # what the backward kernels cannot serve: say so when gradients are asked
+    ctx.unsupported = ["dv != d"] if v.shape[-1] != q.shape[-1] else []
     if q.dtype not in (torch.float16, torch.bfloat16):
         ctx.unsupported.append(f"dtype {q.dtype} (the backward kernels are fp16/bf16)")
     if q.shape[-1] > BWD_MAX_D:
@@ -441,19 +483,24 @@ def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
             f"head dim {q.shape[-1]} (the backward kernels take d <= {BWD_MAX_D})"
         )
     ctx.mark_non_differentiable(lse)  # gradients flow through O only
-    ctx.save_for_backward(q, k, v, o, lse)  # only O and LSE besides the inputs: no P, no S
+    # only O and LSE besides the inputs (and the ALiBi slopes, or None): no P, no S
+    ctx.save_for_backward(q, k, v, o, lse, slopes)
 
 
 def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
     if ctx.unsupported:
         raise NotImplementedError(
             f"flashgen.torch.attention: no backward pass yet with {', '.join(ctx.unsupported)}; "
-            "call it under torch.no_grad() for inference, or train without those features"
+            "call it under torch.no_grad() for inference, or train without them"
         )
-    q, k, v, o, lse = ctx.saved_tensors
+    q, k, v, o, lse, slopes = ctx.saved_tensors
     if grad_o is None:
         return None, None, None, None, None, None, None, None, None, None, None
-    dq, dk, dv = _BWD_OP(q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic)
+    (left, right), cap = ctx.window, ctx.softcap
+    dq, dk, dv = _BWD_OP(
+        q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, left, right, cap,
+        slopes,
+    )  # fmt: skip
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -522,7 +569,7 @@ def attention(
     for (d, dtype, causal, the tensor's GPU). Returns O with q's dtype and memory layout on q's
     device, or (O, LSE) with `return_lse` (LSE float32 (B, H, Tq), natural log).
     Features, as in `flashgen.attention`: `window=(left, right)` (-1 unbounded), `softcap=c`,
-    `alibi_slopes` a float32 (H,) tensor on q's device.
+    `alibi_slopes` a float32 (H,) tensor on q's device; the backward pass takes them too.
     `deterministic=True` makes the backward pass (when gradients are asked) use the variant
     without floating-point atomics: dQ, dK, dV bit-identical run to run, somewhat slower.
     The forward is the same either way.

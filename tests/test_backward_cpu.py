@@ -59,12 +59,14 @@ def backward_tile() -> tuple[int, int]:
             "direction='bwd': family simt has no backward kernel yet; use --family mma",
         ),
         (
-            {"family": "mma", "features": ("window",)},
-            "features=('window',): the backward pass supports no features but 'deterministic'",
+            {"family": "mma", "features": ("gqapack",)},
+            "features=('gqapack',): gqapack has no backward (it packs a decoding forward's "
+            "query heads; the backward reads K and V once per GQA group already); drop gqapack "
+            "for direction='bwd'",
         ),
         (
-            {"family": "mma", "features": ("window", "deterministic")},
-            "features=('window', 'deterministic'): the backward pass supports no features but",
+            {"family": "mma", "features": ("window", "gqapack")},
+            "features=('window', 'gqapack'): gqapack has no backward",
         ),
         (
             {"family": "mma", "features": ("deterministic",), "br": 32},
@@ -72,6 +74,11 @@ def backward_tile() -> tuple[int, int]:
             "warps 16 of the br query rows, so it needs br = bc; try br=64",
         ),
         ({"family": "mma", "dv": 128}, "dv=128: the backward pass needs v's head dim equal to d"),
+        (
+            {"family": "mma", "dv": 128, "features": ("window",)},
+            "dv=128: the backward pass needs v's head dim equal to d=64 for now; leave dv unset "
+            "for direction='bwd'",
+        ),
         ({"family": "mma", "warps": 8}, "warps=8: the backward gives each warp 16 of the bc=64"),
         ({"family": "mma", "br": 256}, "br=256: the backward's query tile must be a multiple"),
         ({"family": "mma", "stages": 3}, "stages=3: the Q/dO ring depth must be 1 or 2"),
@@ -85,6 +92,47 @@ def test_backward_refusals_name_the_value_and_the_fix(
     with pytest.raises(SpecError) as info:
         KernelSpec(direction="bwd", d=fields.pop("d", 64), **fields)  # type: ignore[arg-type]
     assert any(message in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize(
+    ("features", "name"),
+    [
+        (("window", "softcap"), "flash_bwd_mma_d64_br64_bc64_bf16_causal_window_softcap_w4_s2"),
+        (("alibi",), "flash_bwd_mma_d64_br64_bc64_bf16_causal_alibi_w4_s2"),
+        (
+            ("alibi", "softcap", "window"),
+            "flash_bwd_mma_d64_br64_bc64_bf16_causal_window_softcap_alibi_w4_s2",
+        ),
+        (
+            ("deterministic", "window"),
+            "flash_bwd_mma_d64_br64_bc64_bf16_causal_window_deterministic_w4_s2",
+        ),
+    ],
+)
+def test_a_backward_spec_takes_the_forwards_features_and_round_trips(
+    features: tuple[str, ...], name: str
+) -> None:
+    spec = KernelSpec(family="mma", d=64, causal=True, direction="bwd", features=features)
+    assert spec.name == name
+    assert KernelSpec.from_name(name) == spec
+    assert backward.is_deterministic(spec) == ("deterministic" in features)
+    # the tiles and kernels are the plain variant's: features are arguments and a few flags
+    plain = spec.replace(features=tuple(f for f in features if f == "deterministic"))
+    assert (spec.br, spec.bc, spec.warps, spec.stages) == (
+        plain.br, plain.bc, plain.warps, plain.stages,
+    )  # fmt: skip
+    assert backward.kernel_names(spec)[1] == name
+    src = render(spec).source
+    for token in ("window", "softcap", "alibi"):
+        flag = "true" if token in features else "false"
+        assert f"constexpr bool {token.upper()} = {flag};" in src, token
+
+
+def test_the_mma_backward_features_are_the_forwards_and_deterministic() -> None:
+    from flashgen.generator.families import FAMILIES
+
+    assert FAMILIES["mma"].bwd_features == {"deterministic", "window", "softcap", "alibi"}
+    assert FAMILIES["wgmma"].bwd_features == {"window", "softcap", "alibi"}
 
 
 def test_deterministic_is_a_backward_only_feature() -> None:
@@ -135,12 +183,33 @@ def test_backward_render_is_plain_cuda_with_three_kernels(spec: KernelSpec) -> N
     assert render(spec).source == src  # deterministic
 
 
+def abi_codes(src: str, symbol: str) -> str:
+    """The struct codes of a rendered kernel's parameters (P pointer, i int, q long long,
+    f float), its leading `__grid_constant__` tensor maps left out."""
+    start = re.search(rf"\b{symbol}\(", src)
+    assert start, symbol
+    sig = re.sub(r"//[^\n]*", "", src[start.end() : src.index("{", start.end())])
+    codes = []
+    for param in (p.strip().rstrip(")") for p in sig.split(",")):
+        if "__grid_constant__" in param:
+            continue
+        code = next(
+            c for t, c in (("*", "P"), ("long long", "q"), ("int", "i"), ("float", "f"))
+            if t in param
+        )  # fmt: skip
+        codes.append(code)
+    return "".join(codes)
+
+
 def test_the_abi_format_has_one_code_per_kernel_argument() -> None:
-    # 11 pointers, tq, tk, 24 strides, scale_log2, kv_group: the order the template documents
-    assert len(backward.ABI_FORMAT) == 39
-    src = render(BWD[0]).source
-    sig = src[src.index(f"{BWD[0].name}_pre(") : src.index("{", src.index(f"{BWD[0].name}_pre("))]
-    assert sig.count("long long") == 24 and sig.count("*") == 11
+    # 11 pointers, tq, tk, 24 strides, scale_log2, kv_group, then the forward's four feature
+    # values (window_left, window_right, softcap, alibi_slopes): the order the template documents
+    assert backward.ABI_FORMAT == "P" * 11 + "ii" + "q" * 24 + "f" + "i" + "ii" + "f" + "P"
+    assert len(backward.ABI_FORMAT) == 43
+    for spec in (BWD[0], BWD[0].replace(features=("window", "softcap", "alibi"))):
+        src = render(spec).source
+        for symbol in backward.kernel_names(spec):
+            assert abi_codes(src, symbol) == backward.ABI_FORMAT, symbol
 
 
 def test_validation_refuses_a_gradient_of_the_wrong_shape() -> None:
@@ -293,3 +362,215 @@ def test_a_prepared_backward_only_rewrites_the_pointers_between_calls(monkeypatc
     assert [c[1] for c in calls[:3]] == list(bp.grids(spec))
     assert all(c[2] == first for c in calls[:3]) and all(c[2] == second for c in calls[3:])
     assert all(c[3] == 0.5 for c in calls)  # the scalars stay as prepared
+
+
+def test_bundles_refuse_backward_variants_with_features():
+    from flashgen.generator.bundle import BundleError, bundle_files
+
+    for feats in (("window",), ("softcap",), ("alibi",), ("window", "softcap")):
+        spec = KernelSpec(family="mma", d=64, causal=True, direction="bwd", features=feats)
+        with pytest.raises(BundleError) as info:
+            bundle_files([spec])
+        message = str(info.value)
+        assert "\n" not in message
+        assert message == (
+            f"{spec.name}: backward variants with {', '.join(feats)} are not bundled yet (the "
+            "bundle's backward launcher passes the features off); bundle the plain backward "
+            "variant; backward features in bundles come later"
+        )
+    # the forward variant with the same features still bundles
+    fwd = KernelSpec(family="mma", d=64, causal=True, features=("window",))
+    assert any(fwd.name in path for path in bundle_files([fwd]))
+
+
+# ---- the feature values on the host side -----------------------------------------------------
+def _fake_prepared_launch(monkeypatch, spec, features=None, scale=0.5):
+    """A Prepared backward on a fake driver: the kernelParams of its first launch, as values
+    decoded by ABI_FORMAT."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from flashgen.generator import launch
+    from flashgen.generator.validate import Problem
+
+    seen: list[list[int]] = []
+
+    class Driver:
+        def cuCtxGetCurrent(self, ref):
+            ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p))[0] = 7
+            return 0
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            seen.append([int(a) for a in params])
+            return 0
+
+    monkeypatch.setattr(launch, "driver", lambda: Driver())
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (101, 102, 103))
+    fwd = Problem(2, 4, 100, 130, spec.d, spec.dtype, (25600, 6400, 64), (16640, 8320, 64),
+                  (16640, 8320, 64), (25600, 6400, 64), h_kv=2)  # fmt: skip
+    s = fwd.q_strides
+    bp = backward.BackwardProblem(fwd, s, s, fwd.k_strides, fwd.v_strides, 0, 0, 0, 0)
+    plan = SimpleNamespace(context=7, smem=spec.smem_bytes)
+    args = () if features is None else (features,)
+    prepared = backward.Prepared(plan, spec, bp, scale, *args)
+    prepared(tuple(range(16, 16 * 12, 16)), 0)
+    readers = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong,
+               "f": ctypes.c_float}  # fmt: skip
+    values = []
+    for code, addr in zip(backward.ABI_FORMAT, seen[0], strict=True):
+        values.append(readers[code].from_address(addr).value or 0)
+    assert all(len(call) == len(backward.ABI_FORMAT) for call in seen)
+    return values
+
+
+def test_a_plain_backward_passes_every_feature_off(monkeypatch):
+    spec = KernelSpec(family="mma", d=64, direction="bwd", causal=True)
+    values = _fake_prepared_launch(monkeypatch, spec)
+    assert values[37:39] == [0.5, 2]  # scale_log2, kv_group
+    assert values[39:] == [-1, -1, 0.0, 0]  # window_left, window_right, softcap, alibi
+
+
+def test_the_feature_values_are_the_abis_last_four_arguments(monkeypatch):
+    from flashgen.generator.features import FeatureArgs
+
+    spec = KernelSpec(
+        family="mma", d=64, direction="bwd", causal=True, features=("window", "softcap", "alibi")
+    )
+    feats = FeatureArgs(window=(16, 0), softcap=30.0, alibi=0xABC0)
+    values = _fake_prepared_launch(monkeypatch, spec, feats)
+    assert values[39:] == [16, 0, 30.0, 0xABC0]
+    # a side that reaches every key (tq + tk = 230 or more) is passed as unbounded
+    wide = FeatureArgs(window=(230, 5), softcap=30.0)
+    assert _fake_prepared_launch(monkeypatch, spec, wide)[39:] == [-1, 5, 30.0, 0]
+
+
+def test_a_prepared_backward_refuses_features_its_variant_lacks(monkeypatch):
+    from flashgen.generator.features import FeatureArgs
+
+    plain = KernelSpec(family="mma", d=64, direction="bwd", causal=True)
+    with pytest.raises(ValueError, match=r"the call uses window, softcap but the variant is not"):
+        _fake_prepared_launch(monkeypatch, plain, FeatureArgs(window=(8, 0), softcap=2.0))
+    capped = plain.replace(features=("softcap",))
+    with pytest.raises(ValueError, match=r"compiled with softcap, so it needs softcap > 0"):
+        _fake_prepared_launch(monkeypatch, capped)
+
+
+# launch_backward on host arrays: every check runs before the GPU is needed, so a call that
+# passes them reaches runtime.get_function (replaced here by a sentinel)
+class _GpuReached(Exception):
+    pass
+
+
+class _DeviceSlopes:
+    """A (H,) float32 device array seen through the CUDA array interface (no memory)."""
+
+    def __init__(self, heads: int, ptr: int = 0x7000, stride: int = 4, dtype: str = "<f4"):
+        self.__cuda_array_interface__ = {
+            "shape": (heads,), "strides": (stride,), "typestr": dtype, "data": (ptr, False),
+            "version": 3,
+        }  # fmt: skip
+
+
+def _aligned(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros starting on a 64-byte boundary (the pointer rules need 16)."""
+    dt = np.dtype(dtype)
+    size = int(np.prod(shape)) * dt.itemsize
+    raw = np.zeros(size + 64, np.uint8)
+    at = -raw.ctypes.data % 64
+    return raw[at : at + size].view(dt).reshape(shape)
+
+
+def _host_call(spec: KernelSpec):
+    dt = spec.dtype_info.numpy
+    q, k = (_aligned(s, dt) for s in ((1, 4, 32, spec.d), (1, 2, 40, spec.d)))
+    lse = _aligned((1, 4, 32), np.float32)
+    q2, dq, do = (_aligned(q.shape, dt) for _ in range(3))
+    dk, dv = (_aligned(k.shape, dt) for _ in range(2))
+    return (spec, q, k, k, q2, lse, do, dq, dk, dv)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    from flashgen.generator import runtime
+
+    def get_function(spec):
+        raise _GpuReached(spec.name)
+
+    monkeypatch.setattr(runtime, "get_function", get_function)
+
+
+@pytest.mark.parametrize(
+    ("features", "call", "message"),
+    [
+        (
+            (),
+            {"window": (8, 0)},
+            r"the call uses window but the variant is not compiled with it; "
+            r"use flash_bwd_mma_d64_br64_bc64_bf16_causal_window_w4_s2$",
+        ),
+        ((), {"softcap": 30.0}, r"the call uses softcap but"),
+        ((), {"alibi_slopes": _DeviceSlopes(4)}, r"the call uses alibi but"),
+        (
+            ("window",),
+            {"window": (8, 0), "softcap": 2.0},
+            r"the call uses softcap but .* use "
+            r"flash_bwd_mma_d64_br64_bc64_bf16_causal_window_softcap_w4_s2$",
+        ),
+        (("softcap",), {}, r"compiled with softcap, so it needs softcap > 0"),
+        (("softcap",), {"softcap": 0.0}, r"compiled with softcap, so it needs softcap > 0"),
+        (("window",), {"window": (8,)}, r"window=\(8,\): must be a pair \(left, right\)"),
+        (("window",), {"window": (-2, 0)}, r"each side must be >= 0 keys, or -1 for unbounded"),
+        (("softcap",), {"softcap": -1.0}, r"softcap=-1.0: must be in \["),
+        (
+            ("alibi",),
+            {"alibi_slopes": _DeviceSlopes(2)},
+            r"alibi_slopes.shape=\(2,\): must be "
+            r"\(4,\), one slope per query head",
+        ),
+        (("alibi",), {"alibi_slopes": _DeviceSlopes(4, dtype="<f2")}, r"must be float32"),
+        (("alibi",), {"alibi_slopes": _DeviceSlopes(4, stride=8)}, r"must be contiguous"),
+        (
+            ("alibi",),
+            {"alibi_slopes": np.ones(4, np.float32)},
+            r"alibi_slopes=ndarray: the "
+            r"kernels read the slopes on the GPU; pass them as a device array",
+        ),
+    ],
+)
+def test_launch_backward_refuses_features_that_do_not_fit_before_the_gpu(
+    no_gpu, features, call, message
+):
+    spec = KernelSpec(family="mma", d=64, direction="bwd", causal=True, features=features)
+    with pytest.raises(ValueError, match=message) as info:
+        backward.launch_backward(*_host_call(spec), **call)
+    assert "\n" not in str(info.value) and "spec=None" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("features", "call"),
+    [
+        ((), {}),
+        ((), {"window": (-1, -1), "softcap": 0.0}),  # FlashAttention's "off" values
+        (("window",), {"window": (8, 0)}),
+        (("window",), {}),  # a window variant runs a call without one (unbounded)
+        (("alibi",), {"alibi_slopes": _DeviceSlopes(4)}),
+        (
+            ("window", "softcap", "alibi"),
+            {"window": (8, 2), "softcap": 30.0, "alibi_slopes": _DeviceSlopes(4)},
+        ),
+        (("softcap", "deterministic"), {"softcap": 5.0}),
+    ],
+)
+def test_launch_backward_takes_features_that_fit(no_gpu, features, call):
+    spec = KernelSpec(family="mma", d=64, direction="bwd", causal=True, features=features)
+    with pytest.raises(_GpuReached):
+        backward.launch_backward(*_host_call(spec), **call)
+
+
+def test_backward_features_reads_the_slopes_pointer():
+    spec = KernelSpec(family="mma", d=64, direction="bwd", features=("window", "alibi"))
+    _, q, k, v, o, lse, do, dq, dk, dv = _host_call(spec)
+    problem = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
+    got = backward.backward_features(spec, problem, (4, 4), None, _DeviceSlopes(4, ptr=0x9100))
+    assert (got.window, got.softcap, got.alibi) == ((4, 4), None, 0x9100)
+    assert got.tokens == ("window", "alibi")

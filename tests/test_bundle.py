@@ -1049,8 +1049,9 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
 // grid, block and dynamic shared memory; the opt-in above 48 KiB; a workspace of D then the
 // dQ accumulator, 16-byte aligned, not overlapping) and share the work as the kernels do:
 // _pre writes D and zeroes the accumulator, the main one recomputes P from the LSE and writes
-// dK and dV and adds dQ into the accumulator, _post converts it. MOCK_BUG=dk leaves a dK
-// element unwritten, MOCK_BUG=dv moves a dV element by 0.5.
+// dK and dV and adds dQ into the accumulator, _post converts it; the four feature values come
+// last and must be off (-1, -1, 0, NULL: bundled backward variants have no features).
+// MOCK_BUG=dk leaves a dK element unwritten, MOCK_BUG=dv moves a dV element by 0.5.
 template <class T>
 struct BwdArgs {
   const T *q, *k, *v, *o, *dout;
@@ -1061,6 +1062,9 @@ struct BwdArgs {
   long long s[24];  // (batch, head, token) of q, k, v, o, dout, dq, dk, dv
   float scale_log2;
   int kv_group;
+  int window_left, window_right;
+  float softcap;
+  const float* alibi_slopes;
 };
 static unsigned char g_bwd_args[512];
 static int g_bwd_phase, g_bwd_h, g_bwd_b;
@@ -1073,7 +1077,8 @@ static void* g_bwd_stream;
       long long s7, long long s8, long long s9, long long s10, long long s11, long long s12,    \
       long long s13, long long s14, long long s15, long long s16, long long s17, long long s18, \
       long long s19, long long s20, long long s21, long long s22, long long s23,               \
-      float scale_log2, int kv_group
+      float scale_log2, int kv_group, int window_left, int window_right, float softcap,        \
+      const float *alibi_slopes
 #define BWD_FILL(a)                                                                             \
   std::memset(&a, 0, sizeof a);                                                                 \
   a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse, a.d_buf = d_buf;              \
@@ -1083,7 +1088,8 @@ static void* g_bwd_stream;
                                s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23};    \
     std::memcpy(a.s, all, sizeof all);                                                          \
   }                                                                                             \
-  a.scale_log2 = scale_log2, a.kv_group = kv_group
+  a.scale_log2 = scale_log2, a.kv_group = kv_group, a.window_left = window_left;             \
+  a.window_right = window_right, a.softcap = softcap, a.alibi_slopes = alibi_slopes
 
 // the launch of one of the three: its configuration, its place in the sequence, the same
 // arguments and stream as the first
@@ -1102,6 +1108,8 @@ static void bwd_launch(const BwdArgs<T>& a, int phase, dim3 want, int threads, s
     if (g_stream != g_bwd_stream) die("backward kernels launched on different streams");
   }
   g_bwd_phase = (phase + 1) % 3;
+  if (a.window_left != -1 || a.window_right != -1 || a.softcap != 0.0f || a.alibi_slopes)
+    die("backward features not passed off (-1, -1, 0, NULL)");
   if (g_grid.x != want.x || g_grid.y != want.y || g_grid.z != want.z ||
       g_block.x != (unsigned)threads || g_block.y != 1 || g_block.z != 1)
     die("backward grid or block");

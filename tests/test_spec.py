@@ -396,6 +396,46 @@ def test_features_are_checked_against_the_feature_table(features: Any, problem: 
     assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
 
 
+@pytest.mark.parametrize("family", ["mma", "wgmma"])
+@pytest.mark.parametrize(
+    ("features", "problems"),
+    [
+        (("win",), ["features: 'win' is not a feature; known features: "]),
+        ([1], ["features=[1]: must be a tuple of feature tokens; e.g. features=()"]),
+        (
+            ("window", "window"),
+            ["features=('window', 'window'): a feature is named twice; name each once"],
+        ),
+        (
+            ("softcap", "gqapack"),
+            [
+                "features=('softcap', 'gqapack'): gqapack has no backward (it packs a decoding "
+                "forward's query heads; the backward reads K and V once per GQA group already); "
+                "drop gqapack for direction='bwd'"
+            ],
+        ),
+    ],
+)
+def test_backward_features_are_named_once_each(
+    family: str, features: Any, problems: list[str]
+) -> None:
+    with pytest.raises(SpecError) as info:
+        KernelSpec(family=family, d=64, direction="bwd", features=features)
+    assert len(info.value.problems) == len(problems), info.value.problems
+    for got, want in zip(info.value.problems, problems, strict=True):
+        assert got.startswith(want), got
+
+
+@pytest.mark.parametrize("family", ["mma", "wgmma"])
+def test_a_backward_spec_takes_window_softcap_and_alibi(family: str) -> None:
+    spec = KernelSpec(
+        family=family, d=64, causal=True, direction="bwd", features=("alibi", "window", "softcap")
+    )
+    assert spec.features == ("window", "softcap", "alibi")  # canonical order
+    assert "_causal_window_softcap_alibi_" in spec.name
+    assert KernelSpec.from_name(spec.name) == spec
+
+
 @given(st.sampled_from(SHIPPED))
 def test_build_command_names_every_field_the_name_carries(spec: KernelSpec) -> None:
     cmd = spec.build_command

@@ -193,18 +193,81 @@ def test_the_deterministic_backward_traces_and_carries_its_flag_to_the_backward_
         fgt.attention(q, k, v, deterministic="yes")
 
 
-def test_the_backward_op_schema_takes_deterministic_with_a_default():
+def test_the_backward_op_schema_takes_deterministic_and_the_features_with_defaults():
     schema = str(torch.ops.flashgen.attention_backward.default._schema)
     assert schema == "flashgen::" + fgt.BWD_SCHEMA
-    assert schema.endswith("bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+    assert schema == (
+        "flashgen::attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+        "Tensor do, bool causal, float? scale, bool deterministic=False, int window_left=-1, "
+        "int window_right=-1, float softcap=0., Tensor? alibi_slopes=None) "
+        "-> (Tensor, Tensor, Tensor)"
+    )
     assert str(OP._schema).endswith("bool deterministic=False) -> (Tensor, Tensor)")
+    for key in ("CUDA", "Meta"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            "flashgen::attention_backward", key
+        ), key
 
 
-def test_backward_with_a_feature_it_lacks_says_so():
+def _spy_backward(fn):
+    """Run fn under a dispatch mode; the arguments each backward op call got, by name."""
+    bwd = torch.ops.flashgen.attention_backward.default
+    names = [a.name for a in bwd._schema.arguments]
+    defaults = {a.name: a.default_value for a in bwd._schema.arguments if a.has_default_value()}
+    seen = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is bwd:
+                seen.append({**defaults, **dict(zip(names, args, strict=False)), **(kwargs or {})})
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        fn()
+    return seen
+
+
+def test_the_backward_gets_the_forwards_feature_values():
+    q = meta(2, 4, 3, 64).requires_grad_()
+    k = meta(2, 2, 5, 64).requires_grad_()
+    v = meta(2, 2, 5, 64).requires_grad_()
+    slopes = torch.empty(4, device="meta", dtype=torch.float32)
+
+    def step(**kw):
+        fgt.attention(q, k, v, causal=True, **kw).sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+        q.grad = k.grad = v.grad = None
+
+    (got,) = _spy_backward(
+        lambda: step(window=(16, 0), softcap=50.0, alibi_slopes=slopes, deterministic=True)
+    )
+    assert (got["window_left"], got["window_right"], got["softcap"]) == (16, 0, 50.0)
+    assert got["alibi_slopes"] is slopes and got["deterministic"] is True
+    (plain,) = _spy_backward(step)
+    assert (plain["window_left"], plain["window_right"], plain["softcap"]) == (-1, -1, 0.0)
+    assert plain["alibi_slopes"] is None
+    (win,) = _spy_backward(lambda: step(window=(-1, 3)))
+    assert (win["window_left"], win["window_right"], win["softcap"]) == (-1, 3, 0.0)
+
+
+def test_the_fake_backward_checks_the_feature_values():
+    bwd = torch.ops.flashgen.attention_backward.default
+    q, lse = meta(1, 2, 3, 64), meta(1, 2, 3, dtype=torch.float32)
+    dq, dk, dv = bwd(q, q, q, q, lse, q, True, None, False, 4, 0, 2.0, None)
+    assert dq.shape == dk.shape == dv.shape == q.shape
+    with pytest.raises(ValueError, match=r"each side must be >= 0 keys, or -1 for unbounded"):
+        bwd(q, q, q, q, lse, q, True, None, False, -3, 0)
+    with pytest.raises(ValueError, match=r"softcap=-1.0: must be in \["):
+        bwd(q, q, q, q, lse, q, True, None, False, -1, -1, -1.0)
+
+
+def test_a_backward_it_cannot_serve_says_so():
+    """window, softcap and ALiBi have a backward now; fp32, d > 128 and dv != d do not."""
     q = meta(1, 2, 3, 64).requires_grad_()
-    o = fgt.attention(q, q, q, causal=True, window=(4, 0))
-    with pytest.raises(NotImplementedError, match=r"no backward pass yet with window"):
-        o.sum().backward()
+    slopes = torch.empty(2, device="meta", dtype=torch.float32)
+    fgt.attention(q, q, q, causal=True, window=(4, 0), softcap=5.0, alibi_slopes=slopes).sum(
+    ).backward()  # fmt: skip
+    assert q.grad.shape == q.shape
     f = meta(1, 2, 3, 64).float().requires_grad_()
     with pytest.raises(NotImplementedError, match=r"fp16/bf16"):
         fgt.attention(f, f, f).sum().backward()
@@ -212,6 +275,63 @@ def test_backward_with_a_feature_it_lacks_says_so():
     rule = r"head dim 256 \(the backward kernels take d <= 128\)"
     with pytest.raises(NotImplementedError, match=rule):
         fgt.attention(wide, wide, wide).sum().backward()
+    v128 = meta(1, 2, 3, 128).requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"no backward pass yet with dv != d; call it"):
+        fgt.attention(q, q, v128, window=(4, 0)).sum().backward()
+
+
+def test_the_backward_features_are_validated_as_the_forwards():
+    from flashgen.generator.validate import Problem
+
+    q = torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16)
+    st = (4 * 3 * 64, 3 * 64, 64)
+    problem = Problem(1, 4, 3, 3, 64, "bf16", st, st, st, st)
+    got = fgt._bwd_features(problem, 8, 0, 30.0, torch.ones(4), q)
+    assert (got.window, got.softcap) == ((8, 0), 30.0) and got.alibi
+    assert got.tokens == ("window", "softcap", "alibi")
+    off = fgt._bwd_features(problem, -1, -1, 0.0, None, q)
+    assert off.tokens == () and off.kernel_args(3, 3) == (-1, -1, 0.0, 0)
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(2,\): must be \(4,\)"):
+        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(2), q)
+    with pytest.raises(ValueError, match=r"alibi_slopes.dtype=torch.float16: must be float32"):
+        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(4, dtype=torch.float16), q)
+    with pytest.raises(ValueError, match=r"must be contiguous"):
+        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(8)[::2], q)
+    with pytest.raises(ValueError, match=r"alibi_slopes on meta, q on cpu: must be on one"):
+        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(4, device="meta"), q)
+    with pytest.raises(ValueError, match=r"window=\(5, -7\): each side must be >= 0"):
+        fgt._bwd_features(problem, 5, -7, 0.0, None, q)
+
+
+def test_torch_compile_traces_the_backward_op_with_the_feature_values():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    torch._dynamo.reset()
+    graphs = {}
+
+    def backend(gm, example_inputs):
+        def keep(kind):
+            def compiler(g, inputs):
+                graphs[kind] = g
+                return make_boxed_func(g.forward)
+
+            return compiler
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("fw"),
+                                     bw_compiler=keep("bw"))  # fmt: skip
+
+    def f(q, k, v, slopes):
+        return fgt.attention(q, k, v, causal=True, window=(8, 0), softcap=30.0, alibi_slopes=slopes)
+
+    q = meta(1, 2, 16, 64).requires_grad_()
+    slopes = torch.empty(2, device="meta", dtype=torch.float32)
+    torch.compile(f, fullgraph=True, backend=backend)(q, q, q, slopes).sum().backward()
+    bwd = torch.ops.flashgen.attention_backward.default
+    (node,) = [n for n in graphs["bw"].graph.nodes if n.target is bwd]
+    assert node.args[6:12] == (True, None, False, 8, 0, 30.0)
+    assert node.args[12].op == "placeholder"  # the slopes, saved by the forward
+    assert q.grad.shape == q.shape
 
 
 def test_the_eager_shortcut_is_never_taken_off_cuda_or_with_autograd_or_fake_tensors():

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from test_backward_cpu import abi_codes
 
 import flashgen
 from flashgen.generator import backward, families, tma, wgmma_bwd
@@ -77,12 +78,25 @@ def test_every_wgmma_backward_variant_round_trips_its_name(
     ]
     + [
         (
-            {"features": (f,)},
-            f"features=('{f}',): the wgmma backward supports no features yet (window, softcap, "
-            "alibi, gqapack, deterministic); drop them for direction='bwd', or use --family mma "
-            "(its backward serves deterministic)",
-        )
-        for f in ("window", "softcap", "alibi", "gqapack", "deterministic")
+            {"features": ("gqapack",)},
+            "features=('gqapack',): gqapack has no backward (it packs a decoding forward's "
+            "query heads; the backward reads K and V once per GQA group already); drop gqapack "
+            "for direction='bwd'",
+        ),
+        (
+            {"features": ("deterministic",)},
+            "features=('deterministic',): the wgmma backward has no deterministic mode (its dQ "
+            "is added by reductions in any order); use --family mma for bit-identical "
+            "gradients, or drop deterministic",
+        ),
+        (
+            {"features": ("window", "deterministic")},
+            "features=('window', 'deterministic'): the wgmma backward has no deterministic mode",
+        ),
+        (
+            {"features": ("alibi",), "dv": 64},
+            "dv=64: the backward pass needs v's head dim equal to d=128",
+        ),
     ],
 )
 def test_wgmma_backward_refusals_are_one_line_naming_value_rule_and_fix(
@@ -92,6 +106,27 @@ def test_wgmma_backward_refusals_are_one_line_naming_value_rule_and_fix(
         bwd(d=fields.pop("d", 128), **fields)
     assert len(info.value.problems) == 1, info.value.problems
     assert message in info.value.problems[0], info.value.problems
+
+
+@pytest.mark.parametrize(
+    "features",
+    [("window",), ("softcap",), ("alibi",), ("window", "softcap"), ("alibi", "softcap", "window")],
+)
+def test_a_wgmma_backward_takes_the_forwards_features_and_round_trips(
+    features: tuple[str, ...],
+) -> None:
+    spec = bwd(d=128, causal=True, features=features)
+    canonical = [f for f in ("window", "softcap", "alibi") if f in features]
+    assert spec.name == NAME.replace("_causal_", "_causal_" + "_".join(canonical) + "_")
+    assert KernelSpec.from_name(spec.name) == spec
+    plain = bwd(d=128, causal=True)
+    # the tiles, stages and shared memory are the plain variant's
+    assert (spec.br, spec.bc, spec.stages, spec.warps, spec.smem_bytes) == (
+        plain.br, plain.bc, plain.stages, plain.warps, plain.smem_bytes,
+    )  # fmt: skip
+    assert backward.kernel_names(spec) == tuple(
+        n.replace(plain.name, spec.name) for n in backward.kernel_names(plain)
+    )
 
 
 def test_the_register_rule_refuses_past_the_consumer_budget(
@@ -277,7 +312,7 @@ def test_kernel_params_put_four_tensor_maps_ahead_of_the_mma_abi(
         (ptrs[4], "bf16", 2, 4, 100, 128, bp.do_strides, 64),
     ]
     for _, _, _, _, addrs in drv.calls:
-        assert len(addrs) == 4 + 39
+        assert len(addrs) == 4 + len(backward.ABI_FORMAT) == 4 + 43
         maps = [tma.TensorMap.from_address(a) for a in addrs[:4]]
         assert [(m.opaque[0], m.opaque[1]) for m in maps] == [
             (ptrs[0], 64), (ptrs[1], 128), (ptrs[2], 128), (ptrs[4], 64),
@@ -291,6 +326,33 @@ def test_kernel_params_put_four_tensor_maps_ahead_of_the_mma_abi(
         )
         assert ctypes.c_float.from_address(abi[37]).value == 0.25
         assert ctypes.c_int.from_address(abi[38]).value == 2  # kv_group
+        # the forward's four feature values, all off for a plain variant
+        assert [ctypes.c_int.from_address(a).value for a in abi[39:41]] == [-1, -1]
+        assert ctypes.c_float.from_address(abi[41]).value == 0.0
+        assert ctypes.c_void_p.from_address(abi[42]).value is None
+
+
+def test_a_wgmma_feature_variant_gets_the_call_values_after_the_maps(
+    monkeypatch: pytest.MonkeyPatch, fake_launch: tuple[_Driver, list[tuple[Any, ...]]]
+) -> None:
+    from flashgen.generator.features import FeatureArgs
+
+    drv, encoded = fake_launch
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (201, 202, 203))
+    spec = bwd(d=128, causal=True, features=("window", "softcap", "alibi"))
+    feats = FeatureArgs(window=(32, 0), softcap=50.0, alibi=0x5500)
+    prepared = backward.Prepared(SimpleNamespace(context=7), spec, _problem(spec), 0.25, feats)
+    prepared(tuple(range(0x1000, 0x1000 + 0x100 * 11, 0x100)), 0)
+    assert len(encoded) == 4 and len(drv.calls) == 3
+    for *_, addrs in drv.calls:
+        abi = addrs[4:]
+        assert [ctypes.c_int.from_address(a).value for a in abi[39:41]] == [32, 0]
+        assert ctypes.c_float.from_address(abi[41]).value == 50.0
+        assert ctypes.c_void_p.from_address(abi[42]).value == 0x5500
+    with pytest.raises(ValueError, match=r"the call uses softcap but the variant is not"):
+        backward.Prepared(
+            SimpleNamespace(context=7), bwd(d=128), _problem(spec), 0.25, FeatureArgs(softcap=1.0)
+        )
 
 
 def test_the_maps_are_rebuilt_only_when_q_k_v_or_do_move(
@@ -324,7 +386,7 @@ def test_the_mma_backward_still_has_no_leading_arguments(
     prepared = backward.Prepared(SimpleNamespace(context=7), spec, _problem(spec), 0.5)
     ptrs = tuple(range(16, 16 * 12, 16))
     prepared(ptrs, 0)
-    assert not encoded and len(prepared._params) == 39
+    assert not encoded and len(prepared._params) == len(backward.ABI_FORMAT) == 43
     for *_, addrs in drv.calls:
         assert tuple(int(ctypes.c_void_p.from_address(a).value or 0) for a in addrs[:11]) == ptrs
 
@@ -398,6 +460,33 @@ def test_torch_builds_the_plan_of_the_chosen_family(
     assert not fgt._bwd_plans
 
 
+def test_torch_builds_the_backward_plan_of_the_calls_features(
+    fgt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Window, softcap and ALiBi keep sm_90 on the wgmma backward (the family choice ignores
+    them) and are compiled into the variant; each feature set has a plan of its own."""
+    from flashgen.generator import launch
+
+    made: list[str] = []
+
+    def plan(spec: KernelSpec, cubin: Any, arch: str, dev: int) -> Any:
+        made.append(spec.name)
+        return SimpleNamespace(spec=spec)
+
+    monkeypatch.setattr(launch, "plan", plan)
+    monkeypatch.setattr(fgt, "_bwd_plans", {})
+    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False, "wgmma", features=("window", "softcap"))
+    assert spec.name == NAME.replace("_causal_", "_causal_window_softcap_")
+    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False, "wgmma", features=("window", "softcap"))
+    assert len(made) == 1  # cached
+    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False, "wgmma")
+    assert spec.name == NAME and len(made) == 2  # the plain variant: another key
+    spec, _ = fgt._bwd_plan(0, 64, "fp16", False, True, "mma", features=("alibi",))
+    assert spec.name == "flash_bwd_mma_d64_br64_bc64_fp16_noncausal_alibi_deterministic_w4_s2"
+    problem, tensors = _call()
+    assert fgt._bwd_family(0, problem, False, tensors) == "wgmma"
+
+
 # ---- rendering and nvcc (once the template exists) ----------------------------------------------
 COMPILED = ["flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s2", NAME]
 
@@ -420,7 +509,21 @@ def test_the_render_has_three_kernels_each_taking_four_maps_then_the_mma_abi(nam
         assert -1 not in at and at == sorted(at), (symbol, at)
         assert sig.count("__grid_constant__") == 4 and sig.count("long long") == 24, symbol
         assert at[-1] < sig.index("long long")
+        # after the maps, exactly the mma backward's ABI (the feature values last)
+        assert abi_codes(src, symbol) == backward.ABI_FORMAT, symbol
     assert render(spec).source == src
+
+
+@needs_template
+def test_a_feature_variant_renders_its_flags_and_the_same_abi() -> None:
+    from flashgen.generator.render import render
+
+    spec = bwd(d=128, causal=True, features=("window", "alibi"))
+    src = render(spec).source
+    for flag, on in (("WINDOW", True), ("SOFTCAP", False), ("ALIBI", True)):
+        assert f"constexpr bool {flag} = {'true' if on else 'false'};" in src, flag
+    for symbol in backward.kernel_names(spec):
+        assert abi_codes(src, symbol) == backward.ABI_FORMAT, symbol
 
 
 @needs_template

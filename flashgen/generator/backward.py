@@ -3,11 +3,14 @@
 **Rules** (`check`, `smem_bytes`, ...; `families.MmaFamily` hands a spec with direction "bwd"
 here). A block owns BC keys of one K/V head and walks every query tile (BR rows) that sees
 them, for every query head of its GQA group; each warp owns 16 of the keys, so `warps` is
-always bc/16. This first version supports no features and needs dv = d (spec.py refuses the
-rest in one line).
+always bc/16. It takes the forward's run-time features as compile-time tokens (`window`,
+`softcap`, `alibi`: their values are the ABI's last four arguments, as the forward's) and the
+`deterministic` mode below; it needs dv = d and has no `gqapack` (spec.py refuses those in one
+line).
 
-**Host side** (`launch_backward`): validate q, k, v, o, lse (the forward's), dO and the three
-gradient arrays; allocate the fp32 scratch (D = rowsum(dO ∘ O), (B, H, Tq), and the dQ
+**Host side** (`launch_backward`): validate q, k, v, o, lse (the forward's), dO, the three
+gradient arrays and the call's feature values (as the forward does: `backward_features`);
+allocate the fp32 scratch (D = rowsum(dO ∘ O), (B, H, Tq), and the dQ
 accumulator, (B, H, Tq, d); `scratch_shapes`); launch the three kernels of the one cubin in
 order on one stream:
 
@@ -30,7 +33,10 @@ five GEMMs per tile pair), which is the price of the fixed order.
 
 All three take one argument list (templates/mma_bwd.cu.j2 documents it; `ABI_FORMAT` here):
 pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long long strides
-in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group.
+in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group;
+then the forward's four feature values: int window_left, window_right; float softcap; const
+float* alibi_slopes (`features.FeatureArgs.kernel_args`: -1 an unbounded side, softcap 0.0 and
+a NULL pointer when off). Every variant takes all four, with features or without.
 
 **Family wgmma** (`wgmma_bwd.py` has its rules) launches the same three kernels with the same
 argument list -- its scratch padded to whole query tiles (`scratch_shapes`), the pre kernel's
@@ -48,7 +54,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .arch import ARCHS, STATIC_SMEM_LIMIT
+from .features import (
+    NO_FEATURES,
+    FeatureArgs,
+    check_alibi_shape,
+    check_fits,
+    check_softcap,
+    check_window,
+)
 from .prefix import PrefixRegistry
 from .validate import (
     LOG2E,
@@ -271,8 +287,9 @@ def smems(spec: KernelSpec) -> tuple[int, int, int]:
 
 # ---- the host side ---------------------------------------------------------------------------
 # The kernels' argument list as struct codes: 11 pointers, tq, tk, 24 strides, scale_log2,
-# kv_group.
-ABI_FORMAT = "P" * 11 + "ii" + "q" * 24 + "f" + "i"
+# kv_group, and the forward's four feature values (window_left, window_right, softcap, the
+# ALiBi slopes pointer), as launch.Bound packs them.
+ABI_FORMAT = "P" * 11 + "ii" + "q" * 24 + "f" + "i" + "ii" + "f" + "P"
 N_POINTERS = 11  # q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv: the per-call arguments
 POINTERS = ("q", "k", "v", "o", "do", "lse", "d_buf", "dq_accum", "dq", "dk", "dv")
 
@@ -443,17 +460,19 @@ def prefix_builder(family: str) -> tuple[BwdPrefixArgs, tuple[int, ...]] | None:
 
 def kernel_params(
     problem: BackwardProblem, pointers: tuple[int, ...], scale_log2: float,
-    prefix: Sequence[Any] = (),
+    prefix: Sequence[Any] = (), features: FeatureArgs = NO_FEATURES,
 ) -> tuple[Any, list[Any]]:  # fmt: skip
     """The kernelParams array of the three kernels (and the ctypes objects of the ABI's
     arguments it points at): the `prefix` objects' addresses first (the caller keeps them
-    alive), then the ABI's arguments."""
+    alive), then the ABI's arguments, the call's feature values last."""
     c = ctypes
     f = problem.fwd
+    left, right, cap, slopes = features.kernel_args(f.tq, f.tk)
     args: list[Any] = [c.c_void_p(p) for p in pointers]
     args += [c.c_int(f.tq), c.c_int(f.tk)]
     args += [c.c_longlong(s) for s in problem.kernel_strides()]
     args += [c.c_float(scale_log2), c.c_int(f.kv_group)]
+    args += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
     assert len(args) == len(ABI_FORMAT)
     addrs = [c.addressof(a) for a in (*prefix, *args)]
     params = (c.c_void_p * len(addrs))(*addrs)
@@ -466,23 +485,30 @@ class Prepared:
     the only thing a call writes (the forward's `launch.Bound`, for the three kernels).
 
     Built once per signature (validation happens before, on the first call's arrays); a later
-    call with the same shapes, strides and pointer alignment only sets the pointers. A family
-    with leading arguments (wgmma: tensor maps of q, k, v and dO) rebuilds them when a
-    pointer they depend on changes, and only then.
+    call with the same shapes, strides and pointer alignment only sets the pointers. The
+    call's feature values (`features`: window, softcap, the ALiBi slopes' pointer; checked
+    against the variant with `features.check_fits` here) are bound like the scale: a call
+    with other values needs another Prepared. A family with leading arguments (wgmma: tensor
+    maps of q, k, v and dO) rebuilds them when a pointer they depend on changes, and only
+    then.
     """
 
     def __init__(
-        self, plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, scale_log2: float
-    ) -> None:
+        self, plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, scale_log2: float,
+        features: FeatureArgs = NO_FEATURES,
+    ) -> None:  # fmt: skip
         from . import launch as _launch
 
-        self.plan, self.spec = plan, spec
+        check_fits(spec, features)
+        self.plan, self.spec, self.features = plan, spec, features
         self.launches = list(
             zip(kernel_names(spec), _functions(plan, spec), problem.grids(spec), smems(spec),
                 strict=True)
         )  # fmt: skip
         self.problem = problem
-        self._params, self._args = kernel_params(problem, (0,) * N_POINTERS, scale_log2)
+        self._params, self._args = kernel_params(
+            problem, (0,) * N_POINTERS, scale_log2, features=features
+        )
         self._ptrs = self._args[: N_POINTERS]  # the c_void_p objects params points at
         self._prefix = prefix_builder(spec.family)
         self._prefix_keep: Sequence[Any] = ()  # the objects the prefix entries point at
@@ -539,13 +565,44 @@ class Prepared:
 
 def issue(
     plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, pointers: tuple[Any, ...],
-    scale_log2: float, stream_handle: int,
-) -> None:
+    scale_log2: float, stream_handle: int, features: FeatureArgs = NO_FEATURES,
+) -> None:  # fmt: skip
     """Launch the kernels of `spec` in order on the stream `stream_handle` (a CUstream; 0: the
     legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv
     (the two fp32 scratch arrays shaped as `scratch_shapes` says; dq_accum is never read in
-    deterministic mode: pass 0). Nothing waits."""
-    Prepared(plan, spec, problem, scale_log2)(tuple(int(p or 0) for p in pointers), stream_handle)
+    deterministic mode: pass 0); `features` the call's window, softcap and ALiBi slopes
+    (default: none). Nothing waits."""
+    prepared = Prepared(plan, spec, problem, scale_log2, features)
+    prepared(tuple(int(p or 0) for p in pointers), stream_handle)
+
+
+def backward_features(
+    spec: KernelSpec, problem: BackwardProblem, window: Any = None, softcap: Any = None,
+    alibi_slopes: Any = None,
+) -> FeatureArgs:  # fmt: skip
+    """A call's feature values, validated as the forward's (`flashgen.attention`) are, and
+    fitted to backward variant `spec` (`features.check_fits`: a call may not use a feature the
+    variant lacks, and a softcap variant needs softcap > 0); ValueError naming value, rule and
+    fix. `alibi_slopes` is a contiguous float32 (H,) device array (GPUArray, CUDA-array-
+    interface object or torch tensor): its pointer is what the kernels read."""
+    win, cap = check_window(window), check_softcap(softcap)
+    ptr: int | None = None
+    if alibi_slopes is not None:
+        info = describe("alibi_slopes", alibi_slopes)
+        check_alibi_shape(info.shape, info.dtype, problem.fwd.h)
+        if info.shape[0] > 1 and info.strides[0] != info.dtype.itemsize:
+            raise ValueError("alibi_slopes: must be contiguous; copy it first")
+        ptr = info.ptr
+    try:  # the variant against the call, before any pointer is required
+        check_fits(spec, FeatureArgs(win, cap, None if alibi_slopes is None else 1))
+    except ValueError as exc:  # launch_backward always names its variant: no spec=None here
+        raise ValueError(str(exc).replace(" (or spec=None to let flashgen choose)", "")) from None
+    if alibi_slopes is not None and (isinstance(alibi_slopes, np.ndarray) or not ptr):
+        raise ValueError(
+            f"alibi_slopes={type(alibi_slopes).__name__}: the kernels read the slopes on the "
+            "GPU; pass them as a device array (a GPUArray) like q"
+        )
+    return FeatureArgs(win, cap, ptr)
 
 
 def launch_backward(
@@ -563,12 +620,19 @@ def launch_backward(
     stream: Any = None,
     *,
     sync: bool = True,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
+    alibi_slopes: Any = None,
 ) -> BackwardLaunch:
     """Compute dq, dk, dv of attention on device arrays (PyCUDA GPUArrays or CUDA-array-
     interface objects) with backward variant `spec`.
 
     q, k, v are the forward's inputs, o and lse what the forward wrote for them (with the
-    same `scale`, default 1/sqrt(d)), do = dL/dO. Everything is validated before anything is
+    same `scale`, default 1/sqrt(d), and the same features), do = dL/dO. The features are the
+    forward's (`flashgen.attention`): `window=(left, right)` (-1: unbounded on that side),
+    `softcap=c` (c > 0), `alibi_slopes` a float32 (H,) device array (kept alive by the caller
+    until the kernels are done); a call runs a variant compiled with every feature it uses
+    (a softcap variant needs softcap > 0). Everything is validated before anything is
     issued; the fp32 scratch is allocated here (in deterministic mode only D's: dQ needs no
     accumulator) and the three kernels are launched in order on `stream` (None: the legacy
     default stream). With `sync` (default) the call waits and
@@ -579,6 +643,7 @@ def launch_backward(
 
     problem = validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
     value = check_scale(scale, spec.d)
+    features = backward_features(spec, problem, window, softcap, alibi_slopes)
     f = problem.fwd
     ptrs = (f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, problem.dq_ptr,
             problem.dk_ptr, problem.dv_ptr)  # fmt: skip
@@ -594,7 +659,7 @@ def launch_backward(
         0 if dq_accum is None else int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr,
         problem.dv_ptr,
     )  # fmt: skip
-    issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream))
+    issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream), features)
     if sync:
         runtime.wait(stream, f"backward kernels of {spec.name} failed")
     return BackwardLaunch(problem, d_buf, dq_accum)

@@ -16,7 +16,9 @@ Backward variants (direction "bwd", family mma: `templates/mma_bwd.cu.j2`, three
 of their own: the header gains `flashgen_bwd_params`, `flashgen_bwd_workspace_bytes` (the fp32
 scratch the caller provides: D, then the dQ accumulator, `bwd_workspace_layout`), the dispatch
 `flashgen_bwd` and per variant `<symbol>_bwd`; the launcher validates as
-`backward.validate_backward` does, then launches the three kernels in order on the stream.
+`backward.validate_backward` does, then launches the three kernels in order on the stream. The
+kernels take the forward's four feature values last (backward.ABI_FORMAT); the launcher passes
+them off (-1, -1, 0.0f, NULL), and backward variants with features are not bundled yet.
 
 Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI. Its C
 launcher builds them itself with the driver's `cuTensorMapEncodeTiled`, fetched at run time
@@ -303,6 +305,9 @@ def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
 
 # A feature's bit in the launcher's dispatch (flashgen_launch.cu.j2: feature_bits)
 FEATURE_BITS = {"window": 1, "softcap": 2, "alibi": 4}
+# The run-time features whose backward variants bundles refuse for now: the backward launcher
+# passes every feature off (window -1, -1; softcap 0; no ALiBi slopes)
+BWD_FEATURES_LATER = ("window", "softcap", "alibi")
 
 
 def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
@@ -321,6 +326,13 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
             raise BundleError(
                 f"{s.name}: bundles launch the backward kernels of family "
                 f"{'/'.join(sorted(BWD_FAMILIES))} only; bundle a backward variant of family mma"
+            )
+        feats = [f for f in s.features if f in BWD_FEATURES_LATER]
+        if s.direction == "bwd" and feats:  # the params have no feature values for them yet
+            raise BundleError(
+                f"{s.name}: backward variants with {', '.join(feats)} are not bundled yet (the "
+                "bundle's backward launcher passes the features off); bundle the plain backward "
+                "variant; backward features in bundles come later"
             )
         if "deterministic" in s.features:  # its kernels are _pre, main, _dq: not the launcher's
             raise BundleError(

@@ -557,7 +557,8 @@ FAMILIES: dict[str, Family] = {
         name="mma",
         template="mma.cu.j2",
         bwd_template="mma_bwd.cu.j2",
-        bwd_features=frozenset({"deterministic"}),
+        # the forward's run-time features, and dQ without atomics (backward.py)
+        bwd_features=frozenset({"deterministic", "window", "softcap", "alibi"}),
         archs=("sm_80", "sm_90"),
         knobs=(("warps", "w"), ("stages", "s")),
         features=frozenset({"window", "softcap", "alibi", "gqapack", "deterministic"}),
@@ -579,9 +580,10 @@ FAMILIES: dict[str, Family] = {
         name="wgmma",
         template="wgmma.cu.j2",
         # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
-        # no features yet (wgmma_bwd.py)
+        # the forward's run-time features, no deterministic mode (wgmma_bwd.py)
         bwd_template="wgmma_bwd.cu.j2",
         bwd_tile=wgmma_bwd.DEFAULT_TILE,
+        bwd_features=frozenset({"window", "softcap", "alibi"}),
         archs=("sm_90a",),
         knobs=(("stages", "s"),),
         shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),

@@ -26,12 +26,12 @@ class KernelSpec:
     """A kernel configuration: every size a compile-time constant of the generated source.
 
     `direction` is the pass the kernel computes: `fwd`, or `bwd` (dQ, dK, dV from Q, K, V, O,
-    dO and the forward's LSE; families mma and wgmma, see `Family.bwd_template`; wgmma's is not
-    yet GPU-proven, so opt-in only). This first backward refuses dv != d and features its
-    family's backward lacks (`Family.bwd_features`: mma's `deterministic`, dQ without atomics:
-    bit-identical gradients; wgmma's none) (`_check_backward`); its `br` is the query tile and
-    `bc` the key tile of one block (`backward.py` and `wgmma_bwd.py` have the rules and
-    defaults).
+    dO and the forward's LSE; families mma and wgmma, see `Family.bwd_template`). The backward
+    takes the forward's run-time features `window`, `softcap` and `alibi` (both families) and
+    mma's `deterministic` (dQ without atomics: bit-identical gradients); it refuses `gqapack`
+    and the features its family's backward lacks (`Family.bwd_features`), and dv != d
+    (`_check_backward`); its `br` is the query tile and `bc` the key tile of one block
+    (`backward.py` and `wgmma_bwd.py` have the rules and defaults).
     `br`, `bc` = 0 and `dtype` = "" mean the family's defaults (`Family.default_tile`,
     `Family.default_dtype`: simt 32x32 fp32, mma 128x64 bf16, wgmma 128x128 bf16), so
     `KernelSpec(family="mma", d=128)` is a valid mma kernel.
@@ -321,7 +321,8 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
 
 def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
     """What the backward refuses: families without a backward template, features their
-    backward lacks (`Family.bwd_features`), and a value head dim of its own."""
+    backward lacks (`Family.bwd_features`; `gqapack` in every family), and a value head dim of
+    its own."""
     if not fam.bwd_template:
         from .space import BWD_AXES  # the families whose backward ships (proven on a GPU)
 
@@ -331,21 +332,28 @@ def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
             f"{' or '.join(with_bwd)} for the backward pass"
         ]
     problems = []
-    if isinstance(spec.features, (tuple, list)) and any(
-        f not in fam.bwd_features for f in spec.features
-    ):
-        if fam.bwd_features:
-            problems.append(
-                f"features={tuple(spec.features)!r}: the backward pass supports no features but "
-                f"{', '.join(repr(f) for f in sorted(fam.bwd_features))} yet (window, softcap "
-                "and ALiBi come later); drop them for direction='bwd'"
-            )
-        else:
-            problems.append(
-                f"features={tuple(spec.features)!r}: the {fam.name} backward supports no "
-                "features yet (window, softcap, alibi, gqapack, deterministic); drop them for "
-                "direction='bwd', or use --family mma (its backward serves deterministic)"
-            )
+    if isinstance(spec.features, (tuple, list)) and all(isinstance(f, str) for f in spec.features):
+        feats = tuple(spec.features)
+        # unknown tokens were named by _check_features; judge the known ones here
+        for f in (f for f in feats if f in FEATURES and f not in fam.bwd_features):
+            if f == "gqapack":
+                problems.append(
+                    f"features={feats!r}: gqapack has no backward (it packs a decoding "
+                    "forward's query heads; the backward reads K and V once per GQA group "
+                    "already); drop gqapack for direction='bwd'"
+                )
+            elif f == "deterministic":
+                problems.append(
+                    f"features={feats!r}: the {fam.name} backward has no deterministic mode "
+                    "(its dQ is added by reductions in any order); use --family mma for "
+                    "bit-identical gradients, or drop deterministic"
+                )
+            else:
+                problems.append(
+                    f"features={feats!r}: the {fam.name} backward supports "
+                    f"{', '.join(sorted(fam.bwd_features)) or 'no features'}; drop {f} for "
+                    "direction='bwd'"
+                )
     if spec.dv != spec.d:
         problems.append(
             f"dv={spec.dv}: the backward pass needs v's head dim equal to d={spec.d} for now; "

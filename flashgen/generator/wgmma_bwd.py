@@ -8,8 +8,10 @@ that sees them, for every query head of its GQA group; a producer warpgroup stre
 tiles through a `stages`-deep TMA ring. The kernels (templates/wgmma_bwd.cu.j2) are the mma
 backward's three, `<name>_pre`, `<name>`, `<name>_post`, with the same grids and C ABI
 (backward.ABI_FORMAT), each preceded by four tensor maps (tm_q, tm_k, tm_v, tm_do: tma.py
-builds them, backward.Prepared passes them). No features yet, dv = d, and d a multiple of 64
-up to 128 (so d_pad = d).
+builds them, backward.Prepared passes them). The forward's run-time features (`window`,
+`softcap`, `alibi`: the ABI's last four arguments) are compile-time tokens as in family mma's
+backward; no `deterministic` mode (spec.py's `_check_backward` refuses it), dv = d, and d a
+multiple of 64 up to 128 (so d_pad = d).
 """
 
 from __future__ import annotations
@@ -70,8 +72,9 @@ def smem_bytes(spec: KernelSpec) -> int:
 
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
-    """Every broken rule of a backward wgmma spec as 'value: rule; fix' (its feature and dv
-    rules are spec.py's `_check_backward`, checked before)."""
+    """Every broken rule of a backward wgmma spec as 'value: rule; fix'. Its features
+    (window, softcap, alibi) need no rule of their own here; which features it takes, and dv,
+    are spec.py's `_check_backward` (`Family.bwd_features`), checked before."""
     p = fam.tensor_core_rule(spec)
     if spec.d not in HEAD_DIMS:
         p.append(
