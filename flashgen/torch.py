@@ -206,6 +206,18 @@ def _device_arch(dev: int) -> str:
     return f"sm_{major}{minor}"
 
 
+def _feature_args(problem: Problem, left: int, right: int, cap: float, slopes: Any) -> FeatureArgs:
+    """A call's feature values, validated (the forward's and the backward's): the window, the
+    softcap, and the ALiBi slopes' shape, dtype and layout (their device is the caller's check)."""
+    ptr = None
+    if slopes is not None:
+        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
+        if not slopes.is_contiguous():
+            raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
+        ptr = int(slopes.data_ptr())
+    return FeatureArgs(check_window((left, right)), check_softcap(cap), ptr)
+
+
 def _prepare(
     key: tuple[Any, ...], q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: Any,
     feats: tuple[int, int, float, Any],
@@ -215,22 +227,14 @@ def _prepare(
         raise ValueError(f"causal={causal!r}: must be True or False")
     problem = check_layout(q, k, v)  # CPU tensors, shapes, dtypes, strides: ValueError
     value = check_scale(scale, problem.d)
-    devices = [t.device for t in (q, k, v)]
     slopes = feats[3]
-    if slopes is not None:
-        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
-        devices.append(slopes.device)
-        if not slopes.is_contiguous():
-            raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
+    devices = [t.device for t in (q, k, v, *(() if slopes is None else (slopes,)))]
+    features = _feature_args(problem, *feats)
     if len(set(devices)) > 1:
         raise ValueError(
             f"q, k, v{', alibi_slopes' if slopes is not None else ''} on "
             f"{', '.join(map(str, devices))}: must be on one device; move them with .to(q.device)"
         )
-    features = FeatureArgs(
-        check_window((feats[0], feats[1])), check_softcap(feats[2]),
-        None if slopes is None else int(slopes.data_ptr()),
-    )  # fmt: skip
     dev = int(q.get_device())
     chosen = _variant_for(problem, bool(causal), variant, dev, features)
     shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))  # O: q's rows, v's head dim
@@ -312,7 +316,7 @@ def _cpu(
     raise ValueError("q: a CPU tensor; move it to the GPU (.cuda())")  # pragma: no cover
 
 
-# ---- the backward pass: dQ, dK, dV from Q, K, V, O, LSE and dO (family mma's kernels) ---------
+# ---- the backward pass: dQ, dK, dV from Q, K, V, O, LSE and dO (families mma and wgmma) -------
 BWD_SCHEMA = (
     "attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
     "bool causal, float? scale, bool deterministic=False, int window_left=-1, "
@@ -322,7 +326,7 @@ BWD_SCHEMA = (
 _LIB.define(BWD_SCHEMA)
 BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for in registers
 
-# "1": family wgmma's backward on sm_90 GPUs where the call fits it (opt-in: not GPU-proven)
+# "0": family mma's backward on sm_90 GPUs too (the default there: wgmma's, where the call fits)
 WGMMA_BWD_ENV = "FLASHGEN_WGMMA_BWD"
 WGMMA_BWD_ARCH = "sm_90"  # the GPUs it runs on (compiled for sm_90a)
 
@@ -403,11 +407,9 @@ def _run_backward(
         dev = int(q.get_device())
         features = _bwd_features(problem, window_left, window_right, softcap, alibi_slopes, q)
         family = _bwd_family(dev, problem, det, (q, k, v, o, do))
-        args = (dev, problem.d, problem.dtype, bool(causal), det, family)
-        # (features only when there are some: scripts/bwd_sweep.py swaps in a _bwd_plan of
-        # its own with the six arguments)
-        tokens = features.tokens
-        spec, plan = _bwd_plan(*args, features=tokens) if tokens else _bwd_plan(*args)
+        spec, plan = _bwd_plan(
+            dev, problem.d, problem.dtype, bool(causal), det, family, features=features.tokens
+        )
         bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
         value = check_scale(scale, problem.d)
         hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features), dev)
@@ -434,8 +436,8 @@ def _run_backward(
 def _bwd_features(
     problem: Problem, left: int, right: int, cap: float, slopes: Any, q: Any
 ) -> FeatureArgs:
-    """The backward call's feature values, validated as the forward's are (`_prepare`)."""
-    ptr = None
+    """The backward call's feature values, validated as the forward's are (`_feature_args`),
+    the slopes on q's device."""
     if slopes is not None:
         check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
         if slopes.device != q.device:
@@ -443,10 +445,7 @@ def _bwd_features(
                 f"alibi_slopes on {slopes.device}, q on {q.device}: must be on one device; move "
                 "them with .to(q.device)"
             )
-        if not slopes.is_contiguous():
-            raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
-        ptr = int(slopes.data_ptr())
-    return FeatureArgs(check_window((left, right)), check_softcap(cap), ptr)
+    return _feature_args(problem, left, right, cap, slopes)
 
 
 # backward signature (shapes, strides, dtypes, device, pointer alignment, causal, scale, mode,

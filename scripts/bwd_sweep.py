@@ -29,7 +29,7 @@ def use_variant(spec: KernelSpec) -> None:
 
     def plan(
         dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False,
-        family: str = "mma",
+        family: str = "mma", features: tuple[str, ...] = (),
     ) -> Any:  # fmt: skip
         with runtime.for_device_arch(fgt._device_arch(dev)):
             karch = runtime.kernel_arch(spec)
