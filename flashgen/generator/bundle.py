@@ -318,8 +318,8 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         if s.direction == "bwd" and s.family not in BWD_FAMILIES and s.fam.bwd_template:
             raise BundleError(
                 f"{s.name}: {s.family} backward variants are not bundled yet (their kernels "
-                "take TMA tensor maps the bundle's backward launcher does not build, and they "
-                "are not yet proven on a GPU); bundle the family mma backward variant "
+                "take TMA tensor maps the bundle's backward launcher does not build yet); bundle "
+                "the family mma backward variant "
                 f"(flash_bwd_mma_..., --family mma) for d={s.d} {s.dtype}"
             )
         if s.direction == "bwd" and s.family not in BWD_FAMILIES:
