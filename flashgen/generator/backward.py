@@ -233,8 +233,8 @@ def pre_rows(spec: KernelSpec) -> int:
 
 def scratch_rows(spec: KernelSpec, tq: int) -> int:
     """Query rows per head of the fp32 scratch: tq, or for family wgmma tq rounded up to BR
-    (its main kernel bulk-copies whole query tiles of LSE and D, and adds whole tiles into the
-    dQ accumulator)."""
+    (its main kernel reads whole query tiles of LSE and D, and adds whole tiles into the dQ
+    accumulator)."""
     return -(-tq // spec.br) * spec.br if spec.family == "wgmma" else tq
 
 

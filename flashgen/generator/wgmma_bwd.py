@@ -62,13 +62,14 @@ def register_estimate(spec: KernelSpec) -> int:
 
 
 def smem_bytes(spec: KernelSpec) -> int:
-    """K and V of the block, a ring of `stages` Q and dO tiles with their LSE and D rows (fp32),
-    two dS^T buffers (bc x br each), the fp32 dQ of a query tile (br x d), the alignment slack
-    and the mbarriers (one for K/V, full and empty per stage for Q and for dO)."""
+    """K and V of the block, a ring of `stages` Q and dO tiles, two dS^T buffers (bc x br
+    each), the fp32 dQ of a query tile (br x d), the alignment slack and the mbarriers (one
+    for K/V, full and empty per stage for Q and for dO). LSE and D are read from global
+    memory."""
     item = spec.dtype_info.itemsize
     d, br, bc, n = spec.d, spec.br, spec.bc, spec.stages
     tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
-    return SMEM_ALIGN + tiles + 4 * br * d + 8 * br * n + 8 * (1 + 4 * n)
+    return SMEM_ALIGN + tiles + 4 * br * d + 8 * (1 + 4 * n)
 
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
