@@ -31,6 +31,7 @@ from flashgen.generator.spec import KernelSpec
 from flashgen.generator.validate import LOG2E, Problem
 
 GRID = "auto"  # --grid
+SMS = 0  # --sms (0: the device's)
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16}
 NUMPY = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 PROBLEMS = [  # (b, h, tq, tk)
@@ -66,8 +67,12 @@ def run(
     bound = _bound.get(key)
     if bound is None:
         bound = _bound[key] = func.bind(p, scale * LOG2E)
+        tiles = -(-tq // spec.br) * b * h
         if GRID == "tiles" and spec.family == "wgmma":  # A/B: a block per query tile
-            bound.grid = (-(-tq // spec.br) * b * h, 1, 1)
+            bound.grid = (tiles, 1, 1)
+        elif GRID == "persistent" and spec.family == "wgmma":  # A/B: at most a block per SM
+            sms = SMS or torch.cuda.get_device_properties(0).multi_processor_count
+            bound.grid = (min(sms, tiles), 1, 1)
     bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream)
 
 
@@ -160,13 +165,16 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("names", nargs="+")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--grid", choices=("auto", "tiles"), default="auto",
-                    help="wgmma: the launch's grid (auto) or a block per query tile (tiles)")
+    ap.add_argument("--grid", choices=("auto", "tiles", "persistent"), default="auto",
+                    help="wgmma: the launch's grid (auto), a block per query tile (tiles) or "
+                    "one block per SM (persistent)")
+    ap.add_argument("--sms", type=int, default=0,
+                    help="with --grid persistent: this many blocks (0: one per SM)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--bench-t", default="4096,16384")
     args = ap.parse_args()
-    global GRID
-    GRID = args.grid
+    global GRID, SMS
+    GRID, SMS = args.grid, args.sms
     runtime.gpu()
     torch.cuda.init()
     specs = [KernelSpec.from_name(n) for n in args.names]

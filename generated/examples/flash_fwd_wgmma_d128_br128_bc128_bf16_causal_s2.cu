@@ -376,7 +376,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     w.batch = (int)(bh / n_heads);
     return true;
   };
-  const int wg = threadIdx.x / 128;  // 0: producer, 1..CONSUMERS: consumers
+  // 0: producer, 1..CONSUMERS: consumers. Broadcast from lane 0 so that the compiler knows it
+  // is warp-uniform: the consumers' shared-memory descriptors then live in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -460,25 +462,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     float s_acc[BC / 2];
     uint32_t p_frag[BC / 16][4];
 
+    // Descriptors of this warpgroup's Q rows and of stage 0's K and V; a k-step or a stage
+    // adds its byte offset / 16 to the start-address field (shared memory is < 256 KB, so the
+    // 14-bit field does not overflow into the others).
+    const uint64_t q_desc = make_desc(q_wg, 16);
+    const uint64_t k_desc = make_desc(Ks, 16);
+    const uint64_t v_desc = make_desc(Vs, BC * CHUNK * sizeof(elem_t));
+    constexpr int E16 = (int)sizeof(elem_t);  // bytes per element; offsets are in 16-byte units
     // S = Q K^T for one stage, issued (not waited for).
     auto issue_qk = [&](int s) {
-      const elem_t* kt = Ks + s * D_CHUNKS * BC * CHUNK;
+      const uint64_t kt = k_desc + (uint64_t)(s * (K_BYTES / 16));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < QK_STEPS; ++kk) {  // columns >= D are zeros: their k-steps add nothing
         const int ch = kk / 4, col = (kk % 4) * 16;  // 16 columns = 32 B inside a 128-B row
-        wgmma_m64n128k16_ss(s_acc, make_desc(q_wg + ch * BR * CHUNK + col, 16),
-                    make_desc(kt + ch * BC * CHUNK + col, 16), kk > 0);
+        wgmma_m64n128k16_ss(s_acc, q_desc + (uint64_t)((ch * BR * CHUNK + col) * E16 / 16),
+                    kt + (uint64_t)((ch * BC * CHUNK + col) * E16 / 16), kk > 0);
       }
       wgmma_commit();
     };
     // O += P V for one stage, issued (not waited for).
     auto issue_pv = [&](int s) {
-      const elem_t* vt = Vs + s * DV_CHUNKS * BC * CHUNK;
+      const uint64_t vt = v_desc + (uint64_t)(s * (V_BYTES / 16));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
-        wgmma_m64n128k16_rs_tb(o_acc, p_frag[kk], make_desc(vt + kk * 16 * CHUNK, BC * CHUNK * sizeof(elem_t)), 1);
+        wgmma_m64n128k16_rs_tb(o_acc, p_frag[kk], vt + (uint64_t)(kk * 16 * CHUNK * E16 / 16), 1);
       wgmma_commit();
     };
     // P in the A-register layout of O += P V: chunk nt of S is half of k-step nt/2, rows g
