@@ -11,12 +11,16 @@
 #      the caller's workspace): mma bf16 d 64 causal beside its forward partner (the example
 #      runs that forward for O and LSE), mma fp16 d 128 non-causal alone (O and LSE from the
 #      CPU), and `python3 -m flashgen build --direction bwd --bundle` a one-variant one;
+#      `bwd-wgmma` writes a bundle with wgmma backward variants (sm_90a: four TMA tensor maps
+#      per call, a workspace padded to whole 64-row query tiles): bf16 d 128 non-causal beside
+#      its wgmma forward partner, fp16 d 64 causal alone (O and LSE from the CPU);
 #   2. each is configured and built with CMake for sm_90 only (FLASHGEN_CUDA_ARCHITECTURES,
 #      default 90-real; wgmma kernels always sm_90a) -- plain CMake + nvcc, no Python involved;
 #   3. each bundle's `example` runs every variant on the GPU against its float64 CPU
 #      reference and checks that bad parameters are refused; with compute-sanitizer present,
-#      the multi-variant, wgmma, features and bwd examples also run under memcheck.
-# BUNDLES (default "multi single wgmma features bwd") picks which to build.
+#      the multi-variant, wgmma, features, bwd and bwd-wgmma examples also run under memcheck,
+#      and the bwd-wgmma one under racecheck too.
+# BUNDLES (default "multi single wgmma features bwd bwd-wgmma") picks which to build.
 # Everything goes to OUTDIR/bundle.txt; the last line is PASS or FAIL; exit 0 only on PASS.
 # Needs the checkout importable (PYTHONPATH, set below), nvcc, cmake and a CUDA GPU; no PyCUDA.
 set -euo pipefail
@@ -26,7 +30,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py=${PYTHON:-python3}
 archs=${FLASHGEN_CUDA_ARCHITECTURES:-90-real}
 jobs=${JOBS:-8}
-bundles=" ${BUNDLES:-multi single wgmma features bwd} "
+bundles=" ${BUNDLES:-multi single wgmma features bwd bwd-wgmma} "
 want() { [[ "$bundles" == *" $1 "* ]]; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -42,6 +46,12 @@ MMA=flash_fwd_mma_d128_br128_bc64_bf16_causal_w4_s1
 BWD=flash_bwd_mma_d64_br64_bc64_bf16_causal_w4_s2
 BWD_FWD=flash_fwd_mma_d64_br128_bc64_bf16_causal_w4_s2
 BWD_ALONE=flash_bwd_mma_d128_br64_bc64_fp16_noncausal_w4_s1
+# the wgmma backward bundle: the same pattern (Tq = 77, 131 and 65 are not multiples of the
+# 64-row query tile, so the padded scratch rows are exercised; the causal one has Tq > Tk rows
+# that see no key)
+BWD_WGMMA=flash_bwd_wgmma_d128_br64_bc128_bf16_noncausal_s2
+BWD_WGMMA_FWD=flash_fwd_wgmma_d128_br128_bc128_bf16_noncausal_s2
+BWD_WGMMA_ALONE=flash_bwd_wgmma_d64_br64_bc128_fp16_causal_s3
 
 : >"$log"
 failures=()
@@ -111,15 +121,26 @@ if want bwd; then
     --direction bwd --no-compile --bundle "$work/bwd-single"
   build_and_run bwd-single "$work/bwd-single"
 fi
+if want bwd-wgmma; then
+  step "write bwd-wgmma" "$py" -m flashgen bundle "$work/bwd-wgmma" --name "$BWD_WGMMA" \
+    --name "$BWD_WGMMA_FWD" --name "$BWD_WGMMA_ALONE"
+  build_and_run bwd-wgmma "$work/bwd-wgmma"
+fi
 
-for name in multi wgmma features bwd; do
+sanitize() {  # sanitize TOOL NAME: the NAME bundle's example under compute-sanitizer TOOL
+  local tool=$1 name=$2
   if command -v compute-sanitizer >/dev/null 2>&1 && [ -x "$work/$name/build/example" ]; then
-    step "$name memcheck" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    step "$name $tool" compute-sanitizer --tool "$tool" --error-exitcode 3 \
       "$work/$name/build/example"
   else
-    note "$name memcheck: skipped (no compute-sanitizer or no example)"
+    note "$name $tool: skipped (no compute-sanitizer or no example)"
   fi
+}
+for name in multi wgmma features bwd bwd-wgmma; do
+  sanitize memcheck "$name"
 done
+# the wgmma backward's producer/consumer ring and its shared-memory dQ staging: racecheck too
+sanitize racecheck bwd-wgmma
 
 # the example's verdict lines, then ours
 grep -E "^(PASS|FAIL)|FAIL$|ERROR SUMMARY" "$log" | sed 's/^/  /' || true
@@ -127,7 +148,8 @@ if [ "${#failures[@]}" -eq 0 ]; then
   note "PASS: bundle_check (${bundles# }: multi = $SIMT + $MMA; single = mma d64 fp16" \
     "non-causal; wgmma = d64/d128 bf16 causal + non-causal for sm_90a; features = wgmma d128" \
     "bf16 causal plain, window, softcap+alibi; bwd = $BWD + $BWD_FWD + $BWD_ALONE, and" \
-    "mma bwd d64 fp16 causal alone; archs $archs)"
+    "mma bwd d64 fp16 causal alone; bwd-wgmma = $BWD_WGMMA + $BWD_WGMMA_FWD +" \
+    "$BWD_WGMMA_ALONE; archs $archs)"
   exit 0
 fi
 note "FAIL: bundle_check: ${failures[*]}"

@@ -364,11 +364,12 @@ def test_a_prepared_backward_only_rewrites_the_pointers_between_calls(monkeypatc
     assert all(c[3] == 0.5 for c in calls)  # the scalars stay as prepared
 
 
-def test_bundles_refuse_backward_variants_with_features():
+@pytest.mark.parametrize("family", ["mma", "wgmma"])
+def test_bundles_refuse_backward_variants_with_features(family):
     from flashgen.generator.bundle import BundleError, bundle_files
 
     for feats in (("window",), ("softcap",), ("alibi",), ("window", "softcap")):
-        spec = KernelSpec(family="mma", d=64, causal=True, direction="bwd", features=feats)
+        spec = KernelSpec(family=family, d=64, causal=True, direction="bwd", features=feats)
         with pytest.raises(BundleError) as info:
             bundle_files([spec])
         message = str(info.value)
@@ -379,7 +380,7 @@ def test_bundles_refuse_backward_variants_with_features():
             "variant; backward features in bundles come later"
         )
     # the forward variant with the same features still bundles
-    fwd = KernelSpec(family="mma", d=64, causal=True, features=("window",))
+    fwd = KernelSpec(family=family, d=64, causal=True, features=("window",))
     assert any(fwd.name in path for path in bundle_files([fwd]))
 
 

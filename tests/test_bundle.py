@@ -63,6 +63,12 @@ TRIO = [SIMT, MMA, WGMMA]
 BWD_A = KernelSpec(family="mma", d=32, dtype="bf16", causal=True, direction="bwd")
 BWD_B = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, direction="bwd")
 BWD = [BWD_A, BWD_B]
+# a wgmma backward (sm_90a: four tensor maps, a scratch padded to whole 64-row query tiles),
+# with WGMMA as its forward partner; the same d as BWD_B, so flashgen_bwd_workspace_bytes(d=64)
+# is the larger of their two workspaces
+BWD_W = KernelSpec(family="wgmma", d=64, dtype="fp16", causal=False, direction="bwd")
+# the CMake build: a variant of each family, and the wgmma backward (sm_90a)
+BUILT = [*TRIO, BWD_W]
 INVALID_DEVICE_FUNCTION, INSUFFICIENT_DRIVER = 98, 35  # cudaError_t values
 FIXED_FILES = {"CMakeLists.txt", "README.md", "example.cu", HEADER, LAUNCHER}
 PARAM_FIELDS = [
@@ -539,12 +545,12 @@ def test_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> N
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One bundle (a simt, an mma and a wgmma variant) configured and built with CMake: sm_90
-    for simt/mma, sm_90a for wgmma (its own -gencode)."""
+    """One bundle (a simt, an mma and a wgmma variant, and a wgmma backward one) configured and
+    built with CMake: sm_90 for simt/mma, sm_90a for wgmma (its own -gencode)."""
     nvcc = require_nvcc()
     cmake = _tool("cmake")
     root = tmp_path_factory.mktemp("bundle")
-    write_bundle(bundle_files(TRIO), root)
+    write_bundle(bundle_files(BUILT), root)
     build = root / "build"
     configure = [
         cmake, "-S", str(root), "-B", str(build), f"-DCMAKE_CUDA_COMPILER={nvcc}",
@@ -575,6 +581,9 @@ def test_cmake_builds_the_library_and_the_example(built: Path) -> None:
         "flashgen_bwd_workspace_bytes",
         *(f"{symbol(s)}_{f}" for s in TRIO for f in ("fwd", "check", "device_check")),
         *(s.name for s in TRIO),
+        *(f"{bwd_symbol(BWD_W)}_bwd{f}" for f in ("", "_check", "_device_check")),
+        f"{bwd_symbol(BWD_W)}_bwd_workspace_bytes",
+        *(f"{BWD_W.name}{k}" for k in ("_pre", "", "_post")),
     ]:
         assert re.search(rf" T {name}$", symbols, re.M), name
     # no driver API symbol: the launcher gets cuTensorMapEncodeTiled at run time
@@ -594,7 +603,7 @@ def test_cmake_builds_the_wgmma_kernel_for_sm90a_and_the_others_for_sm90(built: 
         except SassUnavailable as exc:
             pytest.skip(f"needs cuobjdump to list the cubins: {exc}")
     objs = built / "build" / "CMakeFiles"
-    for s in TRIO:
+    for s in BUILT:
         (obj,) = objs.rglob(f"{s.name}.cu.o")
         listing = subprocess.run(
             [cuobjdump, "--list-elf", str(obj)], capture_output=True, text=True, check=True
@@ -810,8 +819,22 @@ unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t smem, void* s
   return 0;
 }
 }
-cudaError_t cudaMalloc(void** p, size_t n) { *p = std::malloc(n); return cudaSuccess; }
-cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+// every cudaMalloc'ed block by its address: the backward stand-ins check that the workspace
+// they use lies inside the caller's allocation
+static std::map<uintptr_t, size_t> g_allocs;
+cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::malloc(n);
+  g_allocs[reinterpret_cast<uintptr_t>(*p)] = n;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  g_allocs.erase(reinterpret_cast<uintptr_t>(p));
+  std::free(p);
+  return cudaSuccess;
+}
+// [at, at + bytes) must lie in the cudaMalloc'ed block `at` starts in (memory from elsewhere,
+// e.g. a test's own arena, is not checked)
+static void within_allocation(const void* at, size_t bytes, const char* what);
 cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
   std::memcpy(d, s, n);
   return cudaSuccess;
@@ -1044,13 +1067,16 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
         sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes, H, B, true);              \
   }
-// ---- the backward's three kernels (templates/mma_bwd.cu.j2), in fp32 on the CPU. They check
-// the launch contract (the order _pre, main, _post on one stream with one argument list; each
-// grid, block and dynamic shared memory; the opt-in above 48 KiB; a workspace of D then the
-// dQ accumulator, 16-byte aligned, not overlapping) and share the work as the kernels do:
-// _pre writes D and zeroes the accumulator, the main one recomputes P from the LSE and writes
-// dK and dV and adds dQ into the accumulator, _post converts it; the four feature values come
-// last and must be off (-1, -1, 0, NULL: bundled backward variants have no features).
+// ---- the backward's three kernels (templates/mma_bwd.cu.j2, wgmma_bwd.cu.j2), in fp32 on the
+// CPU. They check the launch contract (the order _pre, main, _post on one stream with one
+// argument list; each grid, block and dynamic shared memory; the opt-in above 48 KiB; a
+// workspace of d_buf then the dQ accumulator, 16-byte aligned, not overlapping, inside the
+// caller's allocation) and share the work as the kernels do: _pre writes D (and for wgmma
+// LSE * log2(e)) and zeroes the accumulator over every scratch row, the main one recomputes P
+// from them and writes dK and dV and adds dQ into the accumulator, _post converts it; the four
+// feature values come last and must be off (-1, -1, 0, NULL: bundled backward variants have no
+// features). The scratch has TQP = tq rounded up to ROW_TILE rows per head (mma: 1; wgmma: BR,
+// with d_buf two planes, D and LSE * log2(e), +inf past tq: backward.scratch_shapes).
 // MOCK_BUG=dk leaves a dK element unwritten, MOCK_BUG=dv moves a dV element by 0.5.
 template <class T>
 struct BwdArgs {
@@ -1069,6 +1095,15 @@ struct BwdArgs {
 static unsigned char g_bwd_args[512];
 static int g_bwd_phase, g_bwd_h, g_bwd_b;
 static void* g_bwd_stream;
+
+static void within_allocation(const void* at, size_t bytes, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  auto it = g_allocs.upper_bound(a);
+  if (it == g_allocs.begin()) return;
+  --it;
+  if (a >= it->first + it->second) return;  // not in a cudaMalloc'ed block
+  if (a + bytes > it->first + it->second) die(what);
+}
 
 #define BWD_PARAMS(T)                                                                          \
   const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,            \
@@ -1117,33 +1152,50 @@ static void bwd_launch(const BwdArgs<T>& a, int phase, dim3 want, int threads, s
   if (smem > 48 * 1024 && g_smem_attr[self] < (int)smem) die("backward: no opt-in above 48 KiB");
 }
 
-template <class T, int D, int PRE_ROWS, int THREADS>
+// rows per head of the scratch, and floats of d_buf per row
+static long long scratch_rows(int tq, int row_tile) {
+  return ((long long)tq + row_tile - 1) / row_tile * row_tile;
+}
+static int planes(int row_tile) { return row_tile > 1 ? 2 : 1; }
+
+template <class T, int D, int PRE_ROWS, int THREADS, int ROW_TILE>
 static void bwd_pre(const void* self, const BwdArgs<T>& a) {
-  const int H = (int)g_grid.y, B = (int)g_grid.z;
-  bwd_launch(a, 0, dim3((unsigned)((a.tq + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
+  const int H = (int)g_grid.y, B = (int)g_grid.z, np = planes(ROW_TILE);
+  const long long tqp = scratch_rows(a.tq, ROW_TILE);
+  bwd_launch(a, 0, dim3((unsigned)((tqp + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
   g_bwd_h = H, g_bwd_b = B;
-  const long long rows = (long long)B * H * a.tq;
+  const long long rows = (long long)B * H * tqp;
   if ((uintptr_t)a.dq_accum % 16) die("the dQ accumulator is not 16-byte aligned");
-  if (a.dq_accum < a.d_buf + rows && a.d_buf < a.dq_accum + rows * D)
-    die("D overlaps the accumulator");
+  if (a.dq_accum < a.d_buf + rows * np && a.d_buf < a.dq_accum + rows * D)
+    die("d_buf overlaps the accumulator");
+  within_allocation(a.d_buf, rows * np * sizeof(float), "d_buf runs past the workspace");
+  within_allocation(a.dq_accum, rows * D * sizeof(float), "dQ accumulator past the workspace");
+  const float log2e = 1.4426950408889634f;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
-      for (int i = 0; i < a.tq; ++i) {
-        const T* oi = a.o + b * a.s[9] + h * a.s[10] + i * a.s[11];
-        const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
+      for (long long i = 0; i < tqp; ++i) {  // every scratch row, padding included
         float acc = 0.0f;
-        for (int x = 0; x < D; ++x) acc += to_f32(oi[x]) * to_f32(di[x]);
-        const long long idx = ((long long)b * H + h) * a.tq + i;
-        a.d_buf[idx] = acc;
-        for (int x = 0; x < D; ++x) a.dq_accum[idx * D + x] = 0.0f;
+        if (i < a.tq) {
+          const T* oi = a.o + b * a.s[9] + h * a.s[10] + i * a.s[11];
+          const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
+          for (int x = 0; x < D; ++x) acc += to_f32(oi[x]) * to_f32(di[x]);
+        }
+        const long long bh = (long long)b * H + h;
+        a.d_buf[bh * np * tqp + i] = acc;
+        if (np == 2) {  // LSE * log2(e); +inf (P = 0) where the forward saw no key and past tq
+          const float l = i < a.tq ? a.lse[bh * a.tq + i] : -INFINITY;
+          a.d_buf[bh * 2 * tqp + tqp + i] = l == -INFINITY ? INFINITY : l * log2e;
+        }
+        for (int x = 0; x < D; ++x) a.dq_accum[(bh * tqp + i) * D + x] = 0.0f;
       }
 }
 
-template <class T, int D, int BC, int THREADS, int SMEM, bool CAUSAL>
+template <class T, int D, int BC, int THREADS, int SMEM, bool CAUSAL, int ROW_TILE>
 static void bwd_main(const void* self, const BwdArgs<T>& a) {
-  const int H = g_bwd_h, B = g_bwd_b, group = a.kv_group;
+  const int H = g_bwd_h, B = g_bwd_b, group = a.kv_group, np = planes(ROW_TILE);
   if (group < 1 || H % group) die("kv_group does not divide the heads");
   bwd_launch(a, 1, dim3((unsigned)((a.tk + BC - 1) / BC), H / group, B), THREADS, SMEM, self);
+  const long long tqp = scratch_rows(a.tq, ROW_TILE);
   const char* bug = std::getenv("MOCK_BUG");
   const float log2e = 1.4426950408889634f, scale = a.scale_log2 / log2e;
   for (int b = 0; b < B; ++b)
@@ -1154,9 +1206,12 @@ static void bwd_main(const void* self, const BwdArgs<T>& a) {
         float dkj[D] = {}, dvj[D] = {};
         for (int h = g * group; h < (g + 1) * group; ++h)
           for (int i = 0; i < a.tq; ++i) {
-            const long long idx = ((long long)b * H + h) * a.tq + i;
-            const float lse = a.lse[idx];
-            if (lse == -INFINITY || (CAUSAL && j > i + a.tk - a.tq)) continue;
+            const long long bh = (long long)b * H + h, row = bh * tqp + i;
+            // the LSE in base 2 as the kernels read it: the forward's (mma), or d_buf's (wgmma)
+            const float lse = a.lse[bh * a.tq + i];
+            const float l2 = np == 2 ? a.d_buf[bh * 2 * tqp + tqp + i]
+                                     : (lse == -INFINITY ? INFINITY : lse * log2e);
+            if (l2 == INFINITY || (CAUSAL && j > i + a.tk - a.tq)) continue;
             const T* qi = a.q + b * a.s[0] + h * a.s[1] + i * a.s[2];
             const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
             float dot = 0.0f, dp = 0.0f;
@@ -1164,12 +1219,12 @@ static void bwd_main(const void* self, const BwdArgs<T>& a) {
               dot += to_f32(qi[x]) * to_f32(kj[x]);
               dp += to_f32(di[x]) * to_f32(vj[x]);
             }
-            const float p = std::exp2(dot * a.scale_log2 - lse * log2e);
-            const float ds = p * (dp - a.d_buf[idx]);
+            const float p = std::exp2(dot * a.scale_log2 - l2);
+            const float ds = p * (dp - a.d_buf[bh * np * tqp + i]);
             for (int x = 0; x < D; ++x) {
               dvj[x] += p * to_f32(di[x]);
               dkj[x] += ds * to_f32(qi[x]);
-              a.dq_accum[idx * D + x] += ds * to_f32(kj[x]) * scale;
+              a.dq_accum[row * D + x] += ds * to_f32(kj[x]) * scale;
             }
           }
         T* dk = a.dk + b * a.s[18] + g * a.s[19] + j * a.s[20];
@@ -1183,16 +1238,17 @@ static void bwd_main(const void* self, const BwdArgs<T>& a) {
       }
 }
 
-template <class T, int D, int PRE_ROWS, int THREADS>
+template <class T, int D, int PRE_ROWS, int THREADS, int ROW_TILE>
 static void bwd_post(const void* self, const BwdArgs<T>& a) {
   const int H = g_bwd_h, B = g_bwd_b;
   bwd_launch(a, 2, dim3((unsigned)((a.tq + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
+  const long long tqp = scratch_rows(a.tq, ROW_TILE);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h)
       for (int i = 0; i < a.tq; ++i) {
-        const long long idx = ((long long)b * H + h) * a.tq + i;
+        const long long row = ((long long)b * H + h) * tqp + i;
         T* dqi = a.dq + b * a.s[15] + h * a.s[16] + i * a.s[17];
-        for (int x = 0; x < D; ++x) dqi[x] = from_f32<T>(a.dq_accum[idx * D + x]);
+        for (int x = 0; x < D; ++x) dqi[x] = from_f32<T>(a.dq_accum[row * D + x]);
       }
 }
 
@@ -1200,17 +1256,93 @@ static void bwd_post(const void* self, const BwdArgs<T>& a) {
   extern "C" void NAME##_pre(BWD_PARAMS(T)) {                                                  \
     BwdArgs<T> a;                                                                               \
     BWD_FILL(a);                                                                                \
-    bwd_pre<T, D, PRE_ROWS, THREADS>((const void*)&NAME##_pre, a);                              \
+    bwd_pre<T, D, PRE_ROWS, THREADS, 1>((const void*)&NAME##_pre, a);                           \
   }                                                                                             \
   extern "C" void NAME(BWD_PARAMS(T)) {                                                         \
     BwdArgs<T> a;                                                                               \
     BWD_FILL(a);                                                                                \
-    bwd_main<T, D, BC, THREADS, SMEM, CAUSAL>((const void*)&NAME, a);                           \
+    bwd_main<T, D, BC, THREADS, SMEM, CAUSAL, 1>((const void*)&NAME, a);                        \
   }                                                                                             \
   extern "C" void NAME##_post(BWD_PARAMS(T)) {                                                  \
     BwdArgs<T> a;                                                                               \
     BWD_FILL(a);                                                                                \
-    bwd_post<T, D, PRE_ROWS, THREADS>((const void*)&NAME##_post, a);                            \
+    bwd_post<T, D, PRE_ROWS, THREADS, 1>((const void*)&NAME##_post, a);                         \
+  }
+
+// The wgmma backward's three kernels take four tensor maps ahead of those arguments: each
+// checks them (check_map: Q and dO over the H query heads with boxes of BR rows, K and V over
+// the K/V heads with boxes of BC rows) and reads Q, K, V and dO through them. With
+// MOCK_MAP_LOG set, the main kernel appends the problem and the four maps' fields to that
+// file, for the test to compare with what tma.py encodes for the same problem.
+static void log_maps(const char* name, const TensorMap* maps, int H, int B, int hkv,
+                     const void* const ptrs[4], const long long* s, int tq, int tk) {
+  const char* path = std::getenv("MOCK_MAP_LOG");
+  if (!path) return;
+  FILE* f = std::fopen(path, "a");
+  if (!f) die("MOCK_MAP_LOG: cannot open");
+  std::fprintf(f, "%s|%d|%d|%d|%d|%d|", name, B, H, hkv, tq, tk);
+  for (int i = 0; i < 4; ++i)
+    std::fprintf(f, "%llu%s", (unsigned long long)(uintptr_t)ptrs[i], i < 3 ? "," : "|");
+  for (int i = 0; i < 24; ++i) std::fprintf(f, "%lld%s", s[i], i < 23 ? "," : "");
+  for (int m = 0; m < 4; ++m) {
+    FakeMap r;
+    std::memcpy(&r, &maps[m], sizeof r);
+    std::fprintf(f, "|%llu,%d,%u", (unsigned long long)(uintptr_t)r.addr, r.dtype, r.rank);
+    for (int i = 0; i < 4; ++i) std::fprintf(f, ",%llu", (unsigned long long)r.dims[i]);
+    for (int i = 0; i < 3; ++i) std::fprintf(f, ",%llu", (unsigned long long)r.strides[i]);
+    for (int i = 0; i < 4; ++i) std::fprintf(f, ",%u", r.box[i]);
+    for (int i = 0; i < 4; ++i) std::fprintf(f, ",%u", r.estrides[i]);
+    std::fprintf(f, ",%d,%d,%d,%d", r.interleave, r.swizzle, r.l2, r.oob);
+  }
+  std::fprintf(f, "\n");
+  std::fclose(f);
+}
+
+template <class T>
+static void bwd_through_maps(const char* name, const TensorMap* maps, BwdArgs<T>& a, int H, int B,
+                             int d, int br, int bc, int dtype, bool log) {
+  if (a.kv_group < 1 || H % a.kv_group) die("kv_group does not divide the heads");
+  const int hkv = H / a.kv_group;
+  const void* ptrs[4] = {a.q, a.k, a.v, a.dout};
+  if (log) log_maps(name, maps, H, B, hkv, ptrs, a.s, a.tq, a.tk);
+  const struct { const T** ptr; int first, heads, t, rows; } ops[4] = {
+      {&a.q, 0, H, a.tq, br}, {&a.k, 3, hkv, a.tk, bc}, {&a.v, 6, hkv, a.tk, bc},
+      {&a.dout, 12, H, a.tq, br}};
+  for (int m = 0; m < 4; ++m) {
+    long long* s = a.s + ops[m].first;
+    long long got[3];
+    check_map(maps[m], *ops[m].ptr, d, ops[m].t, ops[m].heads, B, ops[m].rows, dtype, s[0], s[1],
+              s[2], sizeof(T), got);
+    FakeMap r;
+    std::memcpy(&r, &maps[m], sizeof r);
+    *ops[m].ptr = static_cast<const T*>(r.addr);  // read through the map from here on
+    s[0] = got[0], s[1] = got[1], s[2] = got[2];
+  }
+}
+
+#define BWD_MAPS TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, TensorMap tm_do
+#define STAND_IN_BWD_TMA(NAME, T, D, BR, BC, PRE_ROWS, THREADS, SMEM, CAUSAL, DTYPE)            \
+  extern "C" void NAME##_pre(BWD_MAPS, BWD_PARAMS(T)) {                                        \
+    const TensorMap maps[4] = {tm_q, tm_k, tm_v, tm_do};                                        \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_through_maps(#NAME, maps, a, (int)g_grid.y, (int)g_grid.z, D, BR, BC, DTYPE, false);    \
+    bwd_pre<T, D, PRE_ROWS, THREADS, BR>((const void*)&NAME##_pre, a);                          \
+  }                                                                                             \
+  extern "C" void NAME(BWD_MAPS, BWD_PARAMS(T)) {                                               \
+    const TensorMap maps[4] = {tm_q, tm_k, tm_v, tm_do};                                        \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_through_maps(#NAME, maps, a, (int)g_grid.y * kv_group, (int)g_grid.z, D, BR, BC, DTYPE, \
+                     true);                                                                     \
+    bwd_main<T, D, BC, THREADS, SMEM, CAUSAL, BR>((const void*)&NAME, a);                       \
+  }                                                                                             \
+  extern "C" void NAME##_post(BWD_MAPS, BWD_PARAMS(T)) {                                       \
+    const TensorMap maps[4] = {tm_q, tm_k, tm_v, tm_do};                                        \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_through_maps(#NAME, maps, a, (int)g_grid.y, (int)g_grid.z, D, BR, BC, DTYPE, false);    \
+    bwd_post<T, D, PRE_ROWS, THREADS, BR>((const void*)&NAME##_post, a);                        \
   }
 @STAND_INS@
 """
@@ -1222,6 +1354,9 @@ BIG = KernelSpec(family="mma", d=128, br=128, bc=64, dtype="fp16", warps=4, stag
 def _stand_in_line(s: KernelSpec) -> str:
     """The stand-in macro call of one variant (backward: its three kernels)."""
     flag = "true" if s.causal else "false"
+    if s.direction == "bwd" and s.family == "wgmma":
+        args = f"{s.d}, {s.br}, {s.bc}, {pre_rows(s)}, {s.threads}, {s.smem_bytes}, {flag}"
+        return f"STAND_IN_BWD_TMA({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
     if s.direction == "bwd":
         args = f"{s.d}, {s.bc}, {pre_rows(s)}, {s.threads}, {s.smem_bytes}, {flag}"
         return f"STAND_IN_BWD({s.name}, {s.dtype_info.ctype}, {args})"
@@ -1257,7 +1392,7 @@ def stand_in_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nvcc = require_nvcc()
     gxx = _tool("g++")
     includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
-    specs = [*PAIR, BIG, WGMMA, *FEATURED, WGMMA_DV, *BWD]
+    specs = [*PAIR, BIG, WGMMA, *FEATURED, WGMMA_DV, *BWD, BWD_W]
     root = tmp_path_factory.mktemp("stand_in")
     write_bundle(bundle_files(specs), root)
     (root / "example.cpp").write_text((root / "example.cu").read_text())
@@ -1283,11 +1418,11 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     proc = subprocess.run([str(stand_in_example)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    # 17 forward problems, 5 backward ones (BWD_A causal: 3, BWD_B: 2); 7 + 2 variants
-    assert lines[-1].startswith("PASS: 22 of 22 problems and 9 of 9 variants' parameter checks")
+    # 17 forward problems, 7 backward ones (BWD_A causal: 3, BWD_B: 2, BWD_W: 2); 7 + 3 variants
+    assert lines[-1].startswith("PASS: 24 of 24 problems and 10 of 10 variants' parameter checks")
     assert "bounds: O max abs error 2e-2 for bf16/fp16" in lines[-1]
     assert "dQ/dK/dV max abs error <= 2x a same-precision reference's" in lines[-1]
-    assert sum(ln.endswith("  ok") for ln in lines) == 22 + 9  # problems + rejection checks
+    assert sum(ln.endswith("  ok") for ln in lines) == 24 + 10  # problems + rejection checks
     # the feature variants ran with their values (window, softcap, ALiBi) and refused bad ones
     # 13 plain refusals, plus a bad window side and a negative softcap
     refused = f"  {FEATURED[0].name}: 15 of 15 invalid parameter sets refused before launch  ok"
@@ -1299,6 +1434,7 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
     for spec, source, problems in (
         (BWD_A, MMA.name, ["B=2 H=3 Tq=77 Tk=131", "B=2 H=3 Tq=131 Tk=77", "B=1 H=8 Tq=65 Tk=97"]),
         (BWD_B, "the CPU", ["B=2 H=3 Tq=77 Tk=131", "B=1 H=8 Tq=65 Tk=97"]),
+        (BWD_W, WGMMA.name, ["B=2 H=3 Tq=77 Tk=131", "B=1 H=8 Tq=65 Tk=97"]),
     ):
         for problem in problems:
             i = next(n for n, ln in enumerate(lines) if ln.startswith(f"  {spec.name} {problem}"))
@@ -1307,7 +1443,8 @@ def test_example_passes_with_the_kernel_contract_computed_on_the_cpu(
             assert [g[0] for g in grads] == ["dQ", "dK", "dV"], lines[i + 1]
             assert all(0 < float(err) <= float(bound) for _, err, bound in grads), lines[i + 1]
             assert lines[i + 1].endswith("NaN 0  ok")
-        refused = "13 of 13 invalid backward parameter sets refused before launch  ok"
+        n = 14 if spec.family == "wgmma" else 13  # and a negative q stride (no tensor map)
+        refused = f"{n} of {n} invalid backward parameter sets refused before launch  ok"
         assert f"  {spec.name}: {refused}" in lines
 
 
@@ -1446,15 +1583,20 @@ def test_example_on_another_gpu_refuses_the_wgmma_variant_with_the_reason(
         f"    not runnable on this GPU: {why}; flashgen_fwd returned error "
         f"{INVALID_DEVICE_FUNCTION} (refused, as it must)  FAIL"
     ) in lines
+    assert (
+        f"    not runnable on this GPU: {BWD_W.name} (family wgmma) needs compute capability 9.0 "
+        "only (sm_90a code: H100, H200); generate a bundle with the family mma backward for this "
+        f"GPU; flashgen_bwd returned error {INVALID_DEVICE_FUNCTION}  FAIL"
+    ) in lines
     # the sm_80+ families still run on sm_86
-    # (and the backward ones: mma, sm_80+)
-    assert lines[-1].startswith("FAIL: 17 of 22 problems and 9 of 9 variants' parameter checks")
+    # (and the mma backward ones, sm_80+)
+    assert lines[-1].startswith("FAIL: 17 of 24 problems and 10 of 10 variants' parameter checks")
     old = _stand_in_run(stand_in_example, MOCK_CC="75")  # and nothing runs on a Turing GPU
     assert "needs compute capability 8.0 or newer" in old.stdout
     assert f"not runnable on this GPU: {BWD_B.name} (family mma) needs compute capability 8.0" in (
         old.stdout
     )
-    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 22 problems")
+    assert old.stdout.splitlines()[-1].startswith("FAIL: 0 of 24 problems")
 
 
 @pytest.mark.parametrize(("mode", "code"), [("fail", INVALID), ("missing", INSUFFICIENT_DRIVER)])
@@ -1466,8 +1608,11 @@ def test_wgmma_launcher_reports_a_refused_map_or_a_driver_without_the_encoder(
     lines = proc.stdout.splitlines()
     i = lines.index(f"  {WGMMA.name} B=2 H=3 Tq=77 Tk=131 H_kv=3")
     assert lines[i + 1] == f"    flashgen_fwd: stand-in error {code}"
+    # the wgmma backward's maps are refused too (its forward partner's first)
+    j = lines.index(f"  {BWD_W.name} B=2 H=3 Tq=77 Tk=131 H_kv=3 (O and LSE from {WGMMA.name})")
+    assert lines[j + 1] == f"    flashgen_fwd: stand-in error {code}"
     # the other variants need no tensor map
-    assert lines[-1].startswith("FAIL: 17 of 22 problems and 9 of 9 variants' parameter checks")
+    assert lines[-1].startswith("FAIL: 17 of 24 problems and 10 of 10 variants' parameter checks")
 
 
 # ---- backward variants ---------------------------------------------------------------------------
@@ -1517,32 +1662,96 @@ def test_backward_variants_bundle_beside_forward_ones_with_their_own_c_api() -> 
 
 
 def test_backward_launcher_checks_then_launches_pre_main_post_in_order() -> None:
-    text = bundle_files([MMA, *BWD])[LAUNCHER]
-    for s in BWD:
+    text = bundle_files([MMA, *BWD, BWD_W])[LAUNCHER]
+    for s in [*BWD, BWD_W]:
         pre, main, post = f"{s.name}_pre", s.name, f"{s.name}_post"
         for name in (pre, main, post):  # declared with the kernels' one argument list
             assert f'extern "C" __global__ void {name}(\n' in text
         body = bwd_body(text, s)
+        maps = "\n      maps[0], maps[1], maps[2], maps[3]," if s.family == "wgmma" else ""
         order = [
             f"{bwd_symbol(s)}_bwd_check(p, nullptr)",
             *(["cudaFuncSetAttribute("] if s.smem_bytes > 48 * 1024 else []),
-            f"{pre}<<<rows, THREADS, 0, stream>>>(",
-            f"{main}<<<keys, THREADS, SMEM_BYTES, stream>>>(",
-            f"{post}<<<rows, THREADS, 0, stream>>>(",
+            f"{pre}<<<scratch_rows, THREADS, 0, stream>>>({maps}",
+            f"{main}<<<keys, THREADS, SMEM_BYTES, stream>>>({maps}",
+            f"{post}<<<rows, THREADS, 0, stream>>>({maps}",
         ]
         assert [body.index(x) for x in order] == sorted(body.index(x) for x in order), s.name
         assert ("cudaFuncSetAttribute(" in body) == (s.smem_bytes > 48 * 1024)
         assert f"constexpr int PRE_ROWS = {pre_rows(s)};" in body
         assert f"constexpr int SMEM_BYTES = {s.smem_bytes};" in body
+        # the scratch's rows per head: Tq (mma), Tq rounded up to BR (wgmma), as scratch_rows
+        tile = s.br if s.family == "wgmma" else 1
+        assert f"constexpr long long ROW_TILE = {tile};" in body
         assert body.count("err = cudaGetLastError();\n  if (err != cudaSuccess) return err;") == 2
         assert body.rstrip().endswith("return cudaGetLastError();")
-        key = f"p->d == {s.d} && dtype == FLASHGEN_BF16 && c == {int(s.causal)}"
+        key = f"p->d == {s.d} && dtype == FLASHGEN_{s.dtype.upper()} && c == {int(s.causal)}"
         assert f"if ({key}) {{\n    return {bwd_symbol(s)}_bwd(p, stream);" in text
+    # the wgmma backward: refuses other GPUs, then encodes its four maps as
+    # tma.backward_tensor_maps does (Q and dO: BR rows over H; K and V: BC rows over H_kv)
+    body = bwd_body(text, BWD_W)
+    order = [
+        f"{bwd_symbol(BWD_W)}_bwd_check(p, nullptr)",
+        f"{bwd_symbol(BWD_W)}_bwd_device_check(device, nullptr)",
+        "encode_tiled()",
+        "&maps[0], p->q, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, p->B, p->H, p->Tq, D,",
+        "&maps[1], p->k, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, p->B, bwd_kv_heads(p), p->Tk, D,",
+        "&maps[2], p->v, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, p->B, bwd_kv_heads(p), p->Tk, D,",
+        "&maps[3], p->dout, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, p->B, p->H, p->Tq, D,",
+        "cudaFuncSetAttribute(",
+    ]
+    assert [body.index(x) for x in order] == sorted(body.index(x) for x in order)
+    assert body.count(", 2, BR);") == 2 and body.count(", 2, BC);") == 2
+    assert "return cudaErrorInsufficientDriver;" in body
+    assert f"constexpr int BR = {BWD_W.br};" in body and f"constexpr int BC = {BWD_W.bc};" in body
+    decl = re.search(rf'extern "C" __global__ void {BWD_W.name}_pre\((.*?)\);', text, re.S)
+    assert decl is not None and decl.group(1).split()[:16] == [
+        *("const", "__grid_constant__", "TensorMap", "tm_q,"),
+        *("const", "__grid_constant__", "TensorMap", "tm_k,"),
+        *("const", "__grid_constant__", "TensorMap", "tm_v,"),
+        *("const", "__grid_constant__", "TensorMap", "tm_do,"),
+    ]
+    assert f'return device_rule(device, 9, 0, true,\n                     "{BWD_W.name} ' in text
     # a bundle without backward variants still defines the API: its dispatch refuses every key
     plain = bundle_files(PAIR)
     assert 'extern "C" cudaError_t flashgen_bwd(' in plain[LAUNCHER]
     assert "_bwd_check" not in plain[LAUNCHER] and "check_bwd_common" not in plain[LAUNCHER]
     assert "#define FLASHGEN_NUM_BWD_VARIANTS 0" in plain[HEADER]
+
+
+def test_a_wgmma_backward_bundles_with_its_maps_and_its_workspace_documented() -> None:
+    files = bundle_files([WGMMA, BWD_W])
+    assert files[f"kernels/{BWD_W.name}.cu"] == render(BWD_W).source
+    h, readme, cmake = files[HEADER], files["README.md"], files["CMakeLists.txt"]
+    sym = bwd_symbol(BWD_W)
+    # each variant's workspace, its size function, and the dispatch's (the most of head dim d)
+    assert f"size_t {sym}_bwd_workspace_bytes(const flashgen_bwd_params* p);" in h
+    assert (
+        f"workspace ({sym}_bwd_workspace_bytes): D and LSE*log2(e) (B*H*2*TQP floats), then "
+        "the dQ accumulator (B*H*TQP*d floats), TQP = Tq rounded up to 64\n" in h
+    )
+    assert "the most that any backward variant of this\n * bundle with head dim p->d needs" in h
+    assert "Backward variants of family wgmma load Q, K, V and dO with TMA" in h
+    assert "(loads Q, K, V and dO with TMA: their strides must also be positive" in h
+    mma = bundle_files([BWD_B])[HEADER]
+    assert (
+        f"workspace ({bwd_symbol(BWD_B)}_bwd_workspace_bytes): D (B*H*Tq floats), then the dQ "
+        "accumulator (B*H*Tq*d floats)\n" in mma
+    )
+    assert "and dO with TMA" not in mma and "cudaErrorInsufficientDriver" not in mma
+    # both wgmma kernel files in the sm_90a object library
+    obj = cmake[cmake.index("add_library(flashgen_kernels_sm90a OBJECT") :]
+    assert obj[: obj.index(")")].split()[2:] == [f"kernels/{s.name}.cu" for s in (BWD_W, WGMMA)]
+    row = next(ln for ln in readme.splitlines() if ln.startswith(f"| `{BWD_W.name}`"))
+    assert "| 64 | fp16 | no | wgmma | 128 x 64 |" in row and "sm_90a: H100/H200 only" in row
+    assert "four\n  in the backward" in readme and "_bwd_workspace_bytes(&p)" in readme
+    # a bundle of the wgmma backward alone: the maps' helpers, not the forward's docs
+    alone = bundle_files([BWD_W])
+    assert "encode_map(" in alone[LAUNCHER] and "kPersistentMaxKeyTiles" not in alone[LAUNCHER]
+    assert "Variants of family wgmma load Q, K and V" not in alone[HEADER]
+    # the example judges it as any backward variant, its own workspace size at hand
+    ex = alone["example.cu"]
+    assert f"0.0009765625, true, {sym}_bwd_workspace_bytes}}," in ex
 
 
 def test_backward_only_bundle_and_the_backward_refusals() -> None:
@@ -1551,7 +1760,9 @@ def test_backward_only_bundle_and_the_backward_refusals() -> None:
     assert "(void)dtype, (void)causal, (void)stream;" in files[LAUNCHER]  # flashgen_fwd refuses
     ex = bundle_files([BWD_A])["example.cu"]
     for pb in ("2, 3, 77, 131, 3", "2, 3, 131, 77, 3", "1, 8, 65, 97, 2"):
-        assert f'{{"{BWD_A.name}", FLASHGEN_BF16, 1, 32, {pb}, 0.0078125}},' in ex
+        ws = f"{bwd_symbol(BWD_A)}_bwd_workspace_bytes"
+        row = f"FLASHGEN_BF16, 1, 32, {pb}, 0.0078125, false, {ws}"
+        assert f'{{"{BWD_A.name}", {row}}},' in ex
     with pytest.raises(BundleError, match="both serve d=64 bf16 non-causal: flashgen_bwd"):
         bundle_files([BWD_B, BWD_B.replace(stages=1)])
     with pytest.raises(BundleError, match="gqapack variants are not bundled"):
@@ -1574,7 +1785,8 @@ def test_cli_bundles_backward_variants(tmp_path: Path, monkeypatch: pytest.Monke
 
 # The backward launcher's checks, with real (host) memory behind the stand-in runtime: every
 # refused parameter set makes no launch and no opt-in (the stand-in counts them), the accepted
-# one launches the three kernels (and opts in: 64 KiB).
+# one launches the three kernels (and opts in: 64 KiB for mma, 163 KiB for wgmma). The
+# workspace is exactly the variant's own (@SYM@_bwd_workspace_bytes).
 BWD_VALIDATE_CPP = r"""
 #include "flashgen_attention.h"
 #include <cmath>
@@ -1600,7 +1812,7 @@ static void base(flashgen_bwd_params* p) {
   p->k_batch_stride = p->v_batch_stride = p->dk_batch_stride = p->dv_batch_stride =
       (long long)HKV * TK * D;
   p->workspace = (float*)at[9];
-  p->workspace_bytes = flashgen_bwd_workspace_bytes(p);
+  p->workspace_bytes = @SYM@_bwd_workspace_bytes(p);
 }
 
 static void report(const char* label, const flashgen_bwd_params* p) {
@@ -1658,21 +1870,27 @@ int main(void) {
   CASE("workspace_size_overflow", (p.B = 65535, p.H = 65535, p.H_kv = 0, p.Tq = @MAX@));
   flashgen_bwd_params p;
   base(&p);
-  const size_t need = flashgen_bwd_workspace_bytes(&p);
+  // the dispatch's size (the most a variant of head dim D needs), the variant's own, and
+  // both for (B, H, Tq) = (1, 1, 1); then NULL, an overflow, and a head dim with no variant
+  printf("bytes|%zu|%zu", flashgen_bwd_workspace_bytes(&p), @SYM@_bwd_workspace_bytes(&p));
+  p.B = p.H = p.Tq = 1;
+  printf("|%zu|%zu", flashgen_bwd_workspace_bytes(&p), @SYM@_bwd_workspace_bytes(&p));
   p.B = 65535, p.H = 65535, p.Tq = @MAX@;
-  printf("bytes|%zu|%zu|%zu\n", need, flashgen_bwd_workspace_bytes(NULL),
-         flashgen_bwd_workspace_bytes(&p));
+  printf("|%zu|%zu", flashgen_bwd_workspace_bytes(NULL), flashgen_bwd_workspace_bytes(&p));
+  base(&p);
+  p.d = 3;
+  printf("|%zu\n", flashgen_bwd_workspace_bytes(&p));
   base(&p);
   const int before = stand_in_calls();
-  const cudaError_t ok = flashgen_bwd(&p, FLASHGEN_BF16, @CAUSAL@, 0);
+  const cudaError_t ok = flashgen_bwd(&p, @DTYPE@, @CAUSAL@, 0);
   printf("dispatch|ok|%d|%d\n", (int)ok, stand_in_calls() - before);
-  printf("dispatch|null|%d\n", (int)flashgen_bwd(NULL, FLASHGEN_BF16, @CAUSAL@, 0));
-  printf("dispatch|fp16|%d\n", (int)flashgen_bwd(&p, FLASHGEN_FP16, @CAUSAL@, 0));
-  printf("dispatch|mask|%d\n", (int)flashgen_bwd(&p, FLASHGEN_BF16, !@CAUSAL@, 0));
+  printf("dispatch|null|%d\n", (int)flashgen_bwd(NULL, @DTYPE@, @CAUSAL@, 0));
+  printf("dispatch|fp32|%d\n", (int)flashgen_bwd(&p, FLASHGEN_FP32, @CAUSAL@, 0));
+  printf("dispatch|mask|%d\n", (int)flashgen_bwd(&p, @DTYPE@, !@CAUSAL@, 0));
   p.dout = NULL;
-  printf("dispatch|bad|%d\n", (int)flashgen_bwd(&p, FLASHGEN_BF16, @CAUSAL@, 0));
+  printf("dispatch|bad|%d\n", (int)flashgen_bwd(&p, @DTYPE@, @CAUSAL@, 0));
   const char* why = NULL;
-  const cudaError_t sup = flashgen_bwd_supported(D, FLASHGEN_FP16, 0, 0, &why);
+  const cudaError_t sup = flashgen_bwd_supported(D, FLASHGEN_FP32, 0, 0, &why);
   const char* a = flashgen_bwd_variant(32, FLASHGEN_BF16, 1);
   const char* b = flashgen_bwd_variant(64, FLASHGEN_BF16, 0);
   const char* c = flashgen_bwd_variant(64, FLASHGEN_BF16, 1);
@@ -1715,7 +1933,7 @@ BWD_EXPECTED: dict[str, str | None] = {
     "negative_q_token_stride_8": None,  # any sign, as in Python
     "dv_equals_dk": "two of dq, dk, dv start at the same address",
     "dq_equals_q": "starts where an input",
-    "workspace_one_byte_short": "workspace_bytes < flashgen_bwd_workspace_bytes(p)",
+    "workspace_one_byte_short": "workspace_bytes < @SYM@_bwd_workspace_bytes(p): allocate",
     "workspace_plus_4_bytes": "workspace is not 16-byte aligned",
     "workspace_on_dq": "the workspace overlaps a tensor",
     "workspace_on_lse": "the workspace overlaps lse",
@@ -1723,44 +1941,69 @@ BWD_EXPECTED: dict[str, str | None] = {
 }
 
 
-def test_backward_launcher_refuses_bad_parameters_before_any_launch(
-    stand_in_example: Path,
-) -> None:
-    from flashgen.generator.bundle import bwd_workspace_layout
+def _bwd_validate(root: Path, spec: KernelSpec) -> Path:
+    """BWD_VALIDATE_CPP for backward variant `spec`, linked with the stand-in bundle's launcher
+    and stand-ins (built by the stand_in_example fixture)."""
     from flashgen.generator.validate import MAX_LENGTH
 
-    root = stand_in_example.parent  # the stand-in bundle: launch.o and stand_in.o are built
     nvcc = require_nvcc()
-    src = BWD_VALIDATE_CPP.replace("@D@", str(BWD_B.d)).replace("@SYM@", bwd_symbol(BWD_B))
-    src = src.replace("@MAX@", str(MAX_LENGTH)).replace("@CAUSAL@", str(int(BWD_B.causal)))
-    (root / "bwd_validate.cpp").write_text(src)
+    src = BWD_VALIDATE_CPP.replace("@D@", str(spec.d)).replace("@SYM@", bwd_symbol(spec))
+    src = src.replace("@MAX@", str(MAX_LENGTH)).replace("@CAUSAL@", str(int(spec.causal)))
+    src = src.replace("@DTYPE@", f"FLASHGEN_{spec.dtype.upper()}")
+    exe = f"bwd_validate_{spec.family}"
+    (root / f"{exe}.cpp").write_text(src)
     includes = [f"-isystem{d}" for d in cuda_include_dirs(nvcc)]
-    cmd = [_tool("g++"), "-std=c++17", f"-I{root}", *includes, "bwd_validate.cpp", "launch.o",
-           "stand_in.o", "-o", "bwd_validate"]  # fmt: skip
+    cmd = [_tool("g++"), "-std=c++17", f"-I{root}", *includes, f"{exe}.cpp", "launch.o",
+           "stand_in.o", "-o", exe]  # fmt: skip
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = _stand_in_run(root / "bwd_validate")
+    return root / exe
+
+
+@pytest.mark.parametrize("spec", [BWD_B, BWD_W], ids=["mma", "wgmma"])
+def test_backward_launcher_refuses_bad_parameters_before_any_launch(
+    stand_in_example: Path, spec: KernelSpec
+) -> None:
+    from flashgen.generator.bundle import bwd_workspace_layout
+
+    out = _stand_in_run(_bwd_validate(stand_in_example.parent, spec))
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [ln.split("|") for ln in out.stdout.splitlines()]
     cases = {r[1]: r[2:] for r in rows if r[0] == "case"}
     assert set(cases) == set(BWD_EXPECTED)
+    expected = {k: v and v.replace("@SYM@", bwd_symbol(spec)) for k, v in BWD_EXPECTED.items()}
+    if spec.family == "wgmma":  # its tensor maps take positive strides only
+        expected["negative_q_token_stride_8"] = (
+            "a q stride is not a positive multiple of 16 bytes below 2^40 (the wgmma backward "
+            "loads q, k, v and dout with TMA): copy q, or bundle the family mma backward variant"
+        )
     for label, (check, launched, calls, why) in cases.items():
-        rule = BWD_EXPECTED[label]
+        rule = expected[label]
         if rule is None:
             assert (int(check), why) == (0, "NULL"), (label, why)
-            if label == "ok":  # pre, main, post, and the opt-in for 64 KiB
+            if label == "ok":  # pre, main, post, and the opt-in above 48 KiB
                 assert (int(launched), int(calls)) == (0, 4), (label, launched, calls)
             continue
         assert (int(check), int(launched), int(calls)) == (INVALID, INVALID, 0), (label, why)
         assert rule in why, (label, why)
+    # the workspace sizes against backward.scratch_shapes' (bundle.bwd_workspace_layout): the
+    # dispatch's is the larger of the bundle's two d=64 variants (BWD_B mma, BWD_W wgmma)
     (bytes_row,) = [r for r in rows if r[0] == "bytes"]
     b, h, tq = 2, 4, 33
-    assert bwd_workspace_layout(b, h, tq, BWD_B.d) == (1056, 1056 + b * h * tq * BWD_B.d * 4)
-    assert bwd_workspace_layout(1, 1, 3, 64) == (16, 16 + 3 * 64 * 4)  # D padded to 16 bytes
-    assert bytes_row[1:] == [str(bwd_workspace_layout(b, h, tq, BWD_B.d)[1]), "0", "0"]
+    assert bwd_workspace_layout(BWD_B, b, h, tq) == (1056, 1056 + b * h * tq * 64 * 4)
+    assert bwd_workspace_layout(BWD_B, 1, 1, 3) == (16, 16 + 3 * 64 * 4)  # D padded to 16 bytes
+    # wgmma: D and LSE*log2(e) over 64 rows per head (Tq = 33 rounded up), the dQ accumulator
+    assert bwd_workspace_layout(BWD_W, b, h, tq) == (b * h * 2 * 64 * 4, b * h * 64 * (2 + 64) * 4)
+    assert bytes_row[1:] == [
+        str(bwd_workspace_layout(BWD_W, b, h, tq)[1]),
+        str(bwd_workspace_layout(spec, b, h, tq)[1]),
+        str(bwd_workspace_layout(BWD_W, 1, 1, 1)[1]),
+        str(bwd_workspace_layout(spec, 1, 1, 1)[1]),
+        "0", "0", "0",
+    ]  # fmt: skip
     dispatch = {r[1]: [int(x) for x in r[2:]] for r in rows if r[0] == "dispatch"}
     assert dispatch == {
-        "ok": [0, 4], "null": [INVALID], "fp16": [NOT_SUPPORTED], "mask": [NOT_SUPPORTED],
+        "ok": [0, 4], "null": [INVALID], "fp32": [NOT_SUPPORTED], "mask": [NOT_SUPPORTED],
         "bad": [INVALID],
     }  # fmt: skip
     (variant_row,) = [r for r in rows if r[0] == "variant"]
@@ -1770,25 +2013,89 @@ def test_backward_launcher_refuses_bad_parameters_before_any_launch(
     ]  # fmt: skip
 
 
-def test_backward_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("env", "code"),
+    [({"MOCK_CC": "86"}, INVALID_DEVICE_FUNCTION), ({"MOCK_ENCODE": "fail"}, INVALID),
+     ({"MOCK_ENCODE": "missing"}, INSUFFICIENT_DRIVER)],
+    ids=["sm86", "map_refused", "no_encoder"],
+)  # fmt: skip
+def test_wgmma_backward_launcher_refuses_another_gpu_or_map_before_any_launch(
+    stand_in_example: Path, env: dict[str, str], code: int
+) -> None:
+    out = _stand_in_run(_bwd_validate(stand_in_example.parent, BWD_W), **env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [ln.split("|") for ln in out.stdout.splitlines()]
+    # the check needs no GPU and passes; the launch is refused with no kernel and no opt-in,
+    # directly and through the dispatch
+    (direct,) = [r[2:5] for r in rows if r[:2] == ["case", "ok"]]
+    (dispatched,) = [r[2:] for r in rows if r[:2] == ["dispatch", "ok"]]
+    assert direct == ["0", str(code), "0"] and dispatched == [str(code), "0"]
+
+
+def test_wgmma_backward_maps_are_the_ones_tma_py_encodes(
+    stand_in_example: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C launcher's four tensor maps of each backward call in the example, field for field
+    as the driver received them, against what tma.backward_tensor_maps (the Python path) asks
+    the driver for on the same problem (same pointers, sizes and strides)."""
+    from flashgen.generator import backward, tma
+    from flashgen.generator.validate import Problem
+
+    log = tmp_path / "maps.txt"
+    proc = _stand_in_run(stand_in_example, MOCK_MAP_LOG=str(log))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = log.read_text().splitlines()
+    assert [ln.split("|")[0] for ln in lines] == [BWD_W.name] * 2  # its two problems
+
+    encoded: list[tuple[int, ...]] = []
+
+    class FakeDriver:  # records cuTensorMapEncodeTiled's arguments as the C stand-in does
+        @staticmethod
+        def cuTensorMapEncodeTiled(tmap, dtype, rank, ptr, dims, strides, box, unit, *modes):
+            encoded.append((
+                ptr.value, dtype, rank, *dims[:rank], *strides[: rank - 1], *box[:rank],
+                *unit[:rank], *modes,
+            ))  # fmt: skip
+            return 0
+
+    monkeypatch.setattr(tma, "_libcuda", lambda: FakeDriver)
+    monkeypatch.setattr(tma, "_bwd_maps", tma.OrderedDict())
+    for line in lines:
+        _, b, h, hkv, tq, tk, ptrs, strides, *maps = line.split("|")
+        q, k, v, do = (int(x) for x in ptrs.split(","))
+        s = [int(x) for x in strides.split(",")]
+        three = [tuple(s[i : i + 3]) for i in range(0, 24, 3)]
+        fwd = Problem(int(b), int(h), int(tq), int(tk), BWD_W.d, BWD_W.dtype, three[0], three[1],
+                      three[2], three[3], h_kv=int(hkv))  # fmt: skip
+        bp = backward.BackwardProblem(fwd, three[4], *three[5:], 0, 0, 0, 0)
+        encoded.clear()
+        tma.backward_tensor_maps(BWD_W, bp, q, k, v, do)
+        assert [tuple(int(x) for x in m.split(",")) for m in maps] == encoded, line
+
+
+@pytest.mark.parametrize("spec", [BWD_A, BWD_W], ids=["mma", "wgmma"])
+def test_backward_launcher_declarations_match_the_kernel_definitions(
+    tmp_path: Path, spec: KernelSpec
+) -> None:
     """As for the forward: the three declarations beside the kernels' definitions compile, and
-    a changed one does not."""
+    a changed one does not (wgmma: with its four tensor maps first)."""
     nvcc = require_nvcc()
-    files = bundle_files([BWD_A])
+    files = bundle_files([spec])
     write_bundle(files, tmp_path)
     decls = re.findall(
-        rf'extern "C" __global__ void {BWD_A.name}(?:_pre|_post)?\(.*?\);', files[LAUNCHER], re.S
+        rf'extern "C" __global__ void {spec.name}(?:_pre|_post)?\(.*?\);', files[LAUNCHER], re.S
     )
     assert len(decls) == 3
+    arch = "compute_90a" if spec.family == "wgmma" else "compute_90"
     for label, text in (
         ("same", "\n".join(decls)),
         ("changed", decls[2].replace("int kv_group", "long kv_group")),
     ):
         src = tmp_path / f"sig_{label}.cu"
-        src.write_text(f'#include "kernels/{BWD_A.name}.cu"\n{text}\n')
+        src.write_text(f'#include "kernels/{spec.name}.cu"\n{text}\n')
         proc = subprocess.run(
             [str(nvcc), "-std=c++17", f"-I{tmp_path}", "-x", "cu", "--cuda",
-             "-gencode=arch=compute_90,code=compute_90", str(src), "-o", str(src) + ".ii"],
+             f"-gencode=arch={arch},code={arch}", str(src), "-o", str(src) + ".ii"],
             capture_output=True, text=True, check=False, timeout=300,
         )  # fmt: skip
         if label == "same":

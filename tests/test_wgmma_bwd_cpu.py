@@ -174,7 +174,7 @@ def test_the_largest_wgmma_backward_fits_an_sm_90a_block() -> None:
     assert big.smem_bytes <= families.FAMILIES["wgmma"].smem_limit()
 
 
-def test_eight_wgmma_backward_variants_ship_and_bundles_refuse_them() -> None:
+def test_eight_wgmma_backward_variants_ship_and_bundles_take_them() -> None:
     ships = shipped("wgmma", direction="bwd")
     assert {(s.d, s.dtype, s.causal) for s in ships} == {
         (d, t, c) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
@@ -182,9 +182,11 @@ def test_eight_wgmma_backward_variants_ship_and_bundles_refuse_them() -> None:
     # the default tile, 3 stages at d 64 and 2 at d 128 (wgmma_bwd.default_stages)
     assert {(s.d, s.br, s.bc, s.stages) for s in ships} == {(64, 64, 128, 3), (128, 64, 128, 2)}
     assert len(shipped(direction="bwd")) == len(shipped("mma", direction="bwd")) + 8
-    spec = bwd(d=64)
-    with pytest.raises(BundleError, match=r"wgmma backward variants are not bundled yet"):
-        bundle_files([spec])
+    for spec in ships:  # each bundles (tests/test_bundle.py checks what it holds)
+        assert f"kernels/{spec.name}.cu" in bundle_files([spec])
+    # a feature variant does not, as in family mma (tests/test_backward_cpu.py)
+    with pytest.raises(BundleError, match=r"backward variants with window are not bundled yet"):
+        bundle_files([bwd(d=64, features=("window",))])
 
 
 def test_families_without_a_backward_point_at_the_shipped_one() -> None:

@@ -11,26 +11,30 @@ reference, and a README. Every file is rendered from `templates/bundle/*.j2`.
 `flashgen bundle` filters into one variant per (d, dtype, causal), the key the dispatch
 function `flashgen_fwd` picks a variant by.
 
-Backward variants (direction "bwd", family mma: `templates/mma_bwd.cu.j2`, three kernels
-`<name>_pre`, `<name>`, `<name>_post`) bundle beside forward ones, one per (d, dtype, causal)
-of their own: the header gains `flashgen_bwd_params`, `flashgen_bwd_workspace_bytes` (the fp32
-scratch the caller provides: D, then the dQ accumulator, `bwd_workspace_layout`), the dispatch
-`flashgen_bwd` and per variant `<symbol>_bwd`; the launcher validates as
-`backward.validate_backward` does, then launches the three kernels in order on the stream. The
+Backward variants (direction "bwd", family mma: `templates/mma_bwd.cu.j2`, or wgmma:
+`templates/wgmma_bwd.cu.j2`; three kernels `<name>_pre`, `<name>`, `<name>_post`) bundle beside
+forward ones, one per (d, dtype, causal) of their own: the header gains `flashgen_bwd_params`,
+the dispatch `flashgen_bwd` and per variant `<symbol>_bwd` and `<symbol>_bwd_workspace_bytes`
+(the fp32 scratch the caller provides, laid out as `backward.scratch_shapes` says: d_buf, then
+the dQ accumulator, `bwd_workspace_layout`; `flashgen_bwd_workspace_bytes` returns the most any
+variant of that head dim needs); the launcher validates as `backward.validate_backward` does,
+then launches the three kernels in order on the stream with `BackwardProblem.grids`'s grids. The
 kernels take the forward's four feature values last (backward.ABI_FORMAT); the launcher passes
 them off (-1, -1, 0.0f, NULL), and backward variants with features are not bundled yet.
 
-Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI. Its C
-launcher builds them itself with the driver's `cuTensorMapEncodeTiled`, fetched at run time
-through the CUDA runtime (`cudaGetDriverEntryPoint*`), so the library still links without
-`-lcuda`; the maps follow `tma.py` (the Python path) field for field. Its kernels are compiled
-for sm_90a only, in an object library of their own (`FLASHGEN_WGMMA_GENCODE`), and its
-launcher refuses any GPU other than compute capability 9.0 with `cudaErrorInvalidDeviceFunction`.
+Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI (its
+backward four: Q, K, V and dO). Its C launcher builds them itself with the driver's
+`cuTensorMapEncodeTiled`, fetched at run time through the CUDA runtime
+(`cudaGetDriverEntryPoint*`), so the library still links without `-lcuda`; the maps follow
+`tma.py` (the Python path) field for field. Its kernels are compiled for sm_90a only, in an
+object library of their own (`FLASHGEN_WGMMA_GENCODE`), and its launchers refuse any GPU other
+than compute capability 9.0 with `cudaErrorInvalidDeviceFunction`.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +44,7 @@ import numpy as np
 
 from .._version import __version__
 from .arch import STATIC_SMEM_LIMIT
-from .backward import kernel_names, pre_rows
+from .backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
 from .cache import atomic_write
 from .dtypes import DTYPES
 from .families import FAMILIES, PERSISTENT_MAX_KEY_TILES
@@ -74,11 +78,12 @@ NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashg
 # ... and per direction: a backward variant's C functions are flashgen_<short>_bwd
 NAME_PREFIXES = {"fwd": NAME_PREFIX, "bwd": "flash_bwd_"}
 KERNEL_GLOB = "flash_*.cu"  # every kernel file a bundle may hold
-# Families with a backward kernel a bundle can launch (its ABI: backward.ABI_FORMAT)
-BWD_FAMILIES = frozenset({"mma"})
-# The caller's fp32 workspace of a backward call: D (B*H*Tq floats), then the dQ accumulator
-# (B*H*Tq*d floats) at the next multiple of this many bytes (its float4 accesses), and the
-# workspace pointer itself aligned to it.
+# Families with a backward kernel a bundle can launch (its ABI: backward.ABI_FORMAT, for wgmma
+# after four tensor maps)
+BWD_FAMILIES = frozenset({"mma", "wgmma"})
+# The caller's fp32 workspace of a backward call: d_buf, then the dQ accumulator at the next
+# multiple of this many bytes (its float4 accesses and bulk reductions), and the workspace
+# pointer itself aligned to it (`bwd_workspace_layout`).
 BWD_WORKSPACE_ALIGN = 16
 LOG2E = repr(LOG2E_FLOAT)  # scale -> scale_log2, as the Python runtime does
 # The example's problems: ragged lengths that are not multiples of any tile; causal variants
@@ -206,11 +211,19 @@ class Variant:
         and what the example judges it with."""
         s = self.spec
         pre, main, post = kernel_names(s)
+        row_tile, planes = scratch_geometry(s)
         return {
             **self._common(),
             "pre_kernel": pre,
             "post_kernel": post,
             "pre_rows": pre_rows(s),
+            "tma": s.family in TMA_FAMILIES,
+            "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
+            # the workspace: rows per head Tq rounded up to ws_row_tile, ws_planes floats of
+            # d_buf per row (scratch_geometry)
+            "ws_row_tile": row_tile,
+            "ws_planes": planes,
+            "ws_text": _workspace_text(s),
             # one storage ulp at 1: the gradient rule's eps is that times max|g64|
             "machine_eps": repr(machine_eps(s.dtype)),
             "problems": [
@@ -226,13 +239,33 @@ def machine_eps(dtype: str) -> float:
     return float(np.spacing(np.ones((), np.dtype(DTYPES[dtype].numpy))))
 
 
-def bwd_workspace_layout(b: int, h: int, tq: int, d: int) -> tuple[int, int]:
-    """(byte offset of the dQ accumulator, total bytes) of a backward call's workspace: D
-    (B*H*Tq floats), then the accumulator (B*H*Tq*d floats) at the next multiple of
-    BWD_WORKSPACE_ALIGN bytes. The launcher's flashgen_bwd_workspace_bytes computes the same."""
-    rows = b * h * tq
-    offset = -(-rows * 4 // BWD_WORKSPACE_ALIGN) * BWD_WORKSPACE_ALIGN
-    return offset, offset + rows * d * 4
+def scratch_geometry(spec: KernelSpec) -> tuple[int, int]:
+    """(row tile, planes) of backward variant `spec`'s fp32 scratch, read off
+    backward.scratch_shapes: its rows per head are Tq rounded up to the row tile (mma 1,
+    wgmma BR) and d_buf holds `planes` floats per row (mma: D; wgmma: D and LSE*log2(e)).
+    The launcher's bwd_workspace_layout takes these two numbers."""
+    tile = scratch_rows(spec, 1)
+    d_buf, _ = scratch_shapes(spec, 1, 1, 1, spec.d)
+    return tile, math.prod(d_buf) // tile
+
+
+def bwd_workspace_layout(spec: KernelSpec, b: int, h: int, tq: int) -> tuple[int, int]:
+    """(byte offset of the dQ accumulator, total bytes) of a backward call's workspace with
+    variant `spec`: backward.scratch_shapes's d_buf at offset 0, then its dQ accumulator at the
+    next multiple of BWD_WORKSPACE_ALIGN bytes. The launcher's `<symbol>_bwd_workspace_bytes`
+    computes the same."""
+    d_buf, accum = scratch_shapes(spec, b, h, tq, spec.d)
+    offset = -(-math.prod(d_buf) * 4 // BWD_WORKSPACE_ALIGN) * BWD_WORKSPACE_ALIGN
+    return offset, offset + (0 if accum is None else math.prod(accum) * 4)
+
+
+def _workspace_text(spec: KernelSpec) -> str:
+    """The header's words for a backward variant's workspace layout."""
+    tile, planes = scratch_geometry(spec)
+    rows = "Tq" if tile == 1 else "TQP"
+    d_buf = "D (B*H*Tq floats)" if planes == 1 else f"D and LSE*log2(e) (B*H*{planes}*TQP floats)"
+    text = f"{d_buf}, then the dQ accumulator (B*H*{rows}*d floats)"
+    return text + (f", TQP = Tq rounded up to {tile}" if tile > 1 else "")
 
 
 def _arch_specific(spec: KernelSpec) -> bool:
@@ -315,13 +348,6 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     for s in specs:
-        if s.direction == "bwd" and s.family not in BWD_FAMILIES and s.fam.bwd_template:
-            raise BundleError(
-                f"{s.name}: {s.family} backward variants are not bundled yet (their kernels "
-                "take TMA tensor maps the bundle's backward launcher does not build yet); bundle "
-                "the family mma backward variant "
-                f"(flash_bwd_mma_..., --family mma) for d={s.d} {s.dtype}"
-            )
         if s.direction == "bwd" and s.family not in BWD_FAMILIES:
             raise BundleError(
                 f"{s.name}: bundles launch the backward kernels of family "
@@ -366,7 +392,10 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         # every kernel file, both directions, for the build
         "plain_variants": [c for c in every if not c["exact_cc"]],
         "arch_specific_variants": [c for c in every if c["exact_cc"]],
-        "has_tma": any(c["tma"] for c in contexts),
+        # TMA tensor maps: the launcher builds them for these (the docs say so per direction)
+        "has_tma": any(c["tma"] for c in every),
+        "has_fwd_tma": any(c["tma"] for c in contexts),
+        "has_bwd_tma": any(c["tma"] for c in bwd_contexts),
         "num_variants": len(unique),
         "num_fwd_variants": len(contexts),
         "num_bwd_variants": len(bwd_contexts),

@@ -1,6 +1,7 @@
 """The backward pass (dQ, dK, dV) of family wgmma (Hopper, sm_90a): its variant rules and
 template values. flashgen.torch runs it on sm_90 GPUs by default (space.BWD_AXES ships it at
-the default tile); bundles refuse it (their C launcher builds no backward tensor maps yet).
+the default tile); bundles take its plain variants (their C launcher encodes the four tensor
+maps as tma.py does, and sizes the padded scratch per variant).
 
 `families.WgmmaFamily` hands a spec with direction "bwd" here. A block owns BC keys of one K/V
 head (64 per consumer warpgroup, so `consumers` = bc/64) and walks every query tile of BR rows
