@@ -303,8 +303,8 @@ def spec_options(fn: F) -> F:
         once(
             "--direction",
             type=click.Choice(list(DIRECTIONS)),
-            help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma, or wgmma: "
-            "not yet GPU-proven).",
+            help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma, or wgmma "
+            "on sm_90a, d 64/128).",
         ),
     ]
     for option in reversed(options):
