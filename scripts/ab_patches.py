@@ -102,6 +102,20 @@ def compile_for_sm90(tree: Path, names: list[str], cache: Path) -> None:
         raise SystemExit(f"{tree.name}: compile failed")
 
 
+def patched_files(patch: str) -> list[str]:
+    """The paths a unified diff writes (its `+++ b/...` lines)."""
+    lines = Path(patch).read_text().splitlines()
+    return [ln[6:].split("\t")[0] for ln in lines if ln.startswith("+++ b/")]
+
+
+def filecmp_differs(a: Path, b: Path, rel: str) -> bool:
+    """Whether `rel` differs between trees `a` and `b` (missing on one side counts)."""
+    fa, fb = a / rel, b / rel
+    if not (fa.is_file() and fb.is_file()):
+        return fa.is_file() != fb.is_file()
+    return fa.read_bytes() != fb.read_bytes()
+
+
 def prepare(args: argparse.Namespace) -> None:
     snap = Path(args.snap).resolve()
     if snap.exists():
@@ -114,7 +128,12 @@ def prepare(args: argparse.Namespace) -> None:
         if not label.isidentifier() or not file:
             raise SystemExit(f"--patch {item!r}: expected LABEL=FILE with LABEL a plain word")
         copy_tree(snap / label)
-        subprocess.run(["git", "apply", str(Path(file).resolve())], cwd=snap / label, check=True)
+        # not `git apply`: inside this checkout's work tree (SNAP is usually under it) it would
+        # resolve paths against the checkout's root and silently skip every file
+        patch = ["patch", "-p1", "--batch", "--forward", "-s", "-i", str(Path(file).resolve())]
+        subprocess.run(patch, cwd=snap / label, check=True)
+        if not any(filecmp_differs(snap / "base", snap / label, f) for f in patched_files(file)):
+            raise SystemExit(f"--patch {item!r}: applied, but no file differs from base")
         trees.append(label)
     for t in trees:
         compile_for_sm90(snap / t, args.names, snap / "fgc")

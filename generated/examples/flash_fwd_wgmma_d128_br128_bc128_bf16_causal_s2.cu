@@ -257,6 +257,17 @@ __device__ __forceinline__ uint64_t make_desc(const void* p, uint32_t lbo_bytes)
          ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// The same descriptor as two 32-bit words. The high word (SBO 1024 B, 128-byte swizzle) is one
+// constant for every tile here, and the low word's 14-bit start-address field cannot carry into
+// the LBO bits above it (shared memory is < 256 KB), so moving a descriptor by a k-step or a ring
+// stage is one 32-bit add on the low word: a 64-bit add costs ptxas two uniform adds and a move
+// per wgmma, on the path between a consumer's turn and its first wgmma.
+constexpr uint32_t DESC_HI = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t desc_lo(const void* p, uint32_t lbo_bytes) {
+  return ((smem_addr(p) & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
+}
+__device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return ((uint64_t)DESC_HI << 32) | lo; }
+
 // Warpgroup-wide ordering of wgmma: fence before the first one touching registers others wrote,
 // commit the issued ones as a group, wait until at most N groups are in flight.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -462,32 +473,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     float s_acc[BC / 2];
     uint32_t p_frag[BC / 16][4];
 
-    // Descriptors of this warpgroup's Q rows and of stage 0's K and V; a k-step or a stage
-    // adds its byte offset / 16 to the start-address field (shared memory is < 256 KB, so the
-    // 14-bit field does not overflow into the others).
-    const uint64_t q_desc = make_desc(q_wg, 16);
-    const uint64_t k_desc = make_desc(Ks, 16);
-    const uint64_t v_desc = make_desc(Vs, BC * CHUNK * sizeof(elem_t));
+    // Low descriptor words of this warpgroup's Q rows and of stage 0's K and V; a k-step or a
+    // stage adds its byte offset / 16 (desc_lo: one 32-bit add each).
+    const uint32_t q_desc = desc_lo(q_wg, 16);
+    const uint32_t k_desc = desc_lo(Ks, 16);
+    const uint32_t v_desc = desc_lo(Vs, BC * CHUNK * sizeof(elem_t));
     constexpr int E16 = (int)sizeof(elem_t);  // bytes per element; offsets are in 16-byte units
     // S = Q K^T for one stage, issued (not waited for).
     auto issue_qk = [&](int s) {
-      const uint64_t kt = k_desc + (uint64_t)(s * (K_BYTES / 16));
+      const uint32_t kt = k_desc + (uint32_t)(s * (K_BYTES / 16));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < QK_STEPS; ++kk) {  // columns >= D are zeros: their k-steps add nothing
         const int ch = kk / 4, col = (kk % 4) * 16;  // 16 columns = 32 B inside a 128-B row
-        wgmma_m64n128k16_ss(s_acc, q_desc + (uint64_t)((ch * BR * CHUNK + col) * E16 / 16),
-                    kt + (uint64_t)((ch * BC * CHUNK + col) * E16 / 16), kk > 0);
+        wgmma_m64n128k16_ss(s_acc, desc_of(q_desc + (uint32_t)((ch * BR * CHUNK + col) * E16 / 16)),
+                    desc_of(kt + (uint32_t)((ch * BC * CHUNK + col) * E16 / 16)), kk > 0);
       }
       wgmma_commit();
     };
     // O += P V for one stage, issued (not waited for).
     auto issue_pv = [&](int s) {
-      const uint64_t vt = v_desc + (uint64_t)(s * (V_BYTES / 16));
+      const uint32_t vt = v_desc + (uint32_t)(s * (V_BYTES / 16));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
-        wgmma_m64n128k16_rs_tb(o_acc, p_frag[kk], vt + (uint64_t)(kk * 16 * CHUNK * E16 / 16), 1);
+        wgmma_m64n128k16_rs_tb(o_acc, p_frag[kk], desc_of(vt + (uint32_t)(kk * 16 * CHUNK * E16 / 16)), 1);
       wgmma_commit();
     };
     // P in the A-register layout of O += P V: chunk nt of S is half of k-step nt/2, rows g
@@ -587,9 +597,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         const float sl = SCORE_MOD ? 1.0f : scale_log2;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
+          // the row max as four independent chains (a chain of BC/4 dependent FMNMX would sit
+          // on the path from S landing to the first exp2)
+          float mq[4];
 #pragma unroll
-          for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s_acc[4 * nt + 2 * h], s_acc[4 * nt + 2 * h + 1]));
+          for (int q = 0; q < 4; ++q) mq[q] = s_acc[4 * (q / 2) + 2 * h + q % 2];
+#pragma unroll
+          for (int nt = 2; nt < BC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) mq[(nt % 2) * 2 + e] = fmaxf(mq[(nt % 2) * 2 + e], s_acc[4 * nt + 2 * h + e]);
+          float mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           // scale > 0, so the max of raw scores scales to the max of scaled scores
@@ -617,40 +634,58 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       if (n_tiles > 0) {
         mbar_wait(q_full, q_loads & 1);
         ++q_loads;
+        // Ring slot and phase of the K tile of the next S = Q K^T (ks, kph) and of the V tile of
+        // the next O += P V, a step behind (vs, vph): one step moves each by one, so the steady
+        // loop does no division by STAGES.
+        int ks = steps % STAGES, kph = (steps / STAGES) & 1, vs = ks, vph = kph;
+        auto next_k = [&]() {
+          vs = ks;
+          vph = kph;
+          if (++ks == STAGES) {
+            ks = 0;
+            kph ^= 1;
+          }
+        };
+        // Tiles crossing a mask edge sit at the two ends of the span: the ragged end, the causal
+        // diagonal and a window's right edge among the first steps, a window's left edge among
+        // the last. Steps [clear_lo, clear_hi) need no per-element mask.
+        int clear_lo = 0, clear_hi = n_tiles;
+        while (clear_lo < n_tiles && needs_mask(clear_lo)) ++clear_lo;
+        while (clear_hi > clear_lo && needs_mask(clear_hi - 1)) --clear_hi;
         // first tile: S, softmax; nothing to overlap with yet
-        const int s0 = steps % STAGES;
-        mbar_wait(&k_full[s0], (steps / STAGES) & 1);
+        mbar_wait(&k_full[ks], kph);
         if (PINGPONG && c == CONSUMERS - 1) bar_arrive(TURN_BARRIER, 256);  // consumer 0 starts
         my_turn();
-        issue_qk(s0);
+        issue_qk(ks);
         pass_turn(false);
         wgmma_wait<0>();
         fence_regs(s_acc);
-        release(&k_empty[s0]);
+        release(&k_empty[ks]);
+        next_k();
         if (n_tiles == 1) release(q_empty);  // this tile's last S = Q K^T is done
         float alpha[2];
-        if (needs_mask(0)) softmax(0, Flag<true>{}, alpha); else softmax(0, Flag<false>{}, alpha);
+        if (clear_lo > 0) softmax(0, Flag<true>{}, alpha); else softmax(0, Flag<false>{}, alpha);
         pack_p();
 
         // steady state: S(it) and O += P(it-1) V(it-1) in flight together, softmax(it) overlaps
         // the second GEMM
         auto step = [&](int it, auto masked) {
-          const int s = (steps + it) % STAGES, sp = (steps + it - 1) % STAGES;
-          mbar_wait(&k_full[s], ((steps + it) / STAGES) & 1);
-          mbar_wait(&v_full[sp], ((steps + it - 1) / STAGES) & 1);
+          mbar_wait(&k_full[ks], kph);
           my_turn();
-          issue_qk(s);
-          issue_pv(sp);
+          issue_qk(ks);
+          mbar_wait(&v_full[vs], vph);  // V(it-1) is a tile older than K(it): almost always in
+          issue_pv(vs);
           pass_turn(false);
           wgmma_wait<1>();  // S(it) has landed; O += P V may still run
           fence_regs(s_acc);
-          release(&k_empty[s]);
+          release(&k_empty[ks]);
           if (it == n_tiles - 1) release(q_empty);  // the producer may load the next tile's Q
           float a[2];
           softmax(it, masked, a);
           wgmma_wait<0>();
           fence_regs(o_acc);
-          release(&v_empty[sp]);
+          release(&v_empty[vs]);
+          next_k();
           pack_p();
           // No row of this warp moved its max (alpha = exp2(0) = 1 exactly): O stays as it is.
           // The vote is warp-uniform, so the branch does not diverge; late in a long row most
@@ -661,16 +696,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
           }
         };
         for (int it = 1; it < n_tiles; ++it) {
-          if (needs_mask(it)) step(it, Flag<true>{}); else step(it, Flag<false>{});
+          if (it < clear_lo || it >= clear_hi) step(it, Flag<true>{}); else step(it, Flag<false>{});
         }
-        const int sl = (steps + n_tiles - 1) % STAGES;
-        mbar_wait(&v_full[sl], ((steps + n_tiles - 1) / STAGES) & 1);
+        mbar_wait(&v_full[vs], vph);
         my_turn();
-        issue_pv(sl);
+        issue_pv(vs);
         pass_turn(true);
         wgmma_wait<0>();
         fence_regs(o_acc);
-        release(&v_empty[sl]);
+        release(&v_empty[vs]);
         steps += n_tiles;
       }
 
