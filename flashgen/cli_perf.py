@@ -64,6 +64,11 @@ Examples:
               help="Time torch SDPA backends too.")  # fmt: skip
 @click.option("--reps", type=click.IntRange(min=3), default=bench_mod.REPS, show_default=True,
               help="CUDA-event timings per row; the median is reported.")  # fmt: skip
+@click.option("--warmup-s", type=click.FloatRange(min=0.0), default=bench_mod.WARMUP_S,
+              show_default=True,
+              help="Seconds of back-to-back calls before each row's timed reps, so the "
+                   "GPU clock has settled under its power cap (0: only the fixed warm-up "
+                   "calls).")  # fmt: skip
 @click.option("--memory/--no-memory", default=True, show_default=True,
               help="Extra peak memory at T=8192 vs naive attention.")  # fmt: skip
 @click.option("--overhead/--no-overhead", default=True, show_default=True,
@@ -86,8 +91,8 @@ Examples:
 @friendly
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
-    causal_only: bool | None, all_variants: bool, peers: bool, reps: int, memory: bool,
-    overhead: bool, feature_rows: bool, backward: bool, out: Path, plot: bool,
+    causal_only: bool | None, all_variants: bool, peers: bool, reps: int, warmup_s: float,
+    memory: bool, overhead: bool, feature_rows: bool, backward: bool, out: Path, plot: bool,
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU, forward and
     backward; write JSON."""
@@ -95,6 +100,7 @@ def bench(
     from .generator.tuning import candidates
 
     gpu_name, arch = _gpu_or_fail("bench")
+    bench_mod.WARMUP_S = warmup_s  # every row's time_ms (and the protocol in the JSON) reads it
     causal = (False, True) if causal_only is None else (causal_only,)
     todo = bench_mod.cases(
         dtypes or bench_mod.DTYPES,

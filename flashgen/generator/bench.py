@@ -76,6 +76,12 @@ def available_bwd_peers() -> tuple[str, ...]:
 
 WARMUP = 5
 REPS = 30
+# Seconds of back-to-back calls before the timed reps. The H200 holds its board power at the
+# 700 W cap by lowering the SM clock under sustained load (1.6-1.8 GHz here, 1.98 GHz at most);
+# 30 reps of a 0.4 ms kernel take 12 ms, so without this a timing right after an idle gap or a
+# lighter kernel catches a boost clock that the next implementation in the row does not get
+# (FA4, d = 128, causal, T = 16384: 721 TFLOP/s in a bench, 632 sustained; bench/NOTES.md).
+WARMUP_S = 1.0
 
 
 class BenchUnavailable(RuntimeError):
@@ -203,16 +209,36 @@ def _torch() -> Any:
 
 
 def time_ms(
-    fn: Callable[[], Any], warmup: int = WARMUP, reps: int = REPS, *, sync_each: bool = False
+    fn: Callable[[], Any],
+    warmup: int = WARMUP,
+    reps: int = REPS,
+    *,
+    sync_each: bool = False,
+    warmup_s: float | None = None,
 ) -> float:
-    """Median milliseconds of `fn` over `reps` CUDA-event-timed calls after `warmup` calls.
+    """Median milliseconds of `fn` over `reps` CUDA-event-timed calls after `warmup` calls and
+    then at least `warmup_s` seconds (None: this module's WARMUP_S, which `flashgen bench
+    --warmup-s` sets) of back-to-back calls (the clock settles under the power cap).
 
     The reps run back to back (the protocol); `sync_each` waits for every rep before the next
     (the dev scripts' loop, kept to compare the two)."""
     torch = _torch()
-    for _ in range(warmup):
+    if warmup_s is None:
+        warmup_s = WARMUP_S
+    t0 = time.perf_counter()
+    calls = max(warmup, 1) if warmup_s > 0 else warmup  # at least one, to size the batches below
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
+    if warmup_s > 0:
+        # batches of ~20 ms between host checks, so the GPU never idles while we look at the time
+        per_call = max((time.perf_counter() - t0) / calls, 1e-6)
+        batch = min(1000, max(1, int(0.02 / per_call)))
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warmup_s:
+            for _ in range(batch):
+                fn()
+            torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends, strict=True):
@@ -477,6 +503,7 @@ def environment(commit: str | None = None) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "protocol": {
             "tokens": TOKENS, "model_dim": MODEL_DIM, "warmup": WARMUP, "reps": REPS,
+            "warmup_s": WARMUP_S,
             "statistic": "median of CUDA-event timings",
             "flops": "4*B*H*T*T*d, halved for causal",
             "bwd": "autograd.grad(o, (q, k, v), do, retain_graph=True) after one forward",
