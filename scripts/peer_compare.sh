@@ -5,7 +5,8 @@
 #    (d128 non-causal and causal, d64 non-causal, T 16384, bf16); FA4's cubin and SASS are kept
 #    in OUT/fa4dump (CUTE_DSL_KEEP: PTX and cubin; its SASS dump needs nvdisasm >= 13.4) for reading on the CPU machine.
 # 2. ncu at locked base clocks, one launch each of ours and FA4's (d128 non-causal 16k): speed
-#    of light, warp states, scheduler, instruction mix, per-instruction stall samples (the
+#    of light, memory workload (L2 sectors by source), warp states, scheduler, instruction mix,
+#    per-instruction stall samples (the
 #    source page as CSV of SASS).
 set -uo pipefail
 out=${1:?usage: peer_compare.sh OUT_DIR}
@@ -17,7 +18,7 @@ d64=flash_fwd_wgmma_d64_br192_bc128_bf16_noncausal_s2
 python3 scripts/power_probe.py "$out/power-d128.json" $d128 fa4 --d 128 --rounds 2 2>&1 | grep -v Warning
 python3 scripts/power_probe.py "$out/power-d128c.json" $d128c fa4 --d 128 --causal --rounds 2 2>&1 | grep -v Warning
 python3 scripts/power_probe.py "$out/power-d64.json" $d64 fa4 --d 64 --rounds 2 2>&1 | grep -v Warning
-sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis \
   --section SchedulerStats --section InstructionStats --section SourceCounters --section LaunchStats"
 ncu $sections -k regex:flash_fwd_wgmma -s 1 -c 1 -o "$out/ours" \
   python3 scripts/profile_one.py $d128 16384 > "$out/ncu-ours.log" 2>&1
