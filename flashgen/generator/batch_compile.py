@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from .arch import check_target
-from .compile import BASE_FLAGS, CompileError, compile_kernel, run_nvcc
+from .compile import CompileError, compile_kernel, cubin_flags, run_nvcc
 from .render import render
 from .report import ResourceReport, parse_ptxas
 from .spec import KernelSpec
@@ -78,7 +78,7 @@ def compile_batch(specs: Sequence[KernelSpec], arch: str) -> dict[KernelSpec, Ou
         ok.append(spec)
     if not ok:
         return outcomes
-    flags = [*BASE_FLAGS, "-cubin", str(gencode)]
+    flags = cubin_flags(str(gencode))
     source = batch_source([render(s).source for s in ok])
     try:
         cubin, log = run_nvcc(flags, source, what=f"a batch of {len(ok)} variants for {arch}")

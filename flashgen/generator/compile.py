@@ -37,6 +37,12 @@ BASE_FLAGS: tuple[str, ...] = ("-std=c++17", "-O3", "-lineinfo", "-Xptxas=-v")
 NVCC_ENV_FLAGS: tuple[str, ...] = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")
 
 
+def cubin_flags(gencode: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """nvcc's flags for one cubin of `gencode` (arch.check_target's): one place, so a batched
+    check (batch_compile) compiles exactly as a launch does."""
+    return [*BASE_FLAGS, "-cubin", gencode, *extra]
+
+
 class CompileError(RuntimeError):
     """nvcc failed; the message carries the command and the first error lines."""
 
@@ -302,7 +308,7 @@ def compile_kernel(
         elif local is None and not runs_on(spec.archs, arch):
             arch = spec.archs[0]
     info = check_target(spec.name, spec.family, spec.archs, spec.smem_bytes, arch)
-    flags = [*BASE_FLAGS, "-cubin", info.gencode, *extra_flags]
+    flags = cubin_flags(info.gencode, extra_flags)
     nvcc = find_nvcc()
     key = compile_key(rendered, arch, flags, nvcc)
     store = cache if cache is not None else CubinCache()

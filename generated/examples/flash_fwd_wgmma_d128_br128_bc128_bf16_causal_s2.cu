@@ -251,22 +251,19 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, uin
 // wgmma shared-memory matrix descriptor for a 128-byte-swizzled tile: start address, leading
 // byte offset (N-major: the stride between 64-column chunks), stride byte offset (the stride
 // between 8-row groups, 1024 B), swizzle mode 1 (128 B) in bits 62-63. Addresses in 16 B units.
-__device__ __forceinline__ uint64_t make_desc(const void* p, uint32_t lbo_bytes) {
-  const uint64_t addr = smem_addr(p);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-// The same descriptor as two 32-bit words. The high word (SBO 1024 B, 128-byte swizzle) is one
-// constant for every tile here, and the low word's 14-bit start-address field cannot carry into
-// the LBO bits above it (shared memory is < 256 KB), so moving a descriptor by a k-step or a ring
-// stage is one 32-bit add on the low word: a 64-bit add costs ptxas two uniform adds and a move
-// per wgmma, on the path between a consumer's turn and its first wgmma.
+// Kept as two 32-bit words: the high word (SBO, swizzle) is one constant for every tile here,
+// and the low word's 14-bit start-address field cannot carry into the LBO bits above it (shared
+// memory is < 256 KB), so moving a descriptor by a k-step or a ring stage is one 32-bit add on
+// the low word (desc_lo, then desc_of): a 64-bit add costs ptxas two uniform adds and a move per
+// wgmma, on the path between a consumer's turn and its first wgmma.
 constexpr uint32_t DESC_HI = (1024 >> 4) | (1u << 30);
 __device__ __forceinline__ uint32_t desc_lo(const void* p, uint32_t lbo_bytes) {
   return ((smem_addr(p) & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16);
 }
 __device__ __forceinline__ uint64_t desc_of(uint32_t lo) { return ((uint64_t)DESC_HI << 32) | lo; }
+__device__ __forceinline__ uint64_t make_desc(const void* p, uint32_t lbo_bytes) {
+  return desc_of(desc_lo(p, lbo_bytes));
+}
 
 // Warpgroup-wide ordering of wgmma: fence before the first one touching registers others wrote,
 // commit the issued ones as a group, wait until at most N groups are in flight.
