@@ -3,7 +3,11 @@
     python3 scripts/power_probe.py OUT.json IMPL [IMPL ...] [--t 16384] [--d 128] [--causal]
         [--dtype bf16] [--seconds 3] [--rounds 2]
 
-IMPL is a flashgen variant name or a peer (`fa4`, `sdpa-cudnn`, `sdpa-flash`). Each IMPL runs
+IMPL is a flashgen variant name or a peer (`fa4`, `sdpa-cudnn`, `sdpa-flash`), optionally with
+`@bshd`: then it reads q, k and v from (B, T, H, d) memory (the layout a model's projections
+leave, and FA4's own; seen as a (B, H, T, d) view) instead of contiguous (B, H, T, d); a wgmma
+variant may add `#tiles` or `#persistent` to force its grid (a block per query tile, or one
+block per SM) instead of the host's choice (families.PERSISTENT_MAX_KEY_TILES). Each IMPL runs
 back to back for `--seconds` (after a warm-up), round after round (interleaved), while
 `nvidia-smi` samples the SM clock and the power draw every 50 ms; the JSON and the table give
 each burst's TFLOP/s, median clock and median power. The H200 caps board power at 700 W, so
@@ -23,14 +27,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashgen.generator import bench
+from flashgen.generator import bench, families
 from flashgen.generator.spec import KernelSpec
 
 
 def runner(impl: str, case: bench.Case, q: Any, k: Any, v: Any) -> Any:
-    """A closure for a flashgen variant name or a peer name."""
+    """A closure for a flashgen variant name or a peer name (`NAME@bshd`: (B, T, H, d) memory)."""
+    impl, _, grid = impl.partition("#")
+    grid, _, layout = grid.partition("@") if grid else ("", "", impl.partition("@")[2])
+    impl = impl.partition("@")[0]
+    if layout == "bshd":
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
+    elif layout:
+        raise SystemExit(f"layout {layout!r} in {impl}@{layout}: use @bshd or nothing")
     if impl.startswith("flash_"):
-        run, _ = bench.flashgen_runner(KernelSpec.from_name(impl), q, k, v)
+        # the grid is chosen when the launch is bound (families.WgmmaFamily.grid reads it)
+        keep = families.PERSISTENT_MAX_KEY_TILES
+        families.PERSISTENT_MAX_KEY_TILES = {"tiles": -1, "persistent": 1 << 30, "": keep}[grid]
+        try:
+            run, _ = bench.flashgen_runner(KernelSpec.from_name(impl), q, k, v)
+        finally:
+            families.PERSISTENT_MAX_KEY_TILES = keep
         return run
     return bench.peer_runner(impl, q, k, v, case.causal)
 
