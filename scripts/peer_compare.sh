@@ -20,19 +20,11 @@ python3 scripts/power_probe.py "$out/power-d128c.json" $d128c fa4 --d 128 --caus
 python3 scripts/power_probe.py "$out/power-d64.json" $d64 fa4 --d 64 --rounds 2 2>&1 | grep -v Warning
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section MemoryWorkloadAnalysis \
   --section SchedulerStats --section InstructionStats --section SourceCounters --section LaunchStats"
+# both read the same (B, T, H, d) memory (FA4's layout; ours through a (B, H, T, d) view)
 ncu $sections -k regex:flash_fwd_wgmma -s 1 -c 1 -o "$out/ours" \
-  python3 scripts/profile_one.py $d128 16384 > "$out/ncu-ours.log" 2>&1
-cat > /tmp/fa4_one.py <<'PY'
-from flashgen.generator import bench
-case = bench.Case("bf16", 128, False, 16384)
-q, k, v = bench._inputs(case)
-run = bench.peer_runner("fa4", q, k, v, False)
-for _ in range(4):
-    run()
-bench._torch().cuda.synchronize()
-PY
-ncu $sections -k regex:"cutlass|Sm90|flash_attn" -s 1 -c 1 -o "$out/fa4" python3 /tmp/fa4_one.py \
-  > "$out/ncu-fa4.log" 2>&1
+  python3 scripts/profile_impl.py "$d128@bshd" 128 0 16384 > "$out/ncu-ours.log" 2>&1
+ncu $sections -k regex:"cutlass|Sm90|flash_attn" -s 1 -c 1 -o "$out/fa4" \
+  python3 scripts/profile_impl.py fa4 128 0 16384 > "$out/ncu-fa4.log" 2>&1
 for r in ours fa4; do
   [ -f "$out/$r.ncu-rep" ] || { echo "$r: no report"; tail -5 "$out/ncu-$r.log"; continue; }
   ncu --import "$out/$r.ncu-rep" --page details > "$out/$r-details.txt" 2>&1
