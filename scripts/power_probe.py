@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from flashgen.generator import bench, families
+from flashgen.generator.bench_features import WINDOW
+from flashgen.generator.features import FeatureArgs
 from flashgen.generator.spec import KernelSpec
 
 
@@ -45,7 +47,10 @@ def runner(impl: str, case: bench.Case, q: Any, k: Any, v: Any) -> Any:
         keep = families.PERSISTENT_MAX_KEY_TILES
         families.PERSISTENT_MAX_KEY_TILES = {"tiles": -1, "persistent": 1 << 30, "": keep}[grid]
         try:
-            run, _ = bench.flashgen_runner(KernelSpec.from_name(impl), q, k, v)
+            spec = KernelSpec.from_name(impl)
+            # a window variant runs the bench's sliding window (4096 keys back)
+            feats = FeatureArgs(window=WINDOW if "window" in spec.features else None)
+            run, _ = bench.flashgen_runner(spec, q, k, v, feats)
         finally:
             families.PERSISTENT_MAX_KEY_TILES = keep
         return run
