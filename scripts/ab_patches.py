@@ -65,17 +65,20 @@ cd $S/base && PYTHONPATH=$S/base python3 scripts/ab_patches.py report $OUT/ab.tg
 """
 
 
-def copy_tree(dest: Path) -> None:
-    """This checkout's files (tracked, or untracked and not ignored) into `dest`."""
+def copy_tree(dest: Path, snap: Path) -> None:
+    """This checkout's files (tracked, or untracked and not ignored) into `dest`, leaving out
+    the snapshot `snap` itself (when it is not git-ignored, the trees copied first would
+    otherwise be copied into every later one)."""
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
         capture_output=True, text=True,
     ).stdout.split()  # fmt: skip
     for f in files:
-        if f.startswith(SKIP) or not (ROOT / f).is_file():
+        src = ROOT / f
+        if f.startswith(SKIP) or not src.is_file() or src.resolve().is_relative_to(snap):
             continue
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, dest / f)
+        shutil.copy2(src, dest / f)
 
 
 def compile_for_sm90(tree: Path, names: list[str], cache: Path) -> None:
@@ -122,12 +125,12 @@ def prepare(args: argparse.Namespace) -> None:
         shutil.rmtree(snap)
     (snap / "fgc").mkdir(parents=True)
     trees = ["base"]
-    copy_tree(snap / "base")
+    copy_tree(snap / "base", snap)
     for item in args.patch:
         label, _, file = item.partition("=")
         if not label.isidentifier() or not file:
             raise SystemExit(f"--patch {item!r}: expected LABEL=FILE with LABEL a plain word")
-        copy_tree(snap / label)
+        copy_tree(snap / label, snap)
         # not `git apply`: inside this checkout's work tree (SNAP is usually under it) it would
         # resolve paths against the checkout's root and silently skip every file
         patch = ["patch", "-p1", "--batch", "--forward", "-s", "-i", str(Path(file).resolve())]

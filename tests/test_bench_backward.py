@@ -256,3 +256,17 @@ def test_bench_backward_case_rows_errors_and_gradient_check(
     assert ours.variant == "mma_bwd_d64" and ours.max_err_vs_flash == 0.0
     assert fa2.max_err_vs_flash is None
     assert bench.summary_table(rows, "bwd")[0]["x_sdpa-flash"] == pytest.approx(1.0)
+
+
+def test_bench_d256_gets_forward_rows_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # d = 256 is outside the backward's range: `--d 256` times the forward, the backward skips it
+    seen = _fake_bench(monkeypatch)
+    args = ["--dtype", "bf16", "--d", "64", "--d", "256", "--t", "4096", "--no-memory",
+            "--no-overhead", "--no-features", "--out", "out"]  # fmt: skip
+    result = run("bench", *args)
+    assert result.exit_code == 0, result.output
+    assert {c.d for c in seen} == {64}
+    [path] = Path("out").glob("*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert {(r["d"], r["direction"]) for r in rows} == {(64, "fwd"), (64, "bwd"), (256, "fwd")}
+    assert {r["h"] for r in rows if r["d"] == 256} == {8}  # H * d = 2048
