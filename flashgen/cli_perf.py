@@ -52,7 +52,8 @@ Examples:
 )
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
               help="Storage dtype(s) [default: bf16 and fp16].")  # fmt: skip
-@click.option("--d", "head_dims", multiple=True, type=click.Choice(["64", "128", "256"]),
+@click.option("--d", "head_dims", multiple=True,
+              type=click.Choice([str(d) for d in bench_mod.HEAD_DIM_CHOICES]),
               help="Head dim(s) [default: 64 and 128; 256 gets forward rows only].")  # fmt: skip
 @click.option("--t", "seq_lens", multiple=True, type=click.IntRange(min=16),
               help="Sequence length(s) [default: 512 ... 16384].")  # fmt: skip

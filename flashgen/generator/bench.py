@@ -41,7 +41,8 @@ from .spec import KernelSpec
 TOKENS = 16384  # B * T
 MODEL_DIM = 2048  # H * d
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the protocol's default
+HEAD_DIM_CHOICES = (*HEAD_DIMS, 256)  # `--d` may also ask for d = 256 (forward rows only)
 DTYPES = ("bf16", "fp16")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # Peers timed only when their package imports: FlashAttention-4's Hopper path (flash-attn-4,
