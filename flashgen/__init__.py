@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
-from .generator.compile import CompiledKernel, CompileError, compile_kernel
-from .generator.launch import GpuUnavailable
-from .generator.render import RenderedKernel, render
-from .generator.space import pruned, shipped
-from .generator.spec import KernelSpec, SpecError
+from flashgen._version import __version__
+from flashgen.generator.compile import CompiledKernel, CompileError, compile_kernel
+from flashgen.generator.render import RenderedKernel, render
+from flashgen.generator.space import pruned, shipped
+from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.runtime.launch import GpuUnavailable
 
 if TYPE_CHECKING:
-    from .api import attention
+    from flashgen.api import attention
 
 __all__ = [
     "CompileError",

@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .generator import launch, runtime
-from .generator.dtypes import DTYPES
-from .generator.features import (
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.features import (
     FeatureArgs,
     alibi_host,
     check_alibi_shape,
@@ -18,10 +17,19 @@ from .generator.features import (
     check_softcap,
     check_window,
 )
-from .generator.runtime import GpuUnavailable
-from .generator.select import select
-from .generator.spec import KernelSpec
-from .generator.validate import LOG2E, Problem, check_layout, check_scale, check_spec
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.select import select
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime import launch
+from flashgen.runtime.gpu import GpuUnavailable
+from flashgen.runtime.validate import (
+    check_layout,
+    check_scale,
+    check_spec,
+    check_spec_fits_call,
+    check_spec_type,
+)
 
 __all__ = ["GpuUnavailable", "attention"]
 
@@ -76,7 +84,7 @@ def attention(
         print(o.shape, o.dtype, lse.shape)  # (2, 8, 300, 64) float16 (2, 8, 300)
     """
     if _is_torch(q, k, v):
-        from . import torch as fg_torch
+        from flashgen import torch as fg_torch
 
         return fg_torch.attention(
             q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec,
@@ -259,22 +267,3 @@ def _is_host(q: Any, k: Any, v: Any) -> bool:
         q, k, v, lambda x: isinstance(x, np.ndarray),
         "mixed host and device arrays; pass all three as NumPy arrays or all three as GPUArrays",
     )  # fmt: skip
-
-
-def check_spec_type(spec: Any) -> None:
-    """ValueError unless `spec` is a KernelSpec."""
-    if not isinstance(spec, KernelSpec):
-        raise ValueError(
-            f"spec={spec!r}: must be a KernelSpec; e.g. KernelSpec(d=64, dtype='fp16')"
-        )
-
-
-def check_spec_fits_call(spec: KernelSpec, problem: Problem, causal: bool) -> None:
-    """ValueError unless `spec` was compiled for this call's causal flag (d, dtype: check_spec)."""
-    check_spec_type(spec)
-    if spec.causal != causal:
-        raise ValueError(
-            f"causal={causal}: spec {spec.name} is compiled with causal={spec.causal}; "
-            f"pass causal={spec.causal} or a spec with causal={causal}"
-        )
-    # d and dtype: check_spec names them with the same value/rule/fix shape

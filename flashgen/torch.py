@@ -13,7 +13,7 @@ Host path, per call: a signature (shapes, strides, dtypes, devices, pointer alig
 scale, variant) is looked up in a dict. The first call of a signature validates everything (the
 same ValueErrors as `flashgen.attention`, naming value, rule and fix), selects the variant,
 compiles it for the tensor's GPU (cached on disk) and binds a launch plan
-(`flashgen.generator.launch`); every later call allocates O and LSE and issues one
+(`flashgen.runtime.launch`); every later call allocates O and LSE and issues one
 `cuLaunchKernel`. In eager mode, with plain tensors and no autograd or dispatch mode in play,
 `attention` calls that path directly; otherwise (torch.compile, fake tensors, tensors that
 require grad, dispatch modes) it goes through the dispatcher.
@@ -53,14 +53,23 @@ except ImportError as _exc:  # one line, says what is missing and what still wor
 
 import numpy as np
 
-from .api import check_spec_fits_call, check_spec_type
-from .generator import launch, runtime
-from .generator.compile import compile_kernel
-from .generator.dtypes import DTYPES
-from .generator.features import FeatureArgs, check_alibi_shape, check_softcap, check_window
-from .generator.select import packs_gqa, select
-from .generator.spec import KernelSpec
-from .generator.validate import LOG2E, Problem, check_layout, check_scale, check_spec
+from flashgen.generator.backward import scratch_shapes
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.features import FeatureArgs, check_alibi_shape, check_softcap, check_window
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.select import packs_gqa, select
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime import launch
+from flashgen.runtime.validate import (
+    Problem,
+    check_layout,
+    check_scale,
+    check_spec,
+    check_spec_fits_call,
+    check_spec_type,
+)
 
 __all__ = ["SCHEMA", "attention"]
 
@@ -339,7 +348,7 @@ def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[
     wgmma backward's rules (d 64/128, fp16/bf16, dv = d, not deterministic, every stride of an
     axis longer than 1 non-zero: the TMA steps them), unless FLASHGEN_WGMMA_BWD=0; else "mma".
     Window, softcap and ALiBi do not enter the choice: both families' backwards take them."""
-    from .generator.wgmma_bwd import HEAD_DIMS
+    from flashgen.generator.families.wgmma.bwd import HEAD_DIMS
 
     if os.environ.get(WGMMA_BWD_ENV) == "0" or deterministic:
         return "mma"
@@ -384,7 +393,7 @@ def _run_backward(
     The feature values are the forward's (window sides -1: unbounded, softcap 0.0: off, the
     ALiBi slopes a float32 (H,) tensor on q's device or None); the variant is compiled with
     the features they use."""
-    from .generator import backward
+    from flashgen.runtime import backward
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # dO arrives in whatever layout autograd made; the kernels want O's kind of strides (and
@@ -419,7 +428,7 @@ def _run_backward(
             _bwd_entries[key] = hit
     prepared, dev = hit
     b, h, tq, d = (int(n) for n in q.shape)
-    d_shape, dq_shape = backward.scratch_shapes(prepared.spec, b, h, tq, d)
+    d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
     d_buf = torch.empty(d_shape, dtype=torch.float32, device=q.device)
     accum = 0
     if dq_shape is not None:  # the fast mode's fp32 dQ accumulator (what blocks add into)

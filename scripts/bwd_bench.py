@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from flashgen.generator.bench import Case, bench_backward_case
+from flashgen.perf.bench import Case, bench_backward_case
 
 NAMES = {"flashgen": "flashgen", "sdpa-flash": "fa2", "sdpa-cudnn": "cudnn"}
 

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 import flashgen.torch as fgt
-from flashgen.generator import launch, runtime
-from flashgen.generator.bench import Case, bench_backward_case
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.spec import KernelSpec
+from flashgen.perf.bench import Case, bench_backward_case
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime import launch
 
 
 def use_variant(spec: KernelSpec) -> None:

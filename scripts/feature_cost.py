@@ -15,10 +15,10 @@ import json
 import statistics
 from dataclasses import asdict
 
-from flashgen.generator import bench_features as bf
-from flashgen.generator import runtime
-from flashgen.generator.bench import environment
 from flashgen.generator.select import select
+from flashgen.perf import bench_features as bf
+from flashgen.perf.bench import environment
+from flashgen.runtime import gpu as runtime
 
 
 def main() -> None:

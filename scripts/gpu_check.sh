@@ -7,7 +7,7 @@
 #           (one causal and one non-causal variant per family); summary lines in sanitize.txt
 # tune      `flashgen tune`: the fastest mma variant per (d, dtype, causal) into the package's
 #           tuning table (copied to OUTDIR)
-# bench     `flashgen bench --plot` (DESIGN.md protocol, torch SDPA peers) into OUTDIR
+# bench     `flashgen bench --plot` (docs/design.md protocol, torch SDPA peers) into OUTDIR
 # The project must be importable (PYTHONPATH=checkout) with PyCUDA; see ../shared/gpu-host.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [tests] [sanitize] [tune] [bench]}
@@ -28,7 +28,7 @@ for stage in $stages; do
   case $stage in
   tests)
     # compile every variant once (in parallel) so the shards start from a warm cache
-    $py -c "from flashgen.generator.checks import compile_all; from flashgen.generator.space import shipped; r = compile_all(shipped()); bad = [s.name for s, c in r.items() if isinstance(c, Exception)]; print(len(r), 'compiled;', len(bad), 'failed', bad[:3])" 2>&1 | tee "$out/compile.log"
+    $py -c "from flashgen.verify.checks import compile_all; from flashgen.generator.space import shipped; r = compile_all(shipped()); bad = [s.name for s, c in r.items() if isinstance(c, Exception)]; print(len(r), 'compiled;', len(bad), 'failed', bad[:3])" 2>&1 | tee "$out/compile.log"
     pids=()
     for i in $(seq 0 $((jobs - 1))); do
       FLASHGEN_GPU_SHARD=$i/$jobs FLASHGEN_GPU_SUMMARY=$out/gpu-suite-$i.json \

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import flashgen.torch as fgt
-from flashgen.generator.bench import time_ms
 from flashgen.generator.select import select
+from flashgen.perf.bench import time_ms
 
 
 def main() -> None:

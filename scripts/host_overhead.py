@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flashgen.cli import format_table  # noqa: E402
-from flashgen.generator import bench  # noqa: E402
+from flashgen.cli.app import format_table  # noqa: E402
+from flashgen.perf import bench  # noqa: E402
 
 
 def main() -> int:

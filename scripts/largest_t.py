@@ -7,13 +7,13 @@ for K and V together), fills them on the device by tiling one random block of PE
 tokens, and runs one non-causal launch of TQ query rows against every key: time is O(TQ * Tk)
 and bound by one SM per 64 query rows, so it is measured at a smaller Tk first and the run
 uses the largest Tk (up to the allocated one) that fits the time budget. Every query row is
-then checked against `rowref.row_reference`, which knows the tiling exactly, with DESIGN.md's
+then checked against `rowref.row_reference`, which knows the tiling exactly, with docs/design.md's
 rule plus the a-priori drift of fp32 running sums over that many key tiles (`sum_slack`).
 
 Writes one JSON object (GPU, Tk allocated and run, memory before/after each step, the extra
 memory a launch needs, timings, errors against bounds). Beyond `validate.accurate_length`
 (2**20 keys for bf16 on tensor cores) the launch warns (AccuracyWarning) and its error is
-recorded, not judged; a second launch at that length is checked against DESIGN.md's rule
+recorded, not judged; a second launch at that length is checked against docs/design.md's rule
 without slack, and the script exits 1 when that one is wrong.
 
 usage: python3 scripts/largest_t.py OUT.json [--tq 1024] [--budget-s 30] [--reserve-gib 1]
@@ -35,16 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from flashgen.generator import runtime
-from flashgen.generator.rowref import (
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.validate import MAX_LENGTH, AccuracyWarning, accurate_length
+from flashgen.verify.rowref import (
     fill_periodic,
     judge,
     rounded_row_reference,
     row_reference,
     sum_slack,
 )
-from flashgen.generator.spec import KernelSpec
-from flashgen.generator.validate import MAX_LENGTH, AccuracyWarning, accurate_length
 
 # 64-row query tiles: twice the blocks of a 128-row variant for the same TQ, half the work each
 SPEC = KernelSpec(family="mma", d=128, br=64, bc=64, dtype="bf16", causal=False, warps=4, stages=2)
@@ -118,7 +118,7 @@ def check_rows(
 ) -> dict[str, Any]:
     """Every query row against the periodic-key oracle; the judgement as plain data.
 
-    `drift_slack=False` applies DESIGN.md's rule as it stands (no allowance for fp32 running
+    `drift_slack=False` applies docs/design.md's rule as it stands (no allowance for fp32 running
     sums): what a launch within `accurate_length` must meet.
     """
     tq, scale = q_host.shape[0], SPEC.d**-0.5
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     verdict = "PASS" if check["passed"] else "FAIL"
     print(
-        f"at the accurate length Tk={tk_acc:,}: DESIGN.md's rule without slack: "
+        f"at the accurate length Tk={tk_acc:,}: docs/design.md's rule without slack: "
         f"{at_limit['verdict']}"
     )
     print(

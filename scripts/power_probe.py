@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashgen.generator import bench, families
-from flashgen.generator.bench_features import WINDOW
+from flashgen.generator import families
 from flashgen.generator.features import FeatureArgs
 from flashgen.generator.spec import KernelSpec
+from flashgen.perf import bench
+from flashgen.perf.bench_features import WINDOW
 
 
 def runner(impl: str, case: bench.Case, q: Any, k: Any, v: Any) -> Any:

@@ -13,8 +13,8 @@ import sys
 import torch
 from bwd_sweep import use_variant  # scripts/ is sys.path[0]
 
-from flashgen.generator import bench
 from flashgen.generator.spec import KernelSpec
+from flashgen.perf import bench
 
 
 def main() -> int:

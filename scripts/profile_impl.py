@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import power_probe  # noqa: E402  (a sibling script)
 
-from flashgen.generator import bench  # noqa: E402
 from flashgen.generator.spec import KernelSpec  # noqa: E402
+from flashgen.perf import bench  # noqa: E402
 
 
 def main() -> int:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sys
 
-from flashgen.generator.checks import Case, check_variant, run_case
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.verify.checks import Case, check_variant, run_case
 
 SPECS = (
     KernelSpec(family="simt", d=64, br=32, bc=32, dtype="bf16", causal=True),

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashgen.torch as fgt
-from flashgen.generator import bench
 from flashgen.generator.spec import KernelSpec
+from flashgen.perf import bench
 
 
 def synced_ms(fn: Callable[[], Any]) -> float:

@@ -33,7 +33,7 @@ $py -c "import cupy; print('cupy', cupy.__version__)" >>"$log" 2>&1 || note "cup
 $py - "$filter" >"$out/compile.log" 2>&1 <<'EOF'
 import sys
 sys.path.insert(0, "tests")
-from flashgen.generator.checks import compile_all
+from flashgen.verify.checks import compile_all
 from flashgen.generator.space import shipped
 from gpu.test_cai import SPECS as CAI
 from gpu.test_long import SPECS as LONG

@@ -114,7 +114,7 @@ def run_example(args: str) -> str:
 
     from click.testing import CliRunner
 
-    from flashgen import cli
+    from flashgen.cli import app as cli
 
     with _example_env():
         result = CliRunner().invoke(cli.main, shlex.split(args), catch_exceptions=False)
@@ -125,7 +125,7 @@ def run_example(args: str) -> str:
 
 def have_sass() -> bool:
     """True when cuobjdump and nvdisasm are available (inspect prints the SASS mix)."""
-    from flashgen.generator.sass import SassUnavailable, find_cuobjdump
+    from flashgen.perf.sass import SassUnavailable, find_cuobjdump
 
     try:
         find_cuobjdump()

@@ -4,7 +4,7 @@
 
 Each NAME is a kernel name (any family). Inputs and outputs are torch CUDA tensors, the kernel
 runs on torch's current stream (wgmma kernels through tma.launch, others through PyCUDA), the
-outputs are judged by the float64 oracle with DESIGN.md's rule, and the timing follows the
+outputs are judged by the float64 oracle with docs/design.md's rule, and the timing follows the
 benchmark protocol (B*T = 16k tokens, H*d = 2048, median of CUDA-event timings) beside torch
 SDPA's FLASH and CUDNN backends on the same tensors. Prints one line per check and a table last.
 """
@@ -23,12 +23,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flashgen.generator import launch, runtime
-from flashgen.generator.bench import time_ms
 from flashgen.generator.compile import compile_kernel
-from flashgen.generator.oracle import check_outputs
+from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.validate import LOG2E, Problem
+from flashgen.perf.bench import time_ms
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime import launch
+from flashgen.runtime.validate import Problem
+from flashgen.verify.oracle import check_outputs
 
 GRID = "auto"  # --grid
 SMS = 0  # --sms (0: the device's)

@@ -14,12 +14,12 @@ import argparse
 import json
 import statistics
 
-from flashgen.generator import bench_features as bf
-from flashgen.generator import runtime
-from flashgen.generator.bench import time_ms
 from flashgen.generator.features import FeatureArgs
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
+from flashgen.perf import bench_features as bf
+from flashgen.perf.bench import time_ms
+from flashgen.runtime import gpu as runtime
 
 
 def main() -> None:

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashgen.generator import launch, runtime
 from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.report import ResourceReport
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime import launch
 
 ERROR_NAMES = {701: b"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", 201: b"CUDA_ERROR_INVALID_CONTEXT"}
 

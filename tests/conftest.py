@@ -19,9 +19,9 @@ import pytest
 from _nvcc import require_nvcc  # tests/ is on sys.path (pytest's rootdir-relative import)
 from hypothesis import settings
 
-from flashgen.generator.strategies import profile_name, register_profiles
+from flashgen.verify.strategies import profile_name, register_profiles
 
-# Profiles named in DESIGN.md (dev, ci, thorough), defined once in flashgen's strategies module
+# Profiles named in docs/design.md (dev, ci, thorough), defined once in flashgen's strategies module
 # so the test suite and `flashgen fuzz` agree; deadline=None everywhere, since a first render or
 # an nvcc call can take far longer than Hypothesis' default 200 ms without anything being wrong.
 register_profiles()

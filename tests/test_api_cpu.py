@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import flashgen
-from flashgen.generator import runtime
-from flashgen.generator.runtime import GpuUnavailable
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.gpu import GpuUnavailable
 
 
 @pytest.fixture(autouse=True)

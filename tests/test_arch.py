@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from flashgen.generator import runtime
 from flashgen.generator.arch import ARCHS, arch_info
-from flashgen.generator.launch import GpuUnavailable
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.launch import GpuUnavailable
 
 SIMT = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp32")
 MMA = KernelSpec(family="mma", d=64, br=64, bc=32, dtype="fp16")

@@ -10,19 +10,21 @@ import numpy as np
 import pytest
 from _nvcc import requires_nvcc
 
-from flashgen.generator import backward
+from flashgen.generator import backward as bwd_shape
 from flashgen.generator.compile import BASE_FLAGS, run_nvcc
+from flashgen.generator.families.mma import bwd as mma_bwd
 from flashgen.generator.render import render
 from flashgen.generator.report import parse_ptxas
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.runtime import backward
 
 BWD = shipped("mma", direction="bwd")  # family mma's (test_wgmma_bwd_cpu.py has wgmma's)
 
 
 def test_sixteen_mma_backward_variants_ship_and_the_forward_space_has_none() -> None:
     assert len(BWD) == 16
-    assert {(s.d, s.dtype, s.causal, backward.is_deterministic(s)) for s in BWD} == {
+    assert {(s.d, s.dtype, s.causal, bwd_shape.is_deterministic(s)) for s in BWD} == {
         (d, t, c, det) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
         for det in (False, True)
     }  # fmt: skip
@@ -115,13 +117,13 @@ def test_a_backward_spec_takes_the_forwards_features_and_round_trips(
     spec = KernelSpec(family="mma", d=64, causal=True, direction="bwd", features=features)
     assert spec.name == name
     assert KernelSpec.from_name(name) == spec
-    assert backward.is_deterministic(spec) == ("deterministic" in features)
+    assert bwd_shape.is_deterministic(spec) == ("deterministic" in features)
     # the tiles and kernels are the plain variant's: features are arguments and a few flags
     plain = spec.replace(features=tuple(f for f in features if f == "deterministic"))
     assert (spec.br, spec.bc, spec.warps, spec.stages) == (
         plain.br, plain.bc, plain.warps, plain.stages,
     )  # fmt: skip
-    assert backward.kernel_names(spec)[1] == name
+    assert bwd_shape.kernel_names(spec)[1] == name
     src = render(spec).source
     for token in ("window", "softcap", "alibi"):
         flag = "true" if token in features else "false"
@@ -150,11 +152,11 @@ def test_the_deterministic_mode_is_named_and_round_trips() -> None:
     spec = KernelSpec(family="mma", d=64, causal=True, direction="bwd", features=("deterministic",))
     assert spec.name == "flash_bwd_mma_d64_br64_bc64_bf16_causal_deterministic_w4_s2"
     assert KernelSpec.from_name(spec.name) == spec
-    assert backward.is_deterministic(spec)
-    assert backward.kernel_names(spec) == (f"{spec.name}_pre", spec.name, f"{spec.name}_dq")
+    assert bwd_shape.is_deterministic(spec)
+    assert bwd_shape.kernel_names(spec) == (f"{spec.name}_pre", spec.name, f"{spec.name}_dq")
     fast = spec.replace(features=())
-    assert backward.kernel_names(fast)[2] == f"{fast.name}_post"
-    assert not backward.is_deterministic(fast)
+    assert bwd_shape.kernel_names(fast)[2] == f"{fast.name}_post"
+    assert not bwd_shape.is_deterministic(fast)
 
 
 def test_an_unknown_direction_is_refused_with_the_choices() -> None:
@@ -171,15 +173,15 @@ def test_backward_render_is_plain_cuda_with_three_kernels(spec: KernelSpec) -> N
     assert "{%" not in src and "{{" not in src and "{#" not in src
     assert "templates/mma_bwd.cu.j2" in src.splitlines()[0]
     assert src.count('extern "C" __global__') == 3
-    for symbol in backward.kernel_names(spec):
+    for symbol in bwd_shape.kernel_names(spec):
         assert re.search(rf"\b{symbol}\(", src), symbol
     assert f"constexpr int STAGES = {spec.stages};" in src
-    det = backward.is_deterministic(spec)
+    det = bwd_shape.is_deterministic(spec)
     assert f"constexpr bool DETERMINISTIC = {'true' if det else 'false'};" in src
     # the deterministic mode has a dQ kernel and no post kernel; the fast one the other way
     assert (f"{spec.name}_dq(" in src, f"{spec.name}_post(" in src) == (det, not det)
     if det:
-        assert f"constexpr int DQ_SMEM_BYTES = {backward.dq_smem_bytes(spec)};" in src
+        assert f"constexpr int DQ_SMEM_BYTES = {mma_bwd.dq_smem_bytes(spec)};" in src
     assert render(spec).source == src  # deterministic
 
 
@@ -208,7 +210,7 @@ def test_the_abi_format_has_one_code_per_kernel_argument() -> None:
     assert len(backward.ABI_FORMAT) == 43
     for spec in (BWD[0], BWD[0].replace(features=("window", "softcap", "alibi"))):
         src = render(spec).source
-        for symbol in backward.kernel_names(spec):
+        for symbol in bwd_shape.kernel_names(spec):
             assert abi_codes(src, symbol) == backward.ABI_FORMAT, symbol
 
 
@@ -240,15 +242,15 @@ def test_the_deterministic_grids_and_shared_memory() -> None:
     k = np.zeros((2, 3, 130, 64), dt)
     lse = np.zeros((2, 3, 1000), np.float32)
     problem = backward.validate_backward(spec, q, k, k, q, lse, q, q, k, k, check_pointers=False)
-    pre_rows = backward.pre_rows(spec)
+    pre_rows = bwd_shape.pre_rows(spec)
     # pre per PRE_ROWS rows; main per key tile of BC; dQ per query tile of BR (the forward's)
     assert problem.grids(spec) == ((-(-1000 // pre_rows), 3, 2), (3, 3, 2), (16, 3, 2))
     # Q, dO and a two-deep K/V ring at d=64 (rows of 64+8 bf16); d=128: one K/V stage
-    assert backward.smems(spec) == (0, spec.smem_bytes, 2 * 72 * (2 * 64 + 2 * 2 * 64))
+    assert bwd_shape.smems(spec) == (0, spec.smem_bytes, 2 * 72 * (2 * 64 + 2 * 2 * 64))
     big = spec.replace(d=128)
-    assert backward.dq_stages(big) == 1
-    assert backward.smems(big)[2] == 2 * 136 * (2 * 64 + 2 * 64)
-    assert backward.smems(spec.replace(features=()))[2] == 0  # the post kernel: none
+    assert mma_bwd.dq_stages(big) == 1
+    assert bwd_shape.smems(big)[2] == 2 * 136 * (2 * 64 + 2 * 64)
+    assert bwd_shape.smems(spec.replace(features=()))[2] == 0  # the post kernel: none
 
 
 # ---- nvcc -----------------------------------------------------------------------------------
@@ -256,7 +258,7 @@ def _compile_report(job: tuple[KernelSpec, str]) -> list[str]:
     spec, arch = job
     _, log = run_nvcc([*BASE_FLAGS, "-cubin", f"-arch={arch}"], render(spec).source)
     bad = []
-    for symbol in backward.kernel_names(spec):
+    for symbol in bwd_shape.kernel_names(spec):
         r = parse_ptxas(log, symbol, arch)
         if r.spill_bytes or r.registers <= 0:
             bad.append(f"{symbol} [{arch}]: {r.registers} registers, {r.spill_bytes} B spilled")
@@ -272,7 +274,7 @@ def test_the_deterministic_mode_has_no_atomics_in_its_ptx(arch: str) -> None:
     for spec in (s for s in BWD if s.d == 64 and s.causal and s.dtype == "bf16"):
         ptx, _ = run_nvcc([*BASE_FLAGS, "-ptx", f"-arch={arch}"], render(spec).source)
         has_atomics = re.search(rb"\b(atom|red)\.", ptx) is not None
-        assert has_atomics != backward.is_deterministic(spec), spec.name
+        assert has_atomics != bwd_shape.is_deterministic(spec), spec.name
 
 
 @requires_nvcc
@@ -318,7 +320,7 @@ def test_inspect_explains_a_backward_variant_without_the_forward_traffic_model()
 
 
 def test_bundles_refuse_deterministic_backward_variants():
-    from flashgen.generator.bundle import BundleError, bundle_files
+    from flashgen.bundle.emit import BundleError, bundle_files
 
     spec = KernelSpec(family="mma", d=64, direction="bwd", features=("deterministic",))
     with pytest.raises(BundleError, match="deterministic backward variants are not bundled yet"):
@@ -329,8 +331,8 @@ def test_a_prepared_backward_only_rewrites_the_pointers_between_calls(monkeypatc
     import ctypes
     from types import SimpleNamespace
 
-    from flashgen.generator import backward, launch
-    from flashgen.generator.validate import Problem
+    from flashgen.runtime import backward, launch
+    from flashgen.runtime.validate import Problem
 
     calls: list[tuple[int, tuple[int, int, int], tuple[int, ...], float]] = []
 
@@ -366,7 +368,7 @@ def test_a_prepared_backward_only_rewrites_the_pointers_between_calls(monkeypatc
 
 @pytest.mark.parametrize("family", ["mma", "wgmma"])
 def test_bundles_refuse_backward_variants_with_features(family):
-    from flashgen.generator.bundle import BundleError, bundle_files
+    from flashgen.bundle.emit import BundleError, bundle_files
 
     for feats in (("window",), ("softcap",), ("alibi",), ("window", "softcap")):
         spec = KernelSpec(family=family, d=64, causal=True, direction="bwd", features=feats)
@@ -391,8 +393,8 @@ def _fake_prepared_launch(monkeypatch, spec, features=None, scale=0.5):
     import ctypes
     from types import SimpleNamespace
 
-    from flashgen.generator import launch
-    from flashgen.generator.validate import Problem
+    from flashgen.runtime import launch
+    from flashgen.runtime.validate import Problem
 
     seen: list[list[int]] = []
 
@@ -492,7 +494,7 @@ def _host_call(spec: KernelSpec):
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    from flashgen.generator import runtime
+    from flashgen.runtime import gpu as runtime
 
     def get_function(spec):
         raise _GpuReached(spec.name)

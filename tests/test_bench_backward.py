@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from test_cli import run, sandbox  # noqa: F401
 
-from flashgen import cli_perf
-from flashgen.generator import bench
+from flashgen.cli import perf as cli_perf
 from flashgen.generator import select as select_mod
-from flashgen.generator.bench import BenchResult, Case, Row
+from flashgen.perf import bench
+from flashgen.perf.bench import BenchResult, Case, Row
 
 
 def _row(impl: str, tflops: float | None, direction: str = "fwd", t: int = 4096,

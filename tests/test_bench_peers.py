@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from flashgen.generator import bench
-from flashgen.generator.bench import Case, Row
+from flashgen.perf import bench
+from flashgen.perf.bench import Case, Row
 
 
 def test_fa4_is_a_peer_only_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flashgen.generator import bench
+from flashgen.perf import bench
 
 
 class _Event:

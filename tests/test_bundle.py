@@ -22,10 +22,8 @@ from _nvcc import REQUIRE_ENV, nvcc_is_required, require_nvcc
 from click.testing import CliRunner, Result
 from test_render import _COMMENT, arithmetic_in_tags
 
-from flashgen import cli
-from flashgen.generator import bundle as bundle_mod
-from flashgen.generator.backward import pre_rows
-from flashgen.generator.bundle import (
+from flashgen.bundle import emit as bundle_mod
+from flashgen.bundle.emit import (
     HEADER,
     LAUNCHER,
     BundleError,
@@ -36,12 +34,13 @@ from flashgen.generator.bundle import (
     stale_kernels,
     write_bundle,
 )
+from flashgen.cli import app as cli
+from flashgen.generator.backward import pre_rows
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.render import render
-from flashgen.generator.select import select
+from flashgen.generator.select import lookup, select
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.tma import TMA_DTYPE
-from flashgen.generator.tuning import lookup
+from flashgen.runtime.tma import TMA_DTYPE
 
 TEMPLATES = Path(bundle_mod.__file__).resolve().parents[1] / "templates" / "bundle"
 # the smallest variant of each family: the CMake build compiles both
@@ -596,7 +595,7 @@ def test_cmake_builds_the_library_and_the_example(built: Path) -> None:
 def test_cmake_builds_the_wgmma_kernel_for_sm90a_and_the_others_for_sm90(built: Path) -> None:
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
-        from flashgen.generator.sass import SassUnavailable, find_cuobjdump
+        from flashgen.perf.sass import SassUnavailable, find_cuobjdump
 
         try:
             cuobjdump = str(find_cuobjdump())
@@ -1076,7 +1075,7 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
 // from them and writes dK and dV and adds dQ into the accumulator, _post converts it; the four
 // feature values come last and must be off (-1, -1, 0, NULL: bundled backward variants have no
 // features). The scratch has TQP = tq rounded up to ROW_TILE rows per head (mma: 1; wgmma: BR,
-// with d_buf two planes, D and LSE * log2(e), +inf past tq: backward.scratch_shapes).
+// with d_buf two planes, D and LSE * log2(e), +inf past tq: bwd_shape.scratch_shapes).
 // MOCK_BUG=dk leaves a dK element unwritten, MOCK_BUG=dv moves a dV element by 0.5.
 template <class T>
 struct BwdArgs {
@@ -1514,7 +1513,7 @@ int main(void) {
 def test_launchers_refuse_lengths_the_kernels_tile_loops_cannot_take(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    from flashgen.generator.validate import MAX_LENGTH, check_layout
+    from flashgen.runtime.validate import MAX_LENGTH, check_layout
 
     nvcc = require_nvcc()
     gxx = _tool("g++")
@@ -1944,7 +1943,7 @@ BWD_EXPECTED: dict[str, str | None] = {
 def _bwd_validate(root: Path, spec: KernelSpec) -> Path:
     """BWD_VALIDATE_CPP for backward variant `spec`, linked with the stand-in bundle's launcher
     and stand-ins (built by the stand_in_example fixture)."""
-    from flashgen.generator.validate import MAX_LENGTH
+    from flashgen.runtime.validate import MAX_LENGTH
 
     nvcc = require_nvcc()
     src = BWD_VALIDATE_CPP.replace("@D@", str(spec.d)).replace("@SYM@", bwd_symbol(spec))
@@ -1964,7 +1963,7 @@ def _bwd_validate(root: Path, spec: KernelSpec) -> Path:
 def test_backward_launcher_refuses_bad_parameters_before_any_launch(
     stand_in_example: Path, spec: KernelSpec
 ) -> None:
-    from flashgen.generator.bundle import bwd_workspace_layout
+    from flashgen.bundle.emit import bwd_workspace_layout
 
     out = _stand_in_run(_bwd_validate(stand_in_example.parent, spec))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -1986,7 +1985,7 @@ def test_backward_launcher_refuses_bad_parameters_before_any_launch(
             continue
         assert (int(check), int(launched), int(calls)) == (INVALID, INVALID, 0), (label, why)
         assert rule in why, (label, why)
-    # the workspace sizes against backward.scratch_shapes' (bundle.bwd_workspace_layout): the
+    # the workspace sizes against bwd_shape.scratch_shapes' (bundle.bwd_workspace_layout): the
     # dispatch's is the larger of the bundle's two d=64 variants (BWD_B mma, BWD_W wgmma)
     (bytes_row,) = [r for r in rows if r[0] == "bytes"]
     b, h, tq = 2, 4, 33
@@ -2038,8 +2037,8 @@ def test_wgmma_backward_maps_are_the_ones_tma_py_encodes(
     """The C launcher's four tensor maps of each backward call in the example, field for field
     as the driver received them, against what tma.backward_tensor_maps (the Python path) asks
     the driver for on the same problem (same pointers, sizes and strides)."""
-    from flashgen.generator import backward, tma
-    from flashgen.generator.validate import Problem
+    from flashgen.runtime import backward, tma
+    from flashgen.runtime.validate import Problem
 
     log = tmp_path / "maps.txt"
     proc = _stand_in_run(stand_in_example, MOCK_MAP_LOG=str(log))

@@ -16,11 +16,12 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from flashgen.generator import checks, runtime, strategies
-from flashgen.generator.checks import Case, CheckResult, make_inputs, property_check, run_case
-from flashgen.generator.oracle import max_abs_logit
-from flashgen.generator.runtime import GpuUnavailable
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.gpu import GpuUnavailable
+from flashgen.verify import checks, strategies
+from flashgen.verify.checks import Case, CheckResult, make_inputs, property_check, run_case
+from flashgen.verify.oracle import max_abs_logit
 
 SIMT32 = KernelSpec(family="simt", d=32, br=16, bc=32, dtype="fp32", causal=True)
 SIMT_BF16 = KernelSpec(family="simt", d=64, br=32, bc=16, dtype="bf16", causal=False)

@@ -25,8 +25,8 @@ from _nvcc import REQUIRE_ENV, nvcc_is_required, require_nvcc, requires_nvcc
 from click.testing import CliRunner, Result
 
 import flashgen
-import flashgen.generator
-from flashgen import cli
+import flashgen.verify
+from flashgen.cli import app as cli
 from flashgen.generator.arch import ARCHS
 from flashgen.generator.cache import CubinCache
 from flashgen.generator.compile import CompileError
@@ -403,9 +403,9 @@ class FakeVariantResult:
 
 @pytest.fixture
 def fake_checks(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
-    """Install a fake `flashgen.generator.checks`; tests set `.check` / `.fuzz` behaviour."""
+    """Install a fake `flashgen.verify.checks`; tests set `.check` / `.fuzz` behaviour."""
     state = types.SimpleNamespace(calls=[], check=None, fuzz=None)
-    mod = types.ModuleType("flashgen.generator.checks")
+    mod = types.ModuleType("flashgen.verify.checks")
 
     def check_variant(spec: KernelSpec, **kw: Any) -> FakeCheckResult:
         state.calls.append((spec, kw))
@@ -428,8 +428,8 @@ def fake_checks(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     mod.check_variant = check_variant  # type: ignore[attr-defined]
     mod.run_fuzz = run_fuzz  # type: ignore[attr-defined]
     mod.GpuUnavailable = FakeGpuUnavailable  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flashgen.generator.checks", mod)
-    monkeypatch.setattr(flashgen.generator, "checks", mod, raising=False)
+    monkeypatch.setitem(sys.modules, "flashgen.verify.checks", mod)
+    monkeypatch.setattr(flashgen.verify, "checks", mod, raising=False)
     return state
 
 
@@ -522,7 +522,7 @@ def test_check_rejects_a_bad_problem_size(fake_checks: types.SimpleNamespace) ->
 
 def _oracle_execute(error: float) -> Callable[..., tuple[Any, Any]]:
     """A CPU stand-in for the GPU launch: the float64 oracle, rounded, plus `error` on O."""
-    from flashgen.generator.oracle import reference
+    from flashgen.verify.oracle import reference
 
     def execute(
         spec: KernelSpec, q: Any, k: Any, v: Any, scale: float, *layouts: Any, **feats: Any
@@ -537,7 +537,7 @@ def _oracle_execute(error: float) -> Callable[..., tuple[Any, Any]]:
 def test_check_through_the_real_checks_module(
     monkeypatch: pytest.MonkeyPatch, error: float, code: int, verdict: str
 ) -> None:
-    from flashgen.generator import checks
+    from flashgen.verify import checks
 
     monkeypatch.setattr(checks, "gpu_execute", _oracle_execute(error))
     result = run("check", "--d", "32", "--dtype", "bf16", "--causal", "--tq", "33", "--tk", "17")

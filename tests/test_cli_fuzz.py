@@ -36,10 +36,10 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashgen import cli
-from flashgen.generator import checks
+from flashgen.cli import app as cli
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.verify import checks
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ("build", "show", "list", "inspect", "check")

@@ -19,11 +19,12 @@ from _nvcc import requires_nvcc
 from test_cli import assert_one_line_error, files_under, run, sandbox  # noqa: F401
 
 import flashgen
-from flashgen import cli, cli_perf
-from flashgen.generator import bench as bench_mod
+from flashgen.cli import app as cli
+from flashgen.cli import perf as cli_perf
 from flashgen.generator.cache import CubinCache, cache_key
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.perf import bench as bench_mod
 
 
 # ---- defaults that fit, and the knobs ---------------------------------------------------------
@@ -87,7 +88,8 @@ def test_building_an_unshipped_variant_says_so(tmp_path: Path) -> None:
 
 # ---- the public API ---------------------------------------------------------------------------
 def test_gpu_unavailable_is_exported() -> None:
-    from flashgen.generator import checks, runtime
+    from flashgen.runtime import gpu as runtime
+    from flashgen.verify import checks
 
     assert "GpuUnavailable" in flashgen.__all__
     assert flashgen.GpuUnavailable is runtime.GpuUnavailable is checks.GpuUnavailable

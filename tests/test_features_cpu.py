@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flashgen
-from flashgen.generator import oracle, strategies
 from flashgen.generator.features import (
     FeatureArgs,
     alibi_host,
@@ -19,6 +18,7 @@ from flashgen.generator.features import (
 )
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.verify import oracle, strategies
 
 MMA = KernelSpec(family="mma", d=64, dtype="fp16", causal=True)
 
@@ -216,8 +216,8 @@ def test_cli_builds_a_dv_variant(tmp_path):
 
 
 def test_check_runs_a_feature_variant_with_its_values():
-    from flashgen.generator import checks
-    from flashgen.generator.oracle import reference
+    from flashgen.verify import checks
+    from flashgen.verify.oracle import reference
 
     seen = {}
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from flashgen.generator import runtime
 from flashgen.generator.space import shipped
-from flashgen.generator.strategies import PINNED_FAILURES, pinned_cases
+from flashgen.runtime import gpu as runtime
+from flashgen.verify.strategies import PINNED_FAILURES, pinned_cases
 
 GPU_DIR = Path(__file__).parent / "gpu"
 

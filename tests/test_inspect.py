@@ -18,10 +18,10 @@ from _nvcc import requires_nvcc
 from click.testing import CliRunner, Result
 from test_sass import MMA_SASS
 
-from flashgen import cli
-from flashgen.generator.sass import INSTALL_HINT, SassUnavailable, find_cuobjdump
+from flashgen.cli import app as cli
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.traffic import traffic_report
+from flashgen.perf.sass import INSTALL_HINT, SassUnavailable, find_cuobjdump
+from flashgen.perf.traffic import traffic_report
 
 SIMT = ["--d", "64", "--bc", "32"]
 MMA = ["--family", "mma", "--d", "64", "--br", "64", "--bc", "64", "--warps", "4", "--stages", "1"]
@@ -190,8 +190,8 @@ def test_other_families_have_no_register_split(tmp_path: Path) -> None:
 
 
 def test_a_split_larger_than_the_launch_is_flagged() -> None:
-    from flashgen.cli import _format_split
-    from flashgen.generator.occupancy import register_split
+    from flashgen.cli.app import _format_split
+    from flashgen.perf.occupancy import register_split
 
     ok = register_split(producer=24, consumer=240, consumers=2, launch_registers=168)
     assert ok.fits and ok.split_total == ok.launch_total == 64512

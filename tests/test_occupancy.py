@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flashgen.generator.arch import ARCHS
-from flashgen.generator.occupancy import occupancy
+from flashgen.perf.occupancy import occupancy
 
 
 @pytest.mark.parametrize(

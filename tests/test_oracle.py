@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flashgen.generator import oracle
-from flashgen.generator.oracle import check_outputs, reference, rounded_reference
+from flashgen.verify import oracle
+from flashgen.verify.oracle import check_outputs, reference, rounded_reference
 
 
 def direct(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float):
@@ -233,7 +233,7 @@ def _shipped_spec(d, dtype):
 
 @pytest.mark.parametrize("d", [128, 256])
 def test_the_thorough_failure_is_within_the_derived_lse_bound(d):
-    from flashgen.generator.checks import Case, make_inputs
+    from flashgen.verify.checks import Case, make_inputs
 
     q, k, _ = make_inputs(_shipped_spec(d, "fp16"), Case(**THOROUGH_FAILURE))
     bound = oracle.lse_bound(q, k, scale=0.5)
@@ -283,7 +283,7 @@ BUG_PROBLEMS = [
 
 
 def _bug_inputs(dtype, d, logit_max, seed=5):
-    from flashgen.generator.checks import Case, make_inputs
+    from flashgen.verify.checks import Case, make_inputs
 
     return make_inputs(_shipped_spec(d, dtype), Case(1, 2, 37, 67, None, logit_max, seed))
 

@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from flashgen.generator import oracle, oracle_bwd
-from flashgen.generator.oracle_bwd import check_grads, reference_grads, rounded_reference_grads
+from flashgen.verify import oracle, oracle_bwd
+from flashgen.verify.oracle_bwd import check_grads, reference_grads, rounded_reference_grads
 
 STORE = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32}
 

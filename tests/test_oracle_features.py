@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from flashgen.generator import oracle
+from flashgen.verify import oracle
 
 
 def plain(q, k, v, *, causal, scale, window=None, softcap=None, slopes=None):

@@ -18,8 +18,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from flashgen.generator.oracle import reference, rounded_reference
-from flashgen.generator.rowref import (
+from flashgen.generator.spec import KernelSpec
+from flashgen.verify.oracle import reference, rounded_reference
+from flashgen.verify.rowref import (
     fill_periodic,
     judge,
     key_counts,
@@ -31,7 +32,6 @@ from flashgen.generator.rowref import (
     sum_slack,
     visible_keys,
 )
-from flashgen.generator.spec import KernelSpec
 
 BF16 = ml_dtypes.bfloat16
 
@@ -300,7 +300,7 @@ class _FakeArray:
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDevice:
     """runtime.gpu/empty/launch on a FakeDevice; launch runs the oracle (a perfect kernel)."""
-    from flashgen.generator import runtime
+    from flashgen.runtime import gpu as runtime
 
     dev = FakeDevice()
 
@@ -330,7 +330,7 @@ def test_fill_periodic_stays_in_phase_when_the_copy_cap_is_not_a_block_multiple(
 ) -> None:
     # On the H200 the 1 GiB copy cap was not a multiple of the block: later copies landed out
     # of phase, and the last heads of the >2^31-element tensors held other data than assumed.
-    from flashgen.generator import rowref
+    from flashgen.verify import rowref
 
     monkeypatch.setattr(rowref, "MAX_COPY_BYTES", 4 * 50)  # 50 floats: not a multiple of 12
     block = np.arange(12, dtype=np.float32).reshape(3, 4)
@@ -352,7 +352,7 @@ def test_huge_harness_catches_wrong_last_rows(
     fake_gpu: FakeDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A kernel whose offsets wrap (here: the last head reads the first head's Q) fails."""
-    from flashgen.generator import runtime
+    from flashgen.runtime import gpu as runtime
 
     perfect = runtime.launch
 

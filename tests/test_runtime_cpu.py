@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 from _fakecuda import FakeLibcuda, install_libcuda, install_pycuda, kinds
 
-from flashgen.generator import launch, runtime
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
-from flashgen.generator.prefix import PrefixRegistry
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime import launch
+from flashgen.runtime.prefix import PrefixRegistry
 
 
 def fresh_prefixes() -> PrefixRegistry[Any]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flashgen.generator import sass
-from flashgen.generator.sass import (
+from flashgen.perf import sass
+from flashgen.perf.sass import (
     GROUPS,
     INSTALL_HINT,
     SassUnavailable,

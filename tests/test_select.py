@@ -134,7 +134,7 @@ def test_a_tuning_table_entry_wins_when_the_gpu_is_named(monkeypatch):
         seen.append((gpu, d, dtype, causal))
         return tuned
 
-    monkeypatch.setattr("flashgen.generator.tuning.lookup", lookup)
+    monkeypatch.setattr("flashgen.generator.select.lookup", lookup)
     assert select(64, "bf16", True, "sm_90", gpu_name="NVIDIA H200") == tuned
     assert seen == [("NVIDIA H200", 64, "bf16", True)]
     assert select(64, "bf16", True, "sm_90") != tuned  # no GPU name: no table
@@ -142,6 +142,6 @@ def test_a_tuning_table_entry_wins_when_the_gpu_is_named(monkeypatch):
 
 
 def test_no_tuning_table_falls_back_to_the_default(monkeypatch):
-    monkeypatch.setattr("flashgen.generator.tuning.lookup", lambda *a: None)
+    monkeypatch.setattr("flashgen.generator.select.lookup", lambda *a: None)
     spec = select(64, "bf16", False, "sm_90", gpu_name="Some GPU")
     assert (spec.family, spec.br, spec.bc, spec.stages) == ("wgmma", 128, 128, 2)

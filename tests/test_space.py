@@ -121,7 +121,7 @@ def test_shipped_variants_fit_every_arch_they_ship_for(family: str) -> None:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_feature_variants_ship_only_where_select_picks(family: str) -> None:
     from flashgen.generator.select import feature_variant, select
-    from flashgen.generator.tuning import table_variants
+    from flashgen.generator.tables import table_variants
 
     fam = FAMILIES[family]
     tuned = {s for s in table_variants() if s.family == family}

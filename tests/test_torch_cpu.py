@@ -281,7 +281,7 @@ def test_a_backward_it_cannot_serve_says_so():
 
 
 def test_the_backward_features_are_validated_as_the_forwards():
-    from flashgen.generator.validate import Problem
+    from flashgen.runtime.validate import Problem
 
     q = torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16)
     st = (4 * 3 * 64, 3 * 64, 64)
@@ -387,7 +387,7 @@ def test_torch_compile_fullgraph_traces_the_op_as_one_node(with_spec):
 
 # ---- the host-overhead benchmark's bookkeeping (the timing itself needs a GPU) -----------------
 def test_per_call_timing_synchronizes_every_batch_and_times_each_call():
-    from flashgen.generator.bench import _per_call_us
+    from flashgen.perf.bench import _per_call_us
 
     events: list[str] = []
     samples = _per_call_us(lambda: events.append("call"), 7, 3, lambda: events.append("sync"))
@@ -396,7 +396,7 @@ def test_per_call_timing_synchronizes_every_batch_and_times_each_call():
 
 
 def test_the_overhead_table_has_one_line_per_problem_and_flashgens_ratio_to_sdpa():
-    from flashgen.generator.bench import OverheadRow, overhead_table
+    from flashgen.perf.bench import OverheadRow, overhead_table
 
     rows = [
         OverheadRow("flashgen.torch", "bf16", 1, 8, 1, 128, False, 18.0, 20.0, 100, 0.9),

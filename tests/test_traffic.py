@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.traffic import (
+from flashgen.perf.traffic import (
     H200,
     attention_flops,
     flashgen_traffic,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.validate import (
+from flashgen.runtime.validate import (
     MAX_GRID_YZ,
     MAX_INT32,
     MAX_LENGTH,
@@ -458,8 +458,8 @@ def _long_kv(tk: int, d: int, dtype: Any):
 
 
 def test_the_accurate_lengths_follow_from_the_accumulation_model():
-    from flashgen.generator import oracle
-    from flashgen.generator.validate import FP32_RTOL_OF_RULE, accurate_length
+    from flashgen.runtime.validate import FP32_RTOL_OF_RULE, accurate_length
+    from flashgen.verify import oracle
 
     assert FP32_RTOL_OF_RULE == oracle.FP32_RTOL
     mma_fp16 = KernelSpec(family="mma", d=64, br=128, bc=64, dtype="fp16", warps=4, stages=2)
@@ -475,7 +475,7 @@ def test_the_accurate_lengths_follow_from_the_accumulation_model():
 
 @pytest.mark.parametrize("spec", [MMA, SIMT.replace(dtype="fp32")], ids=lambda s: s.name)
 def test_kv_longer_than_the_accurate_length_warns_and_still_validates(spec):
-    from flashgen.generator.validate import AccuracyWarning, accurate_length
+    from flashgen.runtime.validate import AccuracyWarning, accurate_length
 
     limit = accurate_length(spec)
     dtype = np.dtype(spec.dtype_info.numpy)

@@ -15,13 +15,16 @@ import pytest
 from test_backward_cpu import abi_codes
 
 import flashgen
-from flashgen.generator import backward, families, tma, wgmma_bwd
-from flashgen.generator.bundle import BundleError, bundle_files
+from flashgen.bundle.emit import BundleError, bundle_files
+from flashgen.generator import backward as bwd_shape
+from flashgen.generator import families
+from flashgen.generator.families.wgmma import bwd as wgmma_bwd
+from flashgen.generator.families.wgmma.ptx import Wgmma, wrappers
 from flashgen.generator.render import context, template_name
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.generator.validate import Problem
-from flashgen.generator.wgmma_ptx import Wgmma, wrappers
+from flashgen.runtime import backward, tma
+from flashgen.runtime.validate import Problem
 
 TEMPLATE = Path(flashgen.__file__).parent / "templates" / "wgmma_bwd.cu.j2"
 needs_template = pytest.mark.skipif(
@@ -124,8 +127,8 @@ def test_a_wgmma_backward_takes_the_forwards_features_and_round_trips(
     assert (spec.br, spec.bc, spec.stages, spec.warps, spec.smem_bytes) == (
         plain.br, plain.bc, plain.stages, plain.warps, plain.smem_bytes,
     )  # fmt: skip
-    assert backward.kernel_names(spec) == tuple(
-        n.replace(plain.name, spec.name) for n in backward.kernel_names(plain)
+    assert bwd_shape.kernel_names(spec) == tuple(
+        n.replace(plain.name, spec.name) for n in bwd_shape.kernel_names(plain)
     )
 
 
@@ -166,7 +169,7 @@ def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.Monkey
 def test_the_shared_memory_formula(fields: dict[str, Any], expected: int) -> None:
     spec = bwd(**fields)
     assert spec.smem_bytes == expected
-    assert backward.smems(spec) == (0, expected, 0)
+    assert bwd_shape.smems(spec) == (0, expected, 0)
 
 
 def test_the_largest_wgmma_backward_fits_an_sm_90a_block() -> None:
@@ -219,7 +222,7 @@ def test_the_context_for_d128_br64_bc128() -> None:
     )} == {
         "consumers": 2, "stages": 2, "producer_regs": 24, "consumer_regs": 240,
         "pack_type": "bf16x2", "pre_name": f"{NAME}_pre", "last_name": f"{NAME}_post",
-        "pre_lanes": backward.PRE_LANES_PER_ROW, "pre_rows": 384 // backward.PRE_LANES_PER_ROW,
+        "pre_lanes": bwd_shape.PRE_LANES_PER_ROW, "pre_rows": 384 // bwd_shape.PRE_LANES_PER_ROW,
         "sdp_fn": sdp.fn, "dkv_fn": dkv.fn, "dq_fn": dq.fn,
         "wgmma_wrappers": wrappers([sdp, dkv, dq]),
     }  # fmt: skip
@@ -237,7 +240,7 @@ def test_one_consumer_takes_dq_whole_and_fp16_uses_f16_wrappers() -> None:
     two = context(bwd(d=64))  # two consumers: still 64 columns of dQ a wgmma (not d/2)
     assert two["dq_fn"] == Wgmma(64, False, True, "bf16", trans_a=True).fn
     assert ".f32.f16.f16" in ctx["wgmma_wrappers"] and "bf16" not in ctx["wgmma_wrappers"]
-    assert ctx["pre_rows"] == 256 // backward.PRE_LANES_PER_ROW
+    assert ctx["pre_rows"] == 256 // bwd_shape.PRE_LANES_PER_ROW
 
 
 # ---- launch: grids and kernelParams -----------------------------------------------------------
@@ -252,7 +255,7 @@ def _problem(spec: KernelSpec) -> backward.BackwardProblem:
 def test_the_grids_are_the_mma_backwards() -> None:
     spec = KernelSpec.from_name(NAME)
     bp = _problem(spec)
-    rows = -(-100 // (384 // backward.PRE_LANES_PER_ROW))
+    rows = -(-100 // (384 // bwd_shape.PRE_LANES_PER_ROW))
     assert bp.grids(spec) == ((rows, 4, 2), (-(-130 // 128), 2, 2), (rows, 4, 2))
 
 
@@ -274,7 +277,7 @@ class _Driver:
 
 @pytest.fixture
 def fake_launch(monkeypatch: pytest.MonkeyPatch) -> tuple[_Driver, list[tuple[Any, ...]]]:
-    from flashgen.generator import launch
+    from flashgen.runtime import launch
 
     drv = _Driver()
     encoded: list[tuple[Any, ...]] = []
@@ -443,7 +446,7 @@ def test_torch_takes_the_wgmma_backward_on_sm_90_unless_told_not_to(
 def test_torch_builds_the_plan_of_the_chosen_family(
     fgt: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flashgen.generator import launch
+    from flashgen.runtime import launch
 
     made: list[tuple[str, str]] = []
 
@@ -467,7 +470,7 @@ def test_torch_builds_the_backward_plan_of_the_calls_features(
 ) -> None:
     """Window, softcap and ALiBi keep sm_90 on the wgmma backward (the family choice ignores
     them) and are compiled into the variant; each feature set has a plan of its own."""
-    from flashgen.generator import launch
+    from flashgen.runtime import launch
 
     made: list[str] = []
 
@@ -503,7 +506,7 @@ def test_the_render_has_three_kernels_each_taking_four_maps_then_the_mma_abi(nam
     assert "{%" not in src and "{{" not in src
     assert "templates/wgmma_bwd.cu.j2" in src.splitlines()[0]
     assert src.count('extern "C" __global__') == 3
-    for symbol in backward.kernel_names(spec):
+    for symbol in bwd_shape.kernel_names(spec):
         m = re.search(rf"\b{symbol}\(", src)
         assert m, symbol
         sig = src[m.end() : src.index("{", m.end())]
@@ -524,7 +527,7 @@ def test_a_feature_variant_renders_its_flags_and_the_same_abi() -> None:
     src = render(spec).source
     for flag, on in (("WINDOW", True), ("SOFTCAP", False), ("ALIBI", True)):
         assert f"constexpr bool {flag} = {'true' if on else 'false'};" in src, flag
-    for symbol in backward.kernel_names(spec):
+    for symbol in bwd_shape.kernel_names(spec):
         assert abi_codes(src, symbol) == backward.ABI_FORMAT, symbol
 
 
@@ -539,7 +542,7 @@ def test_nvcc_compiles_the_three_kernels_for_sm_90a_without_spills(
 
     spec = KernelSpec.from_name(name)
     _, log = run_nvcc([*BASE_FLAGS, "-cubin", "-arch=sm_90a"], render(spec).source)
-    for symbol in backward.kernel_names(spec):
+    for symbol in bwd_shape.kernel_names(spec):
         r = parse_ptxas(log, symbol, "sm_90a")
         assert r.registers > 0 and r.spill_bytes == 0, (symbol, r)
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from flashgen.generator.wgmma_ptx import Wgmma, wrappers
+from flashgen.generator.families.wgmma.ptx import Wgmma, wrappers
 
 
 @pytest.mark.parametrize("n", [64, 128, 176, 256])

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from .arch import check_target
-from .compile import CompileError, compile_kernel, cubin_flags, run_nvcc
-from .render import render
-from .report import ResourceReport, parse_ptxas
-from .spec import KernelSpec
+from flashgen.generator.arch import check_target
+from flashgen.generator.compile import CompileError, compile_kernel, cubin_flags, run_nvcc
+from flashgen.generator.render import render
+from flashgen.generator.report import ResourceReport, parse_ptxas
+from flashgen.generator.spec import KernelSpec
 
 BATCH = 8  # variants per nvcc run: ~2-3x fewer seconds than one at a time (simt, mma, wgmma)
 

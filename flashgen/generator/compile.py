@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from .._version import __version__
-from .arch import DEFAULT_ARCH, arch_number, check_target, runs_on
-from .cache import (
+from flashgen._version import __version__
+from flashgen.generator.arch import DEFAULT_ARCH, arch_number, check_target, runs_on
+from flashgen.generator.cache import (
     CubinCache,
     FlashgenWarning,
     UnsafeDirectory,
@@ -26,10 +26,10 @@ from .cache import (
     locked,
     shared_temp_dir,
 )
-from .nvcc import TIMEOUT_ENV, find_nvcc, nvcc_timeout, nvcc_version
-from .render import RenderedKernel, render
-from .report import PARSER_VERSION, ResourceReport, parse_ptxas
-from .spec import KernelSpec
+from flashgen.generator.nvcc import TIMEOUT_ENV, find_nvcc, nvcc_timeout, nvcc_version
+from flashgen.generator.render import RenderedKernel, render
+from flashgen.generator.report import PARSER_VERSION, ResourceReport, parse_ptxas
+from flashgen.generator.spec import KernelSpec
 
 BASE_FLAGS: tuple[str, ...] = ("-std=c++17", "-O3", "-lineinfo", "-Xptxas=-v")
 

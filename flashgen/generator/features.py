@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .spec import KernelSpec
+from flashgen.generator.spec import KernelSpec
 
 # softcap * log2(e) is one fp32 number in the kernel, and so is scale / softcap
 SOFTCAP_MIN = 1e-6

@@ -8,9 +8,9 @@ from typing import Any
 
 import jinja2
 
-from .._version import __version__
-from .spec import KernelSpec
-from .validate import LOG2E
+from flashgen._version import __version__
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.spec import KernelSpec
 
 TEMPLATE_PACKAGE = "flashgen"
 TEMPLATE_DIR = "templates"

@@ -12,7 +12,7 @@ def _parser_version() -> str:
     try:
         return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
     except OSError:  # no source next to the module (a frozen install): fall back to the version
-        from .._version import __version__
+        from flashgen._version import __version__
 
         return f"v{__version__}"
 

@@ -1,14 +1,7 @@
 """Pick a shipped variant for a call: (d, dtype, causal, arch) -> KernelSpec.
 
-A tuning table for the GPU (`tuning.lookup`, by GPU name) wins when it has an entry. Otherwise
-the default preference:
-- the `wgmma` family on Hopper (sm_90) when the dtype is fp16/bf16 and `wgmma` ships that d:
-  br=128, bc=128, stages=2, else the nearest shipped `wgmma` variant;
-- the `mma` family when the dtype is fp16/bf16, the GPU is sm_80 or newer and `mma` ships
-  that d: br=128, bc=64, stages=2, else the shipped `mma` variant nearest to that;
-- otherwise the `simt` family: br=32, bc=32, else the nearest shipped tile.
-"Nearest" is the distance in log2 of the tiles (a tile twice or half as large is one step), with
-a stages mismatch counting half a step; ties go to the earlier variant in `shipped()` order.
+A tuning table for the GPU (`lookup`, by GPU name) wins when it has an entry. Otherwise the
+default preference of `policy.choose` over the shipped variants (`space.shipped()` order).
 
 Features (`features`: the tokens the call uses) pick a variant compiled with exactly those: the
 shipped one when there is one, else the variant chosen as above with the features added. A
@@ -18,53 +11,14 @@ compiled on demand (and cached) like any other.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from .dtypes import DTYPES
-from .space import shipped
-from .spec import KernelSpec
-
-
-@dataclass(frozen=True)
-class Preference:
-    """The tile shape a family is best at when nothing better is known."""
-
-    family: str
-    br: int
-    bc: int
-    stages: int
-    min_major: int  # oldest GPU generation the family runs on (compute capability major)
-    tensor_core_only: bool
-    max_major: int = 99  # newest generation (wgmma is Hopper-only: sm_90a code runs on 9.0)
-
-
-# In order: the first family that applies and ships the head dim wins.
-PREFERENCES: tuple[Preference, ...] = (
-    Preference("wgmma", br=128, bc=128, stages=2, min_major=9, tensor_core_only=True, max_major=9),
-    Preference("mma", br=128, bc=64, stages=2, min_major=8, tensor_core_only=True),
-    Preference("simt", br=32, bc=32, stages=1, min_major=0, tensor_core_only=False),
-)
-
-_ARCH_RE = re.compile(r"sm_(\d+)[a-z]?")
-
-
-def arch_major(arch: str) -> int:
-    """Compute-capability major of an `sm_XY[a]` name: sm_80 -> 8, sm_90a -> 9, sm_100 -> 10."""
-    m = _ARCH_RE.fullmatch(arch)
-    if m is None:
-        raise ValueError(f"arch={arch!r}: not an sm_XY name; e.g. sm_90")
-    return int(m.group(1)) // 10
-
-
-def _distance(spec: KernelSpec, pref: Preference) -> float:
-    return (
-        abs(math.log2(spec.br / pref.br))
-        + abs(math.log2(spec.bc / pref.bc))
-        + 0.5 * abs(spec.stages - pref.stages)
-    )
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.families import FAMILIES
+from flashgen.generator.policy import _with, arch_major, choose, feature_variant
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+from flashgen.generator.tables import entry_key, load_table
 
 
 def select(
@@ -135,18 +89,20 @@ def _gqapack(
     d: int, dtype: str, causal: bool, arch: str, alignment: int | None, dv: int,
     feats: tuple[str, ...],
 ) -> KernelSpec | None:
-    """Family mma's plain choice with `gqapack` added; None where it cannot serve."""
+    """The plain choice of the family that packs GQA heads (its `features` hold `gqapack`),
+    with `gqapack` added; None where it cannot serve."""
     if (
         "alibi" in feats or dtype not in DTYPES or not DTYPES[dtype].tensor_core
         or arch_major(arch) < 8
     ):  # fmt: skip
         return None
-    pool = [s for s in shipped() if s.family == "mma"]
+    packer = next(f.name for f in FAMILIES.values() if "gqapack" in f.features)
+    pool = [s for s in shipped() if s.family == packer]
     plain: KernelSpec | None
     try:
         plain = _select_plain(d, dtype, causal, arch, alignment, pool, None, dv)
-    except ValueError:  # no mma variant of this d ships: the family default, on demand
-        plain = _with(KernelSpec(family="mma", d=d, dtype=dtype, causal=causal), dv=dv)
+    except ValueError:  # no variant of this d ships: the family default, on demand
+        plain = _with(KernelSpec(family=packer, d=d, dtype=dtype, causal=causal), dv=dv)
     return _with(plain, features=(*feats, "gqapack"))
 
 
@@ -169,37 +125,13 @@ def _select_plain(
         return alignment is None or alignment % s.align_elems == 0
 
     if gpu_name is not None and candidates is None:
-        from .tuning import lookup
-
         tuned = _with(lookup(gpu_name, d, dtype, causal), dv=dv)
         if tuned is not None and aligned(tuned):
             return tuned
     pool = list(shipped()) if candidates is None else list(candidates)
-    for pref in PREFERENCES:
-        runs_here = pref.min_major <= major <= pref.max_major
-        if not runs_here or (pref.tensor_core_only and not DTYPES[dtype].tensor_core):
-            continue
-        same_d = [
-            s
-            for s in pool
-            if s.family == pref.family and s.d == d and s.dtype == dtype and s.causal == causal
-            and not s.features and aligned(s)
-        ]  # fmt: skip
-        fits = [s for s in same_d if s.dv == dv]
-        if fits:
-            return min(fits, key=lambda s: _distance(s, pref))  # min keeps the first of ties
-        if candidates is not None:
-            continue
-        if same_d:  # a dv nothing ships: d's tile with v's head dim, compiled on demand
-            best = _with(min(same_d, key=lambda s: _distance(s, pref)), dv=dv)
-            if best is not None:
-                return best
-        try:  # a head dim nothing ships: the family's default tile for it, compiled on demand
-            fresh = KernelSpec(family=pref.family, d=d, dv=dv, dtype=dtype, causal=causal)
-        except ValueError:
-            continue
-        if aligned(fresh):
-            return fresh
+    found = choose(pool, d, dtype, causal, major, aligned, dv, on_demand=candidates is None)
+    if found is not None:
+        return found
     dims = sorted({s.d for s in pool if s.dtype == dtype})
     raise ValueError(
         f"d={d}, dtype={dtype}, causal={causal}, arch={arch}: no variant fits; "
@@ -209,28 +141,16 @@ def _select_plain(
     )
 
 
-def feature_variant(plain: KernelSpec, feats: tuple[str, ...]) -> KernelSpec | None:
-    """`plain` compiled with features `feats`: the same tile, or where the features do not fit
-    it (wgmma br=192 has no registers for a score mod) the family's default tile; None if
-    neither takes them."""
-    same = _with(plain, features=feats)
-    if same is not None:
-        return same
+def lookup(gpu_name: str, d: int, dtype: str, causal: bool) -> KernelSpec | None:
+    """The tuned variant for this GPU and call shape, if its table has a valid, shipped one."""
+    entry = load_table(gpu_name).get(entry_key(d, dtype, causal))
+    if not isinstance(entry, dict) or "variant" not in entry:
+        return None
     try:
-        default = KernelSpec(
-            family=plain.family, d=plain.d, dv=plain.dv, dtype=plain.dtype, causal=plain.causal,
-            direction=plain.direction,
-        )  # fmt: skip
+        spec = KernelSpec.from_name(str(entry["variant"]))
     except ValueError:
         return None
-    return _with(default, features=feats)
+    return spec if spec in shipped(spec.family) else None
 
 
-def _with(spec: KernelSpec | None, **changes: object) -> KernelSpec | None:
-    """`spec` with some fields changed (features, dv); None if that is not a valid spec."""
-    if spec is None or all(getattr(spec, k) == v for k, v in changes.items()):
-        return spec
-    try:
-        return spec.replace(**changes)
-    except ValueError:
-        return None
+__all__ = ["arch_major", "feature_variant", "lookup", "packs_gqa", "select"]

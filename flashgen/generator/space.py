@@ -8,8 +8,10 @@ import itertools
 from dataclasses import dataclass
 from functools import cache
 
-from .families import FAMILIES, family_of
-from .spec import KernelSpec, SpecError
+from flashgen.generator.families import FAMILIES, family_of
+from flashgen.generator.policy import arch_major, choose, feature_variant
+from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.generator.tables import table_variants
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,6 @@ def _walk(family: str) -> tuple[tuple[KernelSpec, ...], tuple[Pruned, ...]]:
             pruned.append(Pruned(fields, tuple(exc.problems)))
             continue
         kept.setdefault(spec.name, spec)
-    from .select import feature_variant  # select reads `shipped` itself
 
     picked = _picked_tiles(family, list(kept.values()))
     for spec in list(kept.values()):
@@ -54,47 +55,23 @@ def _walk(family: str) -> tuple[tuple[KernelSpec, ...], tuple[Pruned, ...]]:
     return tuple(kept.values()), tuple(pruned)
 
 
-# the arch whose preference `select` applies to pick a family's own variants
-_PICK_ARCH = {"wgmma": "sm_90"}
-
-
 def _picked_tiles(family: str, plain: list[KernelSpec]) -> set[KernelSpec]:
-    """The plain variants `select` picks within the family for each (d, dtype, causal), and
-    those the packaged tuning tables name: where the feature variants ship."""
-    from .select import select  # select and tuning read `shipped` themselves
-    from .tuning import table_variants
-
+    """The plain variants `select` picks within the family for each (d, dtype, causal) (the
+    preference for the family's first arch), and those the packaged tuning tables name: where
+    the feature variants ship."""
     picked = {s for s in table_variants() if s.family == family}
-    arch = _PICK_ARCH.get(family, "sm_80")
+    major = arch_major(family_of(family).archs[0])
     for d, dtype, causal in dict.fromkeys((s.d, s.dtype, s.causal) for s in plain):
-        picked.add(select(d, dtype, causal, arch, candidates=plain))
+        found = choose(plain, d, dtype, causal, major, lambda s: True, d, on_demand=False)
+        if found is None:
+            raise ValueError(f"family {family}: nothing of its own serves d={d} {dtype}")
+        picked.add(found)
     return picked
-
-
-# The backward variants shipped (compiled ahead, `shipped(direction="bwd")`), at the backward's
-# default tile: the head dims and dtypes training uses most, each in the fast mode (dQ by fp32
-# atomics) and the deterministic one (bit-identical gradients). Everything else compiles on
-# demand.
-BWD_AXES: dict[str, dict[str, tuple[object, ...]]] = {
-    "mma": {
-        "d": (64, 128),
-        "dtype": ("fp16", "bf16"),
-        "causal": (False, True),
-        "features": ((), ("deterministic",)),
-    },
-    # Hopper: the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
-    # deterministic variant (the mma one serves that mode on every GPU)
-    "wgmma": {
-        "d": (64, 128),
-        "dtype": ("fp16", "bf16"),
-        "causal": (False, True),
-    },
-}
 
 
 @cache
 def _walk_bwd(family: str) -> tuple[KernelSpec, ...]:
-    axes = BWD_AXES.get(family, {})
+    axes = family_of(family).bwd_axes
     keys = list(axes)
     return tuple(
         KernelSpec(family=family, direction="bwd", **dict(zip(keys, values, strict=True)))  # type: ignore[arg-type]

@@ -7,10 +7,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from .dtypes import DTYPES, DTypeInfo
+from flashgen.generator.dtypes import DTYPES, DTypeInfo
 
 if TYPE_CHECKING:
-    from .families import Family
+    from flashgen.generator.families import Family
 
 
 class SpecError(ValueError):
@@ -59,7 +59,10 @@ class KernelSpec:
     dv: int = 0
 
     def __post_init__(self) -> None:
-        from .families import FAMILIES, family_of  # families import KernelSpec for typing only
+        from flashgen.generator.families import (  # families import KernelSpec for typing only
+            FAMILIES,
+            family_of,
+        )
 
         problems: list[str] = []
         try:
@@ -184,7 +187,7 @@ class KernelSpec:
     @property
     def fam(self) -> Family:
         """The family object that owns this spec's rules and derived values."""
-        from .families import family_of
+        from flashgen.generator.families import family_of
 
         return family_of(self.family)
 
@@ -262,7 +265,7 @@ _EXPECTED = (
 
 def _parse_name(name: str) -> dict[str, object]:
     """Split a kernel name into KernelSpec fields; SpecError naming the bad token otherwise."""
-    from .families import family_of
+    from flashgen.generator.families import family_of
 
     m = _HEAD.fullmatch(name) if isinstance(name, str) else None
     if m is None:
@@ -324,9 +327,10 @@ def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
     backward lacks (`Family.bwd_features`; `gqapack` in every family), and a value head dim of
     its own."""
     if not fam.bwd_template:
-        from .space import BWD_AXES  # the families whose backward ships (proven on a GPU)
+        from flashgen.generator.families import FAMILIES
 
-        with_bwd = [f"--family {f}" for f in BWD_AXES]
+        # the families whose backward ships (proven on a GPU)
+        with_bwd = [f"--family {f.name}" for f in FAMILIES.values() if f.bwd_axes]
         return [
             f"direction='bwd': family {fam.name} has no backward kernel yet; use "
             f"{' or '.join(with_bwd)} for the backward pass"
@@ -363,7 +367,7 @@ def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
 
 
 def _families() -> list[Family]:
-    from .families import FAMILIES
+    from flashgen.generator.families import FAMILIES
 
     return list(FAMILIES.values())
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from flashgen.generator import runtime
-from flashgen.generator.checks import VariantResult, compile_all
 from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.strategies import gpu_examples, profile_name
+from flashgen.runtime import gpu as runtime
+from flashgen.verify.checks import VariantResult, compile_all
+from flashgen.verify.strategies import gpu_examples, profile_name
 
 HERE = Path(__file__).parent
 RESULTS: list[VariantResult] = []

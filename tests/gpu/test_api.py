@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import flashgen
-from flashgen.generator import runtime
-from flashgen.generator.checks import check_variant
-from flashgen.generator.oracle import check_outputs
 from flashgen.generator.select import arch_major, select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.verify.checks import check_variant
+from flashgen.verify.oracle import check_outputs
 
 pytestmark = pytest.mark.gpu
 

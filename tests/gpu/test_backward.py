@@ -28,16 +28,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashgen.generator import backward, runtime
-from flashgen.generator.checks import Case, compile_all, layout_backing, layout_view, make_inputs
+from flashgen.generator import backward as bwd_shape
 from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import FeatureArgs
-from flashgen.generator.oracle import visible
-from flashgen.generator.oracle_bwd import GradOutcome, check_grads
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.generator.validate import check_scale
+from flashgen.runtime import backward
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.validate import check_scale
+from flashgen.verify.checks import Case, compile_all, layout_backing, layout_view, make_inputs
+from flashgen.verify.oracle import visible
+from flashgen.verify.oracle_bwd import GradOutcome, check_grads
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +53,7 @@ WGMMA_PROBES = [
 ]  # fmt: skip
 SPECS = shipped(direction="bwd") + [PROBE, PROBE.replace(features=("deterministic",))]
 SPECS += WGMMA_PROBES
-DETERMINISTIC = [s for s in SPECS if backward.is_deterministic(s)]
+DETERMINISTIC = [s for s in SPECS if bwd_shape.is_deterministic(s)]
 
 # (B, H, H_kv, Tq, Tk, logit_max, layouts of q/k/v/o and of do/dq/dk/dv)
 PLAIN = ("bhtd",) * 4
@@ -100,7 +102,7 @@ Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def _forward_of(spec: KernelSpec) -> KernelSpec:
     """The forward that writes O and LSE for backward `spec`: family mma at its default tile,
     compiled with the backward's run-time features (`deterministic` is the backward's own)."""
-    feats = tuple(f for f in spec.features if f != backward.DETERMINISTIC)
+    feats = tuple(f for f in spec.features if f != bwd_shape.DETERMINISTIC)
     return KernelSpec(family="mma", d=spec.d, dtype=spec.dtype, causal=spec.causal, features=feats)
 
 
@@ -416,7 +418,7 @@ def test_backward_with_features_matches_the_oracle(
     feats: dict[str, Any] = {
         "window": problem.window, "softcap": problem.softcap, "alibi_slopes": slopes,
     }  # fmt: skip
-    runs = 2 if backward.is_deterministic(spec) else 1
+    runs = 2 if bwd_shape.is_deterministic(spec) else 1
     (q, k, v, do), results = _run_case(spec, problem.case, runs, **feats)
     got = results[0]
     scale = check_scale(None, spec.d)

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashgen.generator import runtime
 from flashgen.generator.compile import CompiledKernel
-from flashgen.generator.oracle import check_outputs
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.validate import describe
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.validate import describe
+from flashgen.verify.oracle import check_outputs
 
 pytestmark = pytest.mark.gpu
 

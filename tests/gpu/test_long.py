@@ -4,7 +4,7 @@ The property suite keeps lengths under 600 so its float64 oracle stays cheap; pr
 lengths are judged here instead, with `rowref.row_reference` on a sample of query rows (first,
 last, and random ones in between). Every tensor sits in its own layout (checks.LAYOUTS), V is
 drawn off-centre and heavy-tailed, and every length is capped at `validate.accurate_length`,
-so DESIGN.md's rule applies without slack (LSE: `oracle.lse_bound` of the sampled rows).
+so docs/design.md's rule applies without slack (LSE: `oracle.lse_bound` of the sampled rows).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashgen.generator import runtime
-from flashgen.generator.checks import Case, gpu_execute, make_inputs
 from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.dtypes import DTYPES
-from flashgen.generator.oracle import LSE_ATOL, lse_bound
-from flashgen.generator.rowref import judge, rounded_row_reference, row_reference
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.validate import accurate_length, check_scale
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.validate import accurate_length, check_scale
+from flashgen.verify.checks import Case, gpu_execute, make_inputs
+from flashgen.verify.oracle import LSE_ATOL, lse_bound
+from flashgen.verify.rowref import judge, rounded_row_reference, row_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ Tq < Tk, three full query tiles plus a ragged one; feature variants add windows 
 tiles or leave rows empty). Variants compiled with features draw their values too (window
 sizes from empty to past the sequence, softcaps, ALiBi slopes), and `head_dim_probes` adds
 unshipped variants at odd head dims (8 ... 248, zero-padded in-kernel). Outputs are
-poisoned with NaN before every launch; O and LSE must satisfy DESIGN.md's rule and hold no NaN.
+poisoned with NaN before every launch; O and LSE must satisfy docs/design.md's rule and hold no NaN.
 
 Random problems per variant: FLASHGEN_GPU_EXAMPLES, else 4 (dev), 8 (ci), 100 (thorough),
 with the profile from FLASHGEN_HYPOTHESIS_PROFILE. FLASHGEN_GPU_SHRINK=0 skips shrinking a
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from flashgen.generator.checks import property_check
 from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
-from flashgen.generator.strategies import gpu_examples, head_dim_probes
+from flashgen.verify.checks import property_check
+from flashgen.verify.strategies import gpu_examples, head_dim_probes
 
 pytestmark = pytest.mark.gpu
 

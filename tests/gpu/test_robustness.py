@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flashgen.generator import runtime
-from flashgen.generator.checks import gpu_execute
 from flashgen.generator.compile import CompiledKernel
-from flashgen.generator.oracle import F64, max_abs_logit, reference, rounded_reference
-from flashgen.generator.rowref import (
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.verify.checks import gpu_execute
+from flashgen.verify.oracle import F64, max_abs_logit, reference, rounded_reference
+from flashgen.verify.rowref import (
     Judgement,
     fill_periodic,
     judge,
@@ -45,7 +46,6 @@ from flashgen.generator.rowref import (
     sum_slack,
     visible_keys,
 )
-from flashgen.generator.spec import KernelSpec
 
 pytestmark = pytest.mark.gpu
 

@@ -11,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from flashgen.generator import runtime
-from flashgen.generator.oracle import check_outputs
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.verify.oracle import check_outputs
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():

@@ -13,8 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from flashgen.generator.oracle import visible
-from flashgen.generator.oracle_bwd import check_grads
+from flashgen.verify.oracle import visible
+from flashgen.verify.oracle_bwd import check_grads
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .checks import LAYOUTS, Case
-from .spec import KernelSpec, SpecError
+from flashgen.generator.families import FAMILIES
+from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.verify.cases import LAYOUTS, Case
 
 PROFILE_ENV = "FLASHGEN_HYPOTHESIS_PROFILE"
 EXAMPLES_ENV = "FLASHGEN_GPU_EXAMPLES"
@@ -198,7 +199,11 @@ PROBE_FEATURES: tuple[tuple[str, ...], ...] = (
     ("softcap", "alibi"),
     ("window", "softcap", "alibi"),
 )
-PROBE_DTYPES = {"simt": ("fp32", "bf16"), "mma": ("bf16", "fp16"), "wgmma": ("bf16", "fp16")}
+# each family's default dtype, then a 16-bit one besides it
+PROBE_DTYPES = {
+    f.name: (f.default_dtype, "fp16" if f.default_dtype == "bf16" else "bf16")
+    for f in FAMILIES.values()
+}
 # (d, dv): a value head dim of its own (DeepSeek's MLA: 192/128), narrower and wider than d
 PROBE_DV = ((192, 128), (128, 64), (80, 40), (64, 128))
 

@@ -25,7 +25,7 @@ parameters *before* the common ABI (the Hopper `wgmma` family: three 128-byte `C
 `const __grid_constant__ CUtensorMap`, which PyCUDA's packed-buffer `prepared_call` cannot pass)
 registers a builder (`uses`: the pointers its arguments depend on)::
 
-    from flashgen.generator import launch
+    from flashgen.runtime import launch
 
     def wgmma_prefix(spec: KernelSpec, problem: Problem) -> list[Any]:
         return [encode_q_map(spec, problem), ..., ctypes.c_int(problem.h), ...]
@@ -38,7 +38,7 @@ Structure); each becomes one `kernelParams` entry, in order, ahead of q. It rece
 changes: a `Bound` remembers them and reuses the blobs while they repeat (a loop over one set
 of inputs, fresh outputs each call; a CUDA-graph capture). `PREFIX_PROVIDERS` maps a family to
 the module that registers its builder, imported on the family's first plan
-(`"wgmma": "flashgen.generator.tma"` is there); a family listed there whose module registers
+(`"wgmma": "flashgen.runtime.tma"` is there); a family listed there whose module registers
 no builder is refused at plan time rather than launched with missing arguments.
 """
 
@@ -52,12 +52,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .arch import STATIC_SMEM_LIMIT
-from .families import family_of
-from .features import NO_FEATURES, FeatureArgs, check_fits
-from .prefix import PrefixRegistry
-from .spec import KernelSpec
-from .validate import Problem
+from flashgen.generator.arch import STATIC_SMEM_LIMIT
+from flashgen.generator.families import FAMILIES, family_of
+from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime.prefix import PrefixRegistry
+from flashgen.runtime.validate import Problem
 
 # CUDA driver enum values (cuda.h)
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
@@ -80,7 +80,9 @@ class GpuUnavailable(RuntimeError):
 PrefixArgs = Callable[[KernelSpec, Problem], Sequence[Any]]
 POINTERS = ("q", "k", "v", "o", "lse")
 # family -> module whose import registers that family's prefix builder
-PREFIX_PROVIDERS: dict[str, str] = {"wgmma": "flashgen.generator.tma"}
+PREFIX_PROVIDERS: dict[str, str] = {
+    f.name: f.host_provider for f in FAMILIES.values() if f.host_provider
+}
 _prefixes: PrefixRegistry[PrefixArgs] = PrefixRegistry(POINTERS, PREFIX_PROVIDERS, "kernels")
 
 

@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import launch as _launch
-from .arch import ARCHS
-from .compile import CompiledKernel, compile_kernel
-from .dtypes import DTYPES
-from .features import NO_FEATURES, FeatureArgs
-from .launch import INSTALL_HINT, GpuUnavailable, LaunchPlan
-from .spec import KernelSpec
-from .validate import LOG2E, Problem, check_scale, validate_inputs
+from flashgen.generator.arch import ARCHS
+from flashgen.generator.compile import CompiledKernel, compile_kernel
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.features import NO_FEATURES, FeatureArgs
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import launch as _launch
+from flashgen.runtime.launch import INSTALL_HINT, GpuUnavailable, LaunchPlan
+from flashgen.runtime.validate import Problem, check_scale, validate_inputs
 
 # The kernel C ABI (templates/_common.cuh.j2) as struct codes: q, k, v, o, lse pointers; tq, tk
 # as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float;
@@ -198,7 +199,7 @@ def kernel_arch(spec: KernelSpec) -> str:
     gets the newest family arch of its major that is not newer than it. A family that cannot
     run on this GPU raises GpuUnavailable in one line.
     """
-    from .arch import arch_number, runs_on
+    from flashgen.generator.arch import arch_number, runs_on
 
     env = os.environ.get("FLASHGEN_ARCH")
     if env:

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DTYPES, dtype_of_array
-from .spec import KernelSpec
+from flashgen.generator.dtypes import DTYPES, dtype_of_array
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.spec import KernelSpec
 
 # CUDA launch limits: grid.x may reach 2**31 - 1 blocks, grid.y and grid.z 65535. The grid
 # is (query tiles, heads, batch), and the kernel takes Tq and Tk as 32-bit ints.
@@ -31,13 +32,12 @@ MAX_ALIGN_BYTES = 16
 # The kernels take scale * log2(e) as a float32, and need it positive and normal: they take a
 # row's max before scaling (a negative factor makes it the min), and a zero or flushed
 # subnormal factor turns a masked -inf score into -inf * 0 = NaN.
-LOG2E = math.log2(math.e)
 SCALE_MIN = float(np.finfo(np.float32).tiny) / LOG2E * (1 + 2**-20)
 SCALE_MAX = float(np.finfo(np.float32).max) / LOG2E * (1 - 2**-20)
 
 AXES = ("batch", "head", "token", "d")
 
-# ---- how long K/V may be before DESIGN.md's error rule stops holding (issue 9) -------------
+# ---- how long K/V may be before docs/design.md's error rule stops holding (issue 9) -------------
 # The kernels keep one fp32 accumulator per output element for the whole row. On tensor cores
 # (mma.sync m16n8k16, wgmma k16) every KEYS_PER_TC_ADD keys are added into it by a truncating
 # add: the accumulator loses on average half an ulp (mean ulp/|x| over a binade is 0.72 * 2**-23)
@@ -67,11 +67,10 @@ TC_DRIFT_PER_ADD = 2.0**-25
 U32 = 2.0**-24
 SIMT_WALK = 2.5  # calibrated on the H200 (see above)
 FP32_RTOL_OF_RULE = 1e-5  # oracle.FP32_RTOL (oracle imports nothing from here; kept equal by test)
-CUDA_CORE_FAMILIES = frozenset({"simt"})
 
 
 class AccuracyWarning(UserWarning):
-    """A launch whose K/V is longer than the length up to which DESIGN.md's rule holds."""
+    """A launch whose K/V is longer than the length up to which docs/design.md's rule holds."""
 
 
 def unit_roundoff(dtype: str) -> float:
@@ -82,8 +81,8 @@ def unit_roundoff(dtype: str) -> float:
 
 
 def accurate_length(spec: KernelSpec) -> int:
-    """The longest K/V (keys) for which `spec`'s accumulation keeps DESIGN.md's error rule."""
-    if spec.family not in CUDA_CORE_FAMILIES:
+    """The longest K/V (keys) for which `spec`'s accumulation keeps docs/design.md's error rule."""
+    if spec.fam.tensor_cores:
         keys = KEYS_PER_TC_ADD * (unit_roundoff(spec.dtype) / 2) / TC_DRIFT_PER_ADD
     elif spec.dtype == "fp32":
         keys = (FP32_RTOL_OF_RULE / (SIMT_WALK * U32)) ** 2
@@ -452,7 +451,7 @@ def check_spec(spec: KernelSpec, problem: Problem, *, check_pointers: bool = Tru
     if problem.tk > limit:
         warnings.warn(
             f"Tk={problem.tk}: beyond {limit} keys the fp32 accumulation of {spec.family} "
-            f"{spec.dtype} variants drifts past DESIGN.md's error rule (issue 9: O off by "
+            f"{spec.dtype} variants drifts past docs/design.md's error rule (issue 9: O off by "
             f"7.4e-3 at Tk=290M, bf16); for full accuracy split K/V into chunks of at most "
             f"{limit} keys and merge the outputs with their LSEs",
             AccuracyWarning,
@@ -497,3 +496,22 @@ def validate_inputs(
     problem = check_layout(q, k, v, o=o, lse=lse)
     check_spec(spec, problem, check_pointers=check_pointers)
     return problem
+
+
+def check_spec_type(spec: Any) -> None:
+    """ValueError unless `spec` is a KernelSpec."""
+    if not isinstance(spec, KernelSpec):
+        raise ValueError(
+            f"spec={spec!r}: must be a KernelSpec; e.g. KernelSpec(d=64, dtype='fp16')"
+        )
+
+
+def check_spec_fits_call(spec: KernelSpec, problem: Problem, causal: bool) -> None:
+    """ValueError unless `spec` was compiled for this call's causal flag (d, dtype: check_spec)."""
+    check_spec_type(spec)
+    if spec.causal != causal:
+        raise ValueError(
+            f"causal={causal}: spec {spec.name} is compiled with causal={spec.causal}; "
+            f"pass causal={spec.causal} or a spec with causal={causal}"
+        )
+    # d and dtype: check_spec names them with the same value/rule/fix shape

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .arch import ArchInfo, arch_info
+from flashgen.generator.arch import ArchInfo, arch_info
 
 WARP_SIZE = 32
 MAX_THREADS_PER_BLOCK = 1024

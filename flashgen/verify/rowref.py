@@ -8,7 +8,7 @@ described exactly by that block. `rounded_row_reference` is `oracle.rounded_refe
 same rows (the yardstick of the fp16/bf16 rule). `fill_periodic` fills such a buffer on the GPU
 and `read_rows` copies a few rows of a device array back.
 
-`judge` applies DESIGN.md's rule where inputs may hold NaN or +-inf: the kernel's NaN, +inf
+`judge` applies docs/design.md's rule where inputs may hold NaN or +-inf: the kernel's NaN, +inf
 and -inf elements of O and LSE must sit exactly where the float64 oracle's are, and the
 finite elements obey the usual bounds, optionally widened by an a-priori fp32 error term
 (`score_slack`, `sum_slack`) for problems whose logits or rows are far beyond what the
@@ -24,8 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .dtypes import DTYPES
-from .oracle import F64, FP32_RTOL, LOW_PRECISION_ATOL, LOW_PRECISION_FACTOR, LSE_ATOL
+from flashgen.generator.dtypes import DTYPES
+from flashgen.verify.oracle import (
+    F64,
+    FP32_RTOL,
+    LOW_PRECISION_ATOL,
+    LOW_PRECISION_FACTOR,
+    LSE_ATOL,
+)
 
 # fp32 unit roundoff (half an ulp, relative)
 U32 = 2.0**-24
@@ -216,7 +222,7 @@ def judge(
     o_slack: float = 0.0,
     lse_slack: float = 0.0,
 ) -> Judgement:
-    """DESIGN.md's rule on outputs that may be non-finite (any shapes, O's last axis d).
+    """docs/design.md's rule on outputs that may be non-finite (any shapes, O's last axis d).
 
     The NaN, +inf and -inf elements of O and LSE must match the oracle's (O64, LSE64)
     exactly. On the finite elements: fp16/bf16 max|O - O64| <= 2 max|O_ref - O64| + 1e-5 +
@@ -265,7 +271,7 @@ def fill_periodic(dst: Any, block: np.ndarray) -> None:
     for tens of GiB); the result is exactly what `row_reference` assumes of periodic keys when
     the block holds whole tokens.
     """
-    from . import runtime  # PyCUDA only when a GPU is used
+    from flashgen.runtime import gpu as runtime  # PyCUDA only when a GPU is used
 
     drv = runtime.gpu().drv
     flat = np.ascontiguousarray(block).reshape(-1)
@@ -287,7 +293,7 @@ def fill_periodic(dst: Any, block: np.ndarray) -> None:
 
 def read_rows(a: Any, first_row: int, count: int, width: int) -> np.ndarray:
     """Rows [first_row, first_row + count) of a contiguous GPUArray viewed as (rows, width)."""
-    from . import runtime
+    from flashgen.runtime import gpu as runtime
 
     out = np.empty((count, width), dtype=a.dtype)
     offset = int(a.gpudata) + first_row * width * a.dtype.itemsize

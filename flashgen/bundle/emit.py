@@ -42,26 +42,26 @@ from typing import Any
 
 import numpy as np
 
-from .._version import __version__
-from .arch import STATIC_SMEM_LIMIT
-from .backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
-from .cache import atomic_write
-from .dtypes import DTYPES
-from .families import FAMILIES, PERSISTENT_MAX_KEY_TILES
-from .oracle_bwd import CANCEL_ULPS, GRAD_EPS_ULPS, GRAD_FACTOR
-from .render import environment, render
-from .select import select
-from .space import shipped
-from .spec import KernelSpec
-from .tma import (
+from flashgen._version import __version__
+from flashgen.generator.arch import STATIC_SMEM_LIMIT
+from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
+from flashgen.generator.cache import atomic_write
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.families import FAMILIES, PERSISTENT_MAX_KEY_TILES
+from flashgen.generator.numerics import LOG2E as LOG2E_FLOAT
+from flashgen.generator.render import environment, render
+from flashgen.generator.select import select
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime.tma import (
     BOX_COLS,
     L2_PROMOTION_128B,
     SWIZZLE_128B,
     TMA_DTYPE,
     TMA_STRIDE_LIMIT,
 )
-from .validate import LOG2E as LOG2E_FLOAT
-from .validate import MAX_LENGTH
+from flashgen.runtime.validate import MAX_LENGTH
+from flashgen.verify.oracle_bwd import CANCEL_ULPS, GRAD_EPS_ULPS, GRAD_FACTOR
 
 HEADER = "flashgen_attention.h"
 LAUNCHER = "flashgen_launch.cu"
@@ -78,9 +78,6 @@ NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashg
 # ... and per direction: a backward variant's C functions are flashgen_<short>_bwd
 NAME_PREFIXES = {"fwd": NAME_PREFIX, "bwd": "flash_bwd_"}
 KERNEL_GLOB = "flash_*.cu"  # every kernel file a bundle may hold
-# Families with a backward kernel a bundle can launch (its ABI: backward.ABI_FORMAT, for wgmma
-# after four tensor maps)
-BWD_FAMILIES = frozenset({"mma", "wgmma"})
 # The caller's fp32 workspace of a backward call: d_buf, then the dQ accumulator at the next
 # multiple of this many bytes (its float4 accesses and bulk reductions), and the workspace
 # pointer itself aligned to it (`bwd_workspace_layout`).
@@ -106,8 +103,6 @@ EXAMPLE_LSE_BOUND = "1e-3"
 # check_grads, FlashAttention's): max|g - g64| <= GRAD_FACTOR * max|g_ref - g64| + eps, g64 in
 # float64, g_ref a same-precision reference, eps = GRAD_EPS_ULPS storage ulps at max|g64| +
 # CANCEL_ULPS fp32 ulps of the cancellation in dS (see oracle_bwd).
-# Families whose kernels take the TMA tensor maps of Q, K and V ahead of the common ABI.
-TMA_FAMILIES = frozenset({"wgmma"})
 # cuda.h's names of tma.TMA_DTYPE (the launcher static_asserts that they agree)
 TMA_DTYPE_ENUM = {
     "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
@@ -190,8 +185,8 @@ class Variant:
             "features_list": ", ".join(s.features) or "none",
             "features_text": "".join(f", {f}" for f in s.features),
             "feature_bits": sum(FEATURE_BITS[f] for f in s.features),
-            "tensor_cores": info.tensor_core and s.family != "simt",
-            "tma": s.family in TMA_FAMILIES,
+            "tensor_cores": info.tensor_core and s.fam.tensor_cores,
+            "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "ex_window": EXAMPLE_WINDOW[s.causal] if "window" in s.features else (-1, -1),
@@ -217,7 +212,7 @@ class Variant:
             "pre_kernel": pre,
             "post_kernel": post,
             "pre_rows": pre_rows(s),
-            "tma": s.family in TMA_FAMILIES,
+            "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
             # the workspace: rows per head Tq rounded up to ws_row_tile, ws_planes floats of
             # d_buf per row (scratch_geometry)
@@ -288,9 +283,9 @@ def _cc_text(spec: KernelSpec) -> str:
 
 def _math_text(spec: KernelSpec) -> str:
     """The README's 'math' column."""
-    if spec.family in TMA_FAMILIES:
+    if spec.fam.tensor_maps:
         return "tensor cores (wgmma, TMA loads), sm_90a: H100/H200 only"
-    if spec.dtype_info.tensor_core and spec.family != "simt":
+    if spec.dtype_info.tensor_core and spec.fam.tensor_cores:
         return "tensor cores (mma.sync), sm_80+"
     return "CUDA cores, fp32"
 
@@ -348,10 +343,11 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     for s in specs:
-        if s.direction == "bwd" and s.family not in BWD_FAMILIES:
+        if s.direction == "bwd" and not s.fam.bwd_template:
+            with_bwd = sorted(f.name for f in FAMILIES.values() if f.bwd_template)
             raise BundleError(
                 f"{s.name}: bundles launch the backward kernels of family "
-                f"{'/'.join(sorted(BWD_FAMILIES))} only; bundle a backward variant of family mma"
+                f"{'/'.join(with_bwd)} only; bundle a backward variant of family {with_bwd[0]}"
             )
         feats = [f for f in s.features if f in BWD_FEATURES_LATER]
         if s.direction == "bwd" and feats:  # the params have no feature values for them yet
@@ -599,7 +595,8 @@ def _tuned(
 ) -> KernelSpec | None:
     if gpu_name is None:
         return None
-    from .tuning import gpu_slug, load_table, lookup, table_dir
+    from flashgen.generator.select import lookup
+    from flashgen.generator.tables import gpu_slug, load_table, table_dir
 
     if not load_table(gpu_name):
         tables = sorted(p.stem for p in table_dir().glob("*.json"))

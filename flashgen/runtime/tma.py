@@ -23,10 +23,10 @@ from collections import OrderedDict
 from functools import cache
 from typing import Any
 
-from . import backward
-from .launch import register_prefix_args
-from .spec import KernelSpec
-from .validate import Problem
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import backward
+from flashgen.runtime.launch import register_prefix_args
+from flashgen.runtime.validate import Problem
 
 # CUtensorMapDataType, CUtensorMapSwizzle, CUtensorMapL2promotion (cuda.h)
 TMA_DTYPE = {"fp16": 6, "bf16": 9}

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .bench import TOKENS, Row, _torch, fa4_available, flashgen_runner, time_ms
-from .features import FeatureArgs
-from .spec import KernelSpec
+from flashgen.generator.features import FeatureArgs
+from flashgen.generator.spec import KernelSpec
+from flashgen.perf.bench import TOKENS, Row, _torch, fa4_available, flashgen_runner, time_ms
 
 GQA_HEADS = (32, 8)  # (Hq, Hkv)
 GQA_D = 128

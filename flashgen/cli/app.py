@@ -22,37 +22,37 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import click
 import jinja2
 
-from ._version import __version__
-from .generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info
-from .generator.bundle import (
+from flashgen._version import __version__
+from flashgen.bundle.emit import (
     BundleError,
     bundle_files,
     select_variants,
     stale_kernels,
     write_bundle,
 )
-from .generator.cache import CubinCache, FlashgenWarning, atomic_write
-from .generator.compile import CompiledKernel, CompileError, clear_work_root, compile_kernel
-from .generator.dtypes import DTYPES
-from .generator.families import FAMILIES, WgmmaFamily, family_of
-from .generator.nvcc import NvccNotFound, NvccSettingError
-from .generator.occupancy import occupancy, register_split
-from .generator.render import render
-from .generator.sass import INSTALL_HINT as SASS_HINT
-from .generator.sass import (
+from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info
+from flashgen.generator.cache import CubinCache, FlashgenWarning, atomic_write
+from flashgen.generator.compile import CompiledKernel, CompileError, clear_work_root, compile_kernel
+from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.families import FAMILIES, WgmmaFamily, family_of
+from flashgen.generator.nvcc import NvccNotFound, NvccSettingError
+from flashgen.generator.render import render
+from flashgen.generator.space import pruned, shipped
+from flashgen.generator.spec import DIRECTIONS, FEATURES, KernelSpec, SpecError
+from flashgen.perf.occupancy import occupancy, register_split
+from flashgen.perf.sass import INSTALL_HINT as SASS_HINT
+from flashgen.perf.sass import (
     InstructionMix,
     SassUnavailable,
     disassemble,
     format_mix,
     instruction_mix,
 )
-from .generator.space import pruned, shipped
-from .generator.spec import DIRECTIONS, FEATURES, KernelSpec, SpecError
-from .generator.traffic import format_traffic, traffic_report
-from .generator.validate import MAX_GRID_YZ
+from flashgen.perf.traffic import format_traffic, traffic_report
+from flashgen.runtime.validate import MAX_GRID_YZ
 
 if TYPE_CHECKING:  # checks pulls in Hypothesis and the runtime: imported by the commands
-    from .generator.checks import VariantResult
+    from flashgen.verify.checks import VariantResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -997,7 +997,7 @@ def check(b: int, h: int, tq: int, tk: int, seed: int, scale: float | None, **kw
     rounded reference's; fp32: relative error), then PASS, or FAIL with exit code 1.
     """
     spec = _spec(kw)
-    from .generator import checks  # PyCUDA and the oracle load only when a GPU is used
+    from flashgen.verify import checks  # PyCUDA and the oracle load only when a GPU is used
 
     try:
         res = checks.check_variant(spec, b=b, h=h, tq=tq, tk=tk, seed=seed, scale=scale)
@@ -1050,7 +1050,7 @@ def fuzz(family: str | None, examples: int | None, profile: str) -> None:
     Ends with one row per variant (examples run, worst error / bound, pass or fail); exit
     code 1 when any variant fails.
     """
-    from .generator import checks  # PyCUDA and Hypothesis load only when a GPU is used
+    from flashgen.verify import checks  # PyCUDA and Hypothesis load only when a GPU is used
 
     try:
         with _progress(len(shipped(family))) as progress:
@@ -1115,6 +1115,3 @@ def _progress(total: int) -> Iterator[Callable[[VariantResult], None]]:
 
         yield update
 
-
-# bench and tune live in their own module; importing it registers them on `main`.
-from . import cli_perf  # noqa: E402,F401

@@ -1,4 +1,5 @@
-"""`flashgen bench`: time flashgen variants and torch SDPA peers on one GPU (DESIGN.md protocol).
+"""`flashgen bench`: time flashgen variants and torch SDPA peers on one GPU (the protocol in
+docs/design.md).
 
 Protocol: bf16 and fp16; d 64 and 128; H*d = 2048; B*T = 16384 tokens; T 512 ... 16384;
 causal and not. FLOPs = 4*B*H*Tq*Tk*d, halved for causal. Each time is the median of
@@ -34,9 +35,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._version import __version__
-from .features import NO_FEATURES, FeatureArgs
-from .spec import KernelSpec
+from flashgen._version import __version__
+from flashgen.generator.features import NO_FEATURES, FeatureArgs
+from flashgen.generator.spec import KernelSpec
 
 TOKENS = 16384  # B * T
 MODEL_DIM = 2048  # H * d
@@ -52,7 +53,7 @@ OPTIONAL_PEERS = ("fa4",)
 BWD_PEERS = ("sdpa-flash", "sdpa-cudnn")
 BWD_DTYPES = ("bf16", "fp16")
 BWD_MAX_D = 128
-BWD_FLOPS_FACTOR = 2.5  # backward FLOPs over the forward's (DESIGN.md)
+BWD_FLOPS_FACTOR = 2.5  # backward FLOPs over the forward's (docs/design.md)
 DIRECTIONS = ("fwd", "bwd")
 
 
@@ -268,8 +269,9 @@ def flashgen_runner(
     """A closure launching `spec` on torch tensors (validated once, bound once, with the
     call's feature values) on torch's current stream, and its output tensor."""
     torch = _torch()
-    from . import runtime
-    from .validate import LOG2E, check_scale, validate_inputs
+    from flashgen.generator.numerics import LOG2E
+    from flashgen.runtime import gpu as runtime
+    from flashgen.runtime.validate import check_scale, validate_inputs
 
     o = q.new_empty((*q.shape[:3], v.shape[3]))  # q's rows, v's head dim
     lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
@@ -371,7 +373,7 @@ def backward_forward(impl: str, q: Any, k: Any, v: Any, causal: bool) -> tuple[A
     it (the caller's dO must match O's shape)."""
     torch = _torch()
     if impl == "flashgen":
-        from .. import torch as fg_torch
+        from flashgen import torch as fg_torch
 
         return fg_torch.attention(q, k, v, causal=causal), (q, k, v)
     if impl == "fa4":
@@ -392,8 +394,8 @@ def _bwd_variant(case: Case, q: Any, k: Any, v: Any) -> str | None:
     """The name of the backward kernel flashgen.torch runs for `case` on these inputs (its
     family as the op chooses it: wgmma on sm_90 where it fits, else mma)."""
     try:
-        from .. import torch as fg_torch
-        from .validate import check_layout
+        from flashgen import torch as fg_torch
+        from flashgen.runtime.validate import check_layout
 
         dev = q.get_device()
         family = fg_torch._bwd_family(dev, check_layout(q, k, v), False, (q, k, v))
@@ -673,10 +675,10 @@ def overhead_runners(
 ) -> dict[str, Callable[[], Any]]:
     """The implementations timed by `host_overhead`, as closures on one set of inputs."""
     torch = _torch()
-    from .. import api
-    from .. import torch as fg_torch
-    from . import runtime
-    from .dtypes import DTYPES as STORAGE
+    from flashgen import api
+    from flashgen import torch as fg_torch
+    from flashgen.generator.dtypes import DTYPES as STORAGE
+    from flashgen.runtime import gpu as runtime
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -18,14 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from . import runtime
-from .compile import CompiledKernel, compile_kernel
-from .features import FeatureArgs, check_softcap, check_window
-from .oracle import check_outputs, error_ratio, max_abs_logit
-from .runtime import GpuUnavailable
-from .space import shipped
-from .spec import KernelSpec
-from .validate import check_scale
+from flashgen.generator.compile import CompiledKernel, compile_kernel
+from flashgen.generator.features import FeatureArgs, check_softcap, check_window
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.gpu import GpuUnavailable
+from flashgen.runtime.validate import check_scale
+from flashgen.verify.cases import LAYOUTS, Case
+from flashgen.verify.oracle import check_outputs, error_ratio, max_abs_logit
 
 __all__ = [
     "LAYOUTS",
@@ -56,61 +57,6 @@ MAX_INPUT_GAIN = 64.0
 MAX_CHECK_ELEMENTS = 1 << 26
 
 
-@dataclass(frozen=True)
-class Case:
-    """One random problem: sizes, softmax scale (None: 1/sqrt(d)), logit magnitude, seed.
-
-    With `logit_max` set, Q and K are scaled so that the largest |scale * q.k| equals it (up to
-    MAX_INPUT_GAIN); with None they stay standard normal.
-    """
-
-    b: int
-    h: int
-    tq: int
-    tk: int
-    scale: float | None = None
-    logit_max: float | None = None
-    seed: int = 0
-    # memory layout of q, k, v and o on the GPU (LAYOUTS); each tensor its own strides
-    layouts: tuple[str, str, str, str] = ("bhtd", "bhtd", "bhtd", "bhtd")
-    # V = v_mean + noise; noise standard normal, or Student-t with v_dof degrees of freedom
-    # (heavy tails, clipped to +-V_CLIP so fp16 holds it)
-    v_mean: float = 0.0
-    v_dof: float | None = None
-    # K/V heads (grouped-query attention: H a multiple of it); 0 means H (multi-head)
-    h_kv: int = 0
-    # features (used by variants compiled with them): a sliding window (left, right), -1 for
-    # unbounded; a softcap c; ALiBi with slopes alibi * 2^(-8 (i + 1) / H) for head i
-    window: tuple[int, int] | None = None
-    softcap: float | None = None
-    alibi: float | None = None
-
-    def alibi_slopes(self) -> np.ndarray | None:
-        """The case's per-head ALiBi slopes (float32, as the kernel reads them), or None."""
-        if self.alibi is None:
-            return None
-        heads = np.arange(self.h, dtype=np.float64)
-        return (self.alibi * 2.0 ** (-8.0 * (heads + 1) / self.h)).astype(np.float32)
-
-    def feature_kwargs(self) -> dict[str, Any]:
-        """window / softcap / alibi_slopes as `reference` and `check_outputs` take them."""
-        return {"window": self.window, "softcap": self.softcap, "alibi_slopes": self.alibi_slopes()}
-
-    @property
-    def has_features(self) -> bool:
-        """Whether the case uses any feature (its variant must be compiled with them)."""
-        return self.window is not None or self.softcap is not None or self.alibi is not None
-
-    @property
-    def kv_heads(self) -> int:
-        """Heads of K and V."""
-        return self.h_kv or self.h
-
-
-# How one (B, H, T, d) tensor may sit in memory: its own order of axes or padded rows, so that
-# q, k, v and o each get strides of their own (a kernel that read V with K's strides, or wrote
-# O with Q's, fails). Every layout keeps d contiguous and 16-byte aligned rows.
-LAYOUTS = ("bhtd", "bthd", "hbtd", "pad")
 PAD_ELEMS = 8  # extra elements per padded row: 16 bytes in fp16/bf16, 32 in fp32
 V_CLIP = 1e4
 
@@ -145,7 +91,7 @@ def layout_view(backing: np.ndarray, layout: str, d: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One variant on one problem, judged by the correctness rule (DESIGN.md)."""
+    """One variant on one problem, judged by the correctness rule (docs/design.md)."""
 
     spec: KernelSpec
     b: int
@@ -403,7 +349,7 @@ def property_check(
     """
     from hypothesis import Phase, example, given, seed, settings
 
-    from .strategies import cases, pinned_cases, settings_for
+    from flashgen.verify.strategies import cases, pinned_cases, settings_for
 
     if execute is None:
         try:
@@ -455,7 +401,7 @@ def run_fuzz(
     takes the profile's per-variant count (FLASHGEN_GPU_EXAMPLES overrides it); `progress` is
     called with each variant's result as soon as it is known.
     """
-    from .strategies import gpu_examples
+    from flashgen.verify.strategies import gpu_examples
 
     todo = list(specs) if specs is not None else shipped(family)
     count = examples if examples is not None else gpu_examples(profile)

@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from .cli import CliError, format_table, friendly, main
-from .generator import bench as bench_mod
-from .generator.spec import KernelSpec
+from flashgen.cli.app import CliError, format_table, friendly, main
+from flashgen.generator.spec import KernelSpec
+from flashgen.perf import bench as bench_mod
 
 DEFAULT_RESULTS = Path("bench/results")
 
@@ -19,7 +19,7 @@ DEFAULT_RESULTS = Path("bench/results")
 def _gpu_or_fail(command: str) -> tuple[str, str]:
     """(GPU name, arch) of device 0, or a one-line CliError naming `command` when torch,
     PyCUDA or a GPU is missing."""
-    from .generator import runtime
+    from flashgen.runtime import gpu as runtime
 
     try:
         torch = bench_mod._torch()
@@ -97,8 +97,8 @@ def bench(
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU, forward and
     backward; write JSON."""
-    from .generator.select import select
-    from .generator.tuning import candidates
+    from flashgen.generator.select import select
+    from flashgen.perf.tune import candidates
 
     gpu_name, arch = _gpu_or_fail("bench")
     bench_mod.WARMUP_S = warmup_s  # every row's time_ms (and the protocol in the JSON) reads it
@@ -130,7 +130,7 @@ def bench(
                 )
             prog.advance(task)
     if feature_rows:
-        from .generator import bench_features as bf
+        from flashgen.perf import bench_features as bf
 
         todo_f = bf.feature_cases(dtypes or bench_mod.DTYPES)
         with _progress() as prog:
@@ -157,7 +157,7 @@ def bench(
             click.echo(line)
     feats = []
     if feature_rows:
-        from .generator import bench_features as bf
+        from flashgen.perf import bench_features as bf
 
         feats = bf.feature_summary(result.rows)
     if feats:
@@ -248,7 +248,8 @@ def tune(
 ) -> None:  # fmt: skip
     """Time every shipped tensor-core variant (mma; wgmma on Hopper) per (d, dtype, causal) and
     record the fastest."""
-    from .generator import tuning
+    from flashgen.generator import tables
+    from flashgen.perf import tune as tuning
 
     gpu_name, arch = _gpu_or_fail("tune")
     outcomes = []
@@ -266,9 +267,9 @@ def tune(
                     for row in bench_mod.bench_case(case, cands, peers=(), reps=reps):
                         if row.tflops is not None and row.variant is not None:
                             timings[row.variant][t] = row.tflops
-                o = tuning.pick_winner(tuning.entry_key(d, dt, causal), timings)
+                o = tuning.pick_winner(tables.entry_key(d, dt, causal), timings)
                 outcomes.append(o)
                 click.echo(f"{o.key}: {o.winner} ({o.geomean_tflops:.1f} TFLOP/s geomean)")
-    path = table or tuning.table_dir() / f"{tuning.gpu_slug(gpu_name)}.json"
+    path = table or tables.table_dir() / f"{tables.gpu_slug(gpu_name)}.json"
     tuning.write_table(gpu_name, arch, outcomes, path)
     click.echo(f"wrote {path}")

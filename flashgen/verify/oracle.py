@@ -4,7 +4,7 @@ Every family computes `softmax(Q·Kᵀ·scale + mask)·V` with causal attention 
 bottom-right corner (query `i` sees keys `j <= i + Tk - Tq`); a query row that sees no key
 outputs zeros and LSE `-inf`. `reference` computes that in float64 on the already-rounded
 inputs; `rounded_reference` is FlashAttention's "reference in the low dtype" (P rounded to
-the storage dtype before P·V); `check_outputs` applies DESIGN.md's rule to a kernel's output.
+the storage dtype before P·V); `check_outputs` applies docs/design.md's rule to a kernel's output.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .dtypes import DTYPES
+from flashgen.generator.dtypes import DTYPES
 
 F64 = npt.NDArray[np.float64]
 
@@ -25,7 +25,7 @@ F64 = npt.NDArray[np.float64]
 # T = 2k problem runs one head at a time while many small heads are batched together.
 CHUNK_SCORES = 1 << 22
 
-# The correctness rule (DESIGN.md), in one place.
+# The correctness rule (docs/design.md), in one place.
 LOW_PRECISION_FACTOR = 2.0  # fp16/bf16: kernel error <= 2 x the rounded reference's error ...
 LOW_PRECISION_ATOL = 1e-5  # ... + this absolute slack
 FP32_RTOL = 1e-5  # fp32: ||O - O64|| / ||O64||
@@ -363,7 +363,8 @@ def check_outputs(
     softcap: float | None = None,
     alibi_slopes: np.ndarray | None = None,
 ) -> CheckOutcome:
-    """Judge a kernel's (O, LSE) with DESIGN.md's correctness rule (features as in `reference`).
+    """Judge a kernel's (O, LSE) with the correctness rule of docs/design.md (features as in
+    `reference`).
 
     fp16/bf16: max|O - O64| <= 2 * max|O_ref - O64| + 1e-5 (O_ref: `rounded_reference`);
     fp32: ||O - O64|| / ||O64|| <= 1e-5 (when ||O64|| = 0, ||O|| itself must be <= 1e-5);

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import DTYPES
-from .oracle import (
+from flashgen.generator.dtypes import DTYPES
+from flashgen.verify.oracle import (
     F64,
     LOW_PRECISION_FACTOR,
     _check_shapes,

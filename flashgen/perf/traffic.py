@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import KernelSpec
+from flashgen.generator.spec import KernelSpec
 
 LSE_BYTES = 4  # LSE, m and l are fp32
 STAT_BYTES = 4
@@ -182,7 +182,7 @@ def ideal_traffic(spec: KernelSpec, b: int, h: int, tq: int, tk: int) -> Traffic
 
 def math_unit(spec: KernelSpec) -> str:
     """Which units do the variant's matrix products: 'tensor cores' or 'CUDA cores'."""
-    return "tensor cores" if spec.family != "simt" else "CUDA cores"
+    return "tensor cores" if spec.fam.tensor_cores else "CUDA cores"
 
 
 def traffic_report(

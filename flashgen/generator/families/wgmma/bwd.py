@@ -1,5 +1,5 @@
 """The backward pass (dQ, dK, dV) of family wgmma (Hopper, sm_90a): its variant rules and
-template values. flashgen.torch runs it on sm_90 GPUs by default (space.BWD_AXES ships it at
+template values. flashgen.torch runs it on sm_90 GPUs by default (its family's bwd_axes ship it at
 the default tile); bundles take its plain variants (their C launcher encodes the four tensor
 maps as tma.py does, and sizes the padded scratch per variant).
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .backward import PRE_LANES_PER_ROW, kernel_names, pre_rows
+from flashgen.generator.backward import PRE_LANES_PER_ROW, kernel_names, pre_rows
 
 if TYPE_CHECKING:
-    from .families import WgmmaFamily
-    from .spec import KernelSpec
+    from flashgen.generator.families import WgmmaFamily
+    from flashgen.generator.spec import KernelSpec
 
 # Keys a consumer warpgroup owns (the M of its m64nNk16 dK/dV accumulators).
 KEYS_PER_CONSUMER = 64
@@ -122,7 +122,7 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
 
 def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
     """The template values of templates/wgmma_bwd.cu.j2 (all derived here)."""
-    from .wgmma_ptx import Wgmma, wrappers
+    from flashgen.generator.families.wgmma.ptx import Wgmma, wrappers
 
     mt = "bf16" if spec.dtype == "bf16" else "f16"
     n_cons = consumers(spec)

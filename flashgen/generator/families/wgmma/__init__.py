@@ -1,0 +1,198 @@
+"""Family wgmma: FlashAttention-3 on Hopper (templates/wgmma.cu.j2); its backward's rules are
+`bwd.py` (templates/wgmma_bwd.cu.j2), its wgmma PTX wrappers `ptx.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flashgen.generator.families.base import Family, Preference, key_tiles
+from flashgen.generator.families.wgmma import bwd as wgmma_bwd
+
+if TYPE_CHECKING:
+    from flashgen.generator.spec import KernelSpec
+
+PERSISTENT_MAX_KEY_TILES = 32
+"""wgmma: query tiles seeing at most this many key tiles on average take persistent blocks.
+H200, bf16, B*T = 16k (bench/NOTES.md): persistent vs a block per tile was +11/+7/+3/-1% at
+4/8/32/128 key tiles (d = 128, full) and +15/+10/+5% at 2.5/4.5/16.5 (causal), but slower at
+33 (causal window 4096) and 64.5 (causal T = 16k)."""
+
+
+
+# wgmma: registers per thread after setmaxnreg, by consumer warpgroups. The 65,536 registers
+# of an SM go to one block: 128 * (producer + consumers * consumer) must fit.
+WGMMA_REGS = {1: (56, 240), 2: (24, 240), 3: (32, 160)}  # consumers -> (producer, consumer)
+# Registers a consumer thread needs beyond its accumulators: descriptors, indices, softmax state.
+WGMMA_INDEX_REGS = 32
+# Bytes of the dynamic shared memory spent on aligning the base to a swizzle atom.
+WGMMA_SMEM_ALIGN = 1024
+
+
+@dataclass(frozen=True)
+class WgmmaFamily(Family):
+    """FlashAttention-3 on Hopper: TMA + mbarrier ring, a producer warpgroup, 64-row consumers.
+
+    A backward spec (direction "bwd") takes its rules and sizes from `wgmma_bwd.py`.
+    """
+
+    def consumers(self, spec: KernelSpec) -> int:
+        """Consumer warpgroups: one per 64 query rows (backward: one per 64 keys)."""
+        if spec.direction == "bwd":
+            return wgmma_bwd.consumers(spec)
+        return max(1, spec.br // 64)
+
+    def default_warps(self, spec: KernelSpec) -> int:
+        return 4 * (self.consumers(spec) + 1)
+
+    def register_split(self, spec: KernelSpec) -> tuple[int, int]:
+        """(producer, consumer) registers per thread after setmaxnreg (WGMMA_REGS)."""
+        return WGMMA_REGS[self.consumers(spec)]
+
+    def default_stages(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return wgmma_bwd.default_stages(spec)
+        return 2
+
+    def d_pad(self, spec: KernelSpec) -> int:
+        # tiles are loaded as 64-column (128-byte) swizzled slabs; the TMA fills the columns
+        # past d with zeros
+        return -(-spec.d // 64) * 64
+
+    def dv_pad(self, spec: KernelSpec) -> int:
+        return -(-spec.dv // 64) * 64
+
+    def default_tile(self, d: int) -> tuple[int, int]:
+        # 128 x 128 (two consumers); d = 256 has registers for bc = 64 only
+        return (128, 64) if d > 128 else (128, 128)
+
+    def align_elems(self, spec: KernelSpec) -> int:
+        # TMA: the base address and every stride of a tensor map are multiples of 16 bytes
+        return 16 // spec.dtype_info.itemsize
+
+    def register_estimate(self, spec: KernelSpec) -> int:
+        """Consumer registers: O (d/2), S (bc/2) and the P in flight beside it (bc/4), plus
+        WGMMA_INDEX_REGS; the zero-spill compile test guards it."""
+        return self.dv_pad(spec) // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
+
+    def smem_bytes(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return wgmma_bwd.smem_bytes(spec)
+        dp, dvp = self.d_pad(spec), self.dv_pad(spec)
+        tiles = spec.dtype_info.itemsize * (
+            dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
+        )
+        return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages)
+
+    def grid(
+        self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
+        window: tuple[int, int] = (-1, -1), kv_group: int = 1,
+    ) -> tuple[int, int, int]:
+        # One-dimensional (wgmma.cu.j2 decodes the work): persistent blocks, one per SM, when
+        # there are more query tiles than SMs and each sees few key tiles (its load latency
+        # and epilogue then weigh: measured on the H200, bench/NOTES.md), else a block per
+        # query tile.
+        tiles = -(-tq // spec.br) * heads * batch
+        if 0 < sms < tiles and key_tiles(spec, tq, tk, window) <= PERSISTENT_MAX_KEY_TILES:
+            return (sms, 1, 1)
+        return (tiles, 1, 1)
+
+    def check(self, spec: KernelSpec) -> list[str]:
+        if spec.direction == "bwd":
+            return wgmma_bwd.check(self, spec)
+        p = self.tensor_core_rule(spec)
+        if spec.d % 8 or not 8 <= spec.d <= 256:
+            p.append(
+                f"d={spec.d}: must be a multiple of 8 in [8, 256] for family wgmma (rows of "
+                "16-byte multiples, as the TMA needs); try 128"
+            )
+        p += self.dv_rule(spec)
+        if spec.br not in (64, 128, 192):
+            p.append(
+                f"br={spec.br}: must be 64, 128 or 192 for family wgmma (64 rows per consumer "
+                "warpgroup); try 128"
+            )
+        if spec.bc % 16 or not 16 <= spec.bc <= 256:
+            p.append(
+                f"bc={spec.bc}: must be a multiple of 16 in [16, 256] for family wgmma; try 128"
+            )
+        if spec.br in (64, 128, 192) and spec.warps != self.default_warps(spec):
+            p.append(
+                f"warps={spec.warps}: family wgmma derives warps from br (4 * (br/64 + 1) = "
+                f"{self.default_warps(spec)}); leave warps unset"
+            )
+        if spec.stages not in (2, 3, 4):
+            p.append(f"stages={spec.stages}: K/V ring depth must be 2, 3 or 4; try 2")
+        mods = sorted({"softcap", "alibi"} & set(spec.features))
+        if spec.br == 192 and mods:
+            # ptxas spills them (20-68 B; measured): 3 consumers get 160 registers each, and O,
+            # S and P take ~128 of them before the score mod's constants
+            p.append(
+                f"features={','.join(mods)} with br=192: three consumer warpgroups have no "
+                "registers for the score mod; use br=128"
+            )
+        if not p:
+            budget = WGMMA_REGS[self.consumers(spec)][1]
+            regs = self.register_estimate(spec)
+            if regs > budget:
+                p.append(
+                    f"d={spec.d}, bc={spec.bc}, br={spec.br}: ~{regs} registers per consumer "
+                    f"thread (dvp/2 + bc/2 + bc/4 + {WGMMA_INDEX_REGS}, dvp = dv rounded up to 64) "
+                    f"exceed the {budget} "
+                    f"that {self.consumers(spec)} consumer warpgroups get; lower bc or br"
+                )
+            p += self.smem_rule(
+                spec,
+                "2*(dp*(br + stages*bc) + dvp*stages*bc) + 1024 + barriers",
+                "lower bc or stages",
+            )
+        return p
+
+    def context(self, spec: KernelSpec) -> dict[str, Any]:
+        if spec.direction == "bwd":
+            return wgmma_bwd.context(self, spec)
+        from flashgen.generator.families.wgmma.ptx import Wgmma, wrappers
+
+        mma_type = "bf16" if spec.dtype == "bf16" else "f16"
+        qk = Wgmma(n=spec.bc, a_regs=False, trans_b=False, mma_type=mma_type)
+        pv = Wgmma(n=self.dv_pad(spec), a_regs=True, trans_b=True, mma_type=mma_type)
+        producer, consumer = WGMMA_REGS[self.consumers(spec)]
+        return {
+            "consumers": self.consumers(spec),
+            "producer_regs": producer,
+            "consumer_regs": consumer,
+            "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+            "qk_fn": qk.fn,
+            "pv_fn": pv.fn,
+            "wgmma_wrappers": wrappers([qk, pv]),
+        }
+
+
+WGMMA = WgmmaFamily(
+    name="wgmma",
+    template="wgmma.cu.j2",
+    preference=Preference(rank=0, br=128, bc=128, stages=2, min_major=9, max_major=9),
+    tensor_maps=True,
+    host_provider="flashgen.runtime.tma",
+    # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
+    # the forward's run-time features, no deterministic mode (wgmma_bwd.py)
+    bwd_template="wgmma_bwd.cu.j2",
+    bwd_tile=wgmma_bwd.DEFAULT_TILE,
+    bwd_features=frozenset({"window", "softcap", "alibi"}),
+    bwd_whole_tiles=True,
+    # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
+    # deterministic variant (the mma one serves that mode on every GPU)
+    bwd_axes={"d": (64, 128), "dtype": ("fp16", "bf16"), "causal": (False, True)},
+    archs=("sm_90a",),
+    knobs=(("stages", "s"),),
+    shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),
+    axes={
+        "d": (64, 128, 256),
+        "br": (128, 192),
+        "bc": (64, 128, 176),
+        "dtype": ("fp16", "bf16"),
+        "causal": (False, True),
+        "warps": (0,),
+        "stages": (2, 3),
+    },
+)
