@@ -8,7 +8,6 @@ import math
 import re
 import sys
 import threading
-from pathlib import Path
 from random import Random
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
+from flashgen.generator.render import render
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.gpu import GpuUnavailable
@@ -366,21 +366,17 @@ def test_poison_bit_patterns_are_nan_in_their_dtype(dtype):
     assert runtime.NAN_BITS["fp32"][1] == 4  # lse is float32
 
 
-def test_the_launch_format_matches_the_kernel_abi():
-    text = (Path(runtime.__file__).parents[1] / "templates" / "_common.cuh.j2").read_text()
-    start = text.index("{% macro signature() %}")
-    sig = text[start : text.index("{% endmacro %}", start)]
-    code = {
-        "const elem_t*": "P",
-        "elem_t*": "P",
-        "float*": "P",
-        "const int": "i",
-        "const long long": "q",
-        "const float": "f",
-    }
-    types = "|".join(re.escape(t) for t in code)
-    params = re.findall(rf"({types}) (?:__restrict__ )?\w+", sig)
-    assert "".join(code[p] for p in params) == runtime.ABI_FORMAT
+@pytest.mark.parametrize("family", ["simt", "mma"])
+def test_the_launch_format_matches_the_rendered_kernel_signature(family):
+    # the packing (from generator/abi.py) against what the template really declares
+    spec = KernelSpec(family=family, d=64, dtype="bf16" if family == "mma" else "fp32")
+    m = re.search(rf"\b{spec.name}\(([^{{]*)\)", render(spec).source)
+    assert m, spec.name
+    sig = re.sub(r"//[^\n]*", "", m.group(1))
+    code = {"*": "P", "long long": "q", "int": "i", "float": "f"}
+    params = [p.strip() for p in sig.split(",")]
+    codes = "".join(next(c for t, c in code.items() if t in p) for p in params)
+    assert codes == runtime.ABI_FORMAT and len(params) == 25
 
 
 # ---- per-tensor layouts and V distributions (issue 9) -----------------------------------------

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from flashgen._version import __version__
+from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
 from flashgen.generator.cache import atomic_write
@@ -188,6 +189,10 @@ class Variant:
             "tensor_cores": info.tensor_core and s.fam.tensor_cores,
             "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
+            # the kernel's parameters (generator/abi.py after the family's prefix)
+            "kernel_params": abi.declarations(
+                (*s.fam.fwd_prefix, *abi.FWD), elem=info.ctype, restrict=False
+            ),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "ex_window": EXAMPLE_WINDOW[s.causal] if "window" in s.features else (-1, -1),
             "ex_use_window": int("window" in s.features),
@@ -212,6 +217,9 @@ class Variant:
             "pre_kernel": pre,
             "post_kernel": post,
             "pre_rows": pre_rows(s),
+            "kernel_params": abi.declarations(
+                (*s.fam.bwd_prefix, *abi.BWD), elem=s.dtype_info.ctype, restrict=False
+            ),
             "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
             # the workspace: rows per head Tq rounded up to ws_row_tile, ws_planes floats of

@@ -9,6 +9,7 @@ from typing import Any
 import jinja2
 
 from flashgen._version import __version__
+from flashgen.generator import abi
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 
@@ -84,8 +85,17 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "elem_bytes": info.itemsize,
         "is_bf16": spec.dtype == "bf16",
     }
+    ctx["abi_params"] = abi_params(spec)
     ctx.update(spec.fam.context(spec))
     return ctx
+
+
+def abi_params(spec: KernelSpec) -> list[dict[str, str]]:
+    """The kernel's parameters as the template prints them (declaration and note), from the
+    ABI table of its direction after its family's leading by-value arguments."""
+    fam = spec.fam
+    params = (*fam.bwd_prefix, *abi.BWD) if spec.direction == "bwd" else (*fam.fwd_prefix, *abi.FWD)
+    return [{"decl": p.declaration("elem_t"), "note": p.note} for p in params]
 
 
 def render(spec: KernelSpec) -> RenderedKernel:

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.backward import (
     is_deterministic,
@@ -89,9 +90,10 @@ if TYPE_CHECKING:
 # The kernels' argument list as struct codes: 11 pointers, tq, tk, 24 strides, scale_log2,
 # kv_group, and the forward's four feature values (window_left, window_right, softcap, the
 # ALiBi slopes pointer), as launch.Bound packs them.
-ABI_FORMAT = "P" * 11 + "ii" + "q" * 24 + "f" + "i" + "ii" + "f" + "P"
-N_POINTERS = 11  # q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv: the per-call arguments
-POINTERS = ("q", "k", "v", "o", "do", "lse", "d_buf", "dq_accum", "dq", "dk", "dv")
+ABI_FORMAT = abi.struct_format(abi.BWD)
+# q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv: the per-call arguments
+POINTERS = abi.pointers(abi.BWD)
+N_POINTERS = len(POINTERS)
 
 Strides3 = tuple[int, int, int]
 

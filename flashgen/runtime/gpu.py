@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from flashgen.generator import abi
 from flashgen.generator.arch import ARCHS
 from flashgen.generator.compile import CompiledKernel, compile_kernel
 from flashgen.generator.dtypes import DTYPES
@@ -39,7 +40,7 @@ from flashgen.runtime.validate import Problem, check_scale, validate_inputs
 # kv_group (query heads per K/V head) as int; the features' window_left, window_right (int),
 # softcap (float) and ALiBi slopes pointer.
 # (launch.Bound passes each as its own kernelParams entry.)
-ABI_FORMAT = "PPPPP" + "ii" + "q" * 12 + "f" + "i" + "iifP"
+ABI_FORMAT = abi.struct_format(abi.FWD)
 
 # Quiet-NaN bit patterns, written with cuMemsetD16/D32 (works for bf16, which PyCUDA's
 # elementwise fill does not know).

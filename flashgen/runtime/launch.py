@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.families import FAMILIES, family_of
 from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
@@ -66,7 +67,7 @@ CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 SM_LIMIT_ENV = "FLASHGEN_SM_LIMIT"  # at most this many SMs for grids that size by them
 # Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2, kv_group, and
 # the four feature values (window left/right, softcap, ALiBi slopes pointer).
-N_COMMON_ARGS = 25
+N_COMMON_ARGS = len(abi.FWD)
 
 INSTALL_HINT = (
     "install PyCUDA (pip install 'flashgen[gpu]') on a machine with an NVIDIA driver and GPU"
@@ -78,7 +79,7 @@ class GpuUnavailable(RuntimeError):
 
 
 PrefixArgs = Callable[[KernelSpec, Problem], Sequence[Any]]
-POINTERS = ("q", "k", "v", "o", "lse")
+POINTERS = abi.pointers(abi.FWD)  # q, k, v, o, lse
 # family -> module whose import registers that family's prefix builder
 PREFIX_PROVIDERS: dict[str, str] = {
     f.name: f.host_provider for f in FAMILIES.values() if f.host_provider

@@ -176,7 +176,7 @@ def backward_prefix_args(
     """The `wgmma` backward kernels' leading arguments (backward.py's prefix-args hook):
     tm_q, tm_k, tm_v, tm_do, from the call's pointers (backward.POINTERS order)."""
     at = dict(zip(backward.POINTERS, pointers, strict=True))
-    return list(backward_tensor_maps(spec, bp, at["q"], at["k"], at["v"], at["do"]))
+    return list(backward_tensor_maps(spec, bp, at["q"], at["k"], at["v"], at["dout"]))
 
 
-backward.register_prefix_args("wgmma", backward_prefix_args, uses=("q", "k", "v", "do"))
+backward.register_prefix_args("wgmma", backward_prefix_args, uses=("q", "k", "v", "dout"))

@@ -196,18 +196,31 @@ __device__ __forceinline__ void load_tile(float* tile, const elem_t* src, long l
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt_d64_br32_bc32_fp32_noncausal(
-    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ o, float* __restrict__ lse,
-    const int tq, const int tk,
-    const long long q_sb, const long long q_sh, const long long q_st,
-    const long long k_sb, const long long k_sh, const long long k_st,
-    const long long v_sb, const long long v_sh, const long long v_st,
-    const long long o_sb, const long long o_sh, const long long o_st,
-    const float scale_log2,  // softmax scale times log2(e): the kernel works in base 2
-    const int kv_group,      // query heads per K/V head (GQA/MQA)
-    const int window_left, const int window_right,  // WINDOW: keys p - left .. p + right
-    const float softcap,                            // SOFTCAP: c
-    const float* __restrict__ alibi_slopes)         // ALIBI: slope per query head
+    const elem_t* __restrict__ q,
+    const elem_t* __restrict__ k,
+    const elem_t* __restrict__ v,
+    elem_t* __restrict__ o,
+    float* __restrict__ lse,
+    const int tq,
+    const int tk,
+    const long long q_sb,
+    const long long q_sh,
+    const long long q_st,
+    const long long k_sb,
+    const long long k_sh,
+    const long long k_st,
+    const long long v_sb,
+    const long long v_sh,
+    const long long v_st,
+    const long long o_sb,
+    const long long o_sh,
+    const long long o_st,
+    const float scale_log2,  // softmax scale times log2(e): base-2 softmax
+    const int kv_group,  // query heads per K/V head (GQA/MQA)
+    const int window_left,  // WINDOW: keys p - left .. p + right
+    const int window_right,
+    const float softcap,  // SOFTCAP: c
+    const float* __restrict__ alibi_slopes)  // ALIBI: fp32 slope per query head
 
 {
   extern __shared__ float smem[];

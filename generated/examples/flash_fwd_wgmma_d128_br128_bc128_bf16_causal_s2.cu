@@ -329,21 +329,39 @@ struct Flag {
 // The kernel ABI: three tensor maps (Q with BR-row boxes, K and V with BC-row boxes, each box
 // 64 columns wide, 128-byte swizzle; V's innermost dimension is DV), the heads and batch of
 // the problem (the grid is one-dimensional: persistent blocks), then the C ABI every family
-// shares.
+// shares (flashgen/generator/abi.py; the family's `fwd_prefix` holds the first five).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2(
-    const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,
-    const __grid_constant__ TensorMap tm_v, const int n_heads, const int n_batch,
-    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ o, float* __restrict__ lse,
-    const int tq, const int tk,
-    const long long q_sb, const long long q_sh, const long long q_st,
-    const long long k_sb, const long long k_sh, const long long k_st,
-    const long long v_sb, const long long v_sh, const long long v_st,
-    const long long o_sb, const long long o_sh, const long long o_st,
-    const float scale_log2, const int kv_group,
-    const int window_left, const int window_right,  // WINDOW: keys p - left .. p + right
-    const float softcap,                            // SOFTCAP: c
-    const float* __restrict__ alibi_slopes)         // ALIBI: slope per query head
+    const __grid_constant__ TensorMap tm_q,
+    const __grid_constant__ TensorMap tm_k,
+    const __grid_constant__ TensorMap tm_v,
+    const int n_heads,
+    const int n_batch,
+    const elem_t* __restrict__ q,
+    const elem_t* __restrict__ k,
+    const elem_t* __restrict__ v,
+    elem_t* __restrict__ o,
+    float* __restrict__ lse,
+    const int tq,
+    const int tk,
+    const long long q_sb,
+    const long long q_sh,
+    const long long q_st,
+    const long long k_sb,
+    const long long k_sh,
+    const long long k_st,
+    const long long v_sb,
+    const long long v_sh,
+    const long long v_st,
+    const long long o_sb,
+    const long long o_sh,
+    const long long o_st,
+    const float scale_log2,  // softmax scale times log2(e): base-2 softmax
+    const int kv_group,  // query heads per K/V head (GQA/MQA)
+    const int window_left,  // WINDOW: keys p - left .. p + right
+    const int window_right,
+    const float softcap,  // SOFTCAP: c
+    const float* __restrict__ alibi_slopes)  // ALIBI: fp32 slope per query head
+
 {
   extern __shared__ unsigned char smem_raw[];
   // swizzle atoms must start on 1024-byte boundaries: align the base by hand

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from flashgen.generator.abi import Param
 from flashgen.generator.arch import ARCHS
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ class Family:
     # the module that registers the builders of its kernels' leading by-value arguments
     # (runtime.launch / runtime.backward import it on the family's first launch); "" = none
     host_provider: str = ""
+    # by-value kernel arguments ahead of the ABI every family shares (generator/abi.py), forward
+    # and backward: the Hopper tensor maps
+    fwd_prefix: tuple[Param, ...] = ()
+    bwd_prefix: tuple[Param, ...] = ()
     default_dtype: str = "bf16"  # what a spec that names no dtype gets
     default_br: int = 128  # ... and no tiles (see default_tile)
     default_bc: int = 64

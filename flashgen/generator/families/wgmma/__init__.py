@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from flashgen.generator.abi import Param, tensor_map
 from flashgen.generator.families.base import Family, Preference, key_tiles
 from flashgen.generator.families.wgmma import bwd as wgmma_bwd
 
@@ -174,6 +175,13 @@ WGMMA = WgmmaFamily(
     preference=Preference(rank=0, br=128, bc=128, stages=2, min_major=9, max_major=9),
     tensor_maps=True,
     host_provider="flashgen.runtime.tma",
+    # Q with BR-row boxes, K and V with BC-row boxes (64 columns each, 128-byte swizzle; V's
+    # innermost dimension is DV), then the problem's heads and batch (a one-dimensional grid)
+    fwd_prefix=(
+        tensor_map("tm_q"), tensor_map("tm_k"), tensor_map("tm_v"),
+        Param("n_heads", "int", "i", "size"), Param("n_batch", "int", "i", "size"),
+    ),
+    bwd_prefix=(tensor_map("tm_q"), tensor_map("tm_k"), tensor_map("tm_v"), tensor_map("tm_do")),
     # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
     # the forward's run-time features, no deterministic mode (wgmma_bwd.py)
     bwd_template="wgmma_bwd.cu.j2",

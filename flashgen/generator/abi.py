@@ -1,0 +1,119 @@
+"""The kernel ABI, written once: every argument of the forward and backward kernels, in order.
+
+One table per direction (`FWD`, `BWD`), plus each family's leading by-value arguments
+(`Family.fwd_prefix`, `Family.bwd_prefix`: the Hopper tensor maps). From them come the kernel
+signatures the templates print (`declarations`), the struct codes the Python launcher packs
+(`struct_format`), the per-call pointers (`pointers`) and the bundle launcher's declarations
+and argument lists, so adding a kernel argument is one row here.
+
+A parameter's `ctype` names the storage element type `T` where it has one; `declarations`
+substitutes the C type a template or launcher uses for it (`elem_t` in the kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ROLES = ("tensor", "size", "stride", "scalar", "feature", "tensor_map")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel argument: its name, C type, struct code and role.
+
+    `code` is the `struct` code of the packed value (P a pointer, i an int32, q an int64, f a
+    float32; "" for a by-value blob such as a 128-byte tensor map, packed by its builder).
+    `role`: `tensor` (a device pointer that changes per call), `size`, `stride` (elements),
+    `scalar`, `feature` (a run-time feature value), `tensor_map`. `note` is printed beside the
+    declaration in the generated source.
+    """
+
+    name: str
+    ctype: str
+    code: str
+    role: str
+    note: str = ""
+
+    def declaration(self, elem: str, restrict: bool = True) -> str:
+        """`const elem_t* __restrict__ q`: the parameter as a C declaration."""
+        ctype = {"T*": f"{elem}*", "const T*": f"const {elem}*"}.get(self.ctype, self.ctype)
+        if ctype.endswith("*"):
+            return f"{ctype} __restrict__ {self.name}" if restrict else f"{ctype} {self.name}"
+        if self.role == "tensor_map":
+            return f"const __grid_constant__ {ctype} {self.name}"
+        return f"const {ctype} {self.name}" if restrict else f"{ctype} {self.name}"
+
+
+def _strides(*tensors: str) -> tuple[Param, ...]:
+    """Batch, head and token strides (in elements) of each tensor: `q_sb, q_sh, q_st`, ..."""
+    return tuple(
+        Param(f"{t}_s{axis}", "long long", "q", "stride") for t in tensors for axis in "bht"
+    )
+
+
+_FEATURES = (
+    Param("window_left", "int", "i", "feature", "WINDOW: keys p - left .. p + right"),
+    Param("window_right", "int", "i", "feature"),
+    Param("softcap", "float", "f", "feature", "SOFTCAP: c"),
+    Param("alibi_slopes", "const float*", "P", "feature", "ALIBI: fp32 slope per query head"),
+)
+
+FWD: tuple[Param, ...] = (
+    Param("q", "const T*", "P", "tensor"),
+    Param("k", "const T*", "P", "tensor"),
+    Param("v", "const T*", "P", "tensor"),
+    Param("o", "T*", "P", "tensor"),
+    Param("lse", "float*", "P", "tensor"),
+    Param("tq", "int", "i", "size"),
+    Param("tk", "int", "i", "size"),
+    *_strides("q", "k", "v", "o"),
+    Param("scale_log2", "float", "f", "scalar", "softmax scale times log2(e): base-2 softmax"),
+    Param("kv_group", "int", "i", "scalar", "query heads per K/V head (GQA/MQA)"),
+    *_FEATURES,
+)
+"""The forward: q, k, v, o, lse; Tq, Tk; strides of q, k, v, o; scale_log2, kv_group; the
+four feature values (window sides -1 when unbounded, softcap 0 and a NULL pointer when off)."""
+
+BWD: tuple[Param, ...] = (
+    Param("q", "const T*", "P", "tensor"),
+    Param("k", "const T*", "P", "tensor"),
+    Param("v", "const T*", "P", "tensor"),
+    Param("o", "const T*", "P", "tensor"),
+    Param("dout", "const T*", "P", "tensor"),
+    Param("lse", "const float*", "P", "tensor"),
+    Param("d_buf", "float*", "P", "tensor"),
+    Param("dq_accum", "float*", "P", "tensor"),
+    Param("dq", "T*", "P", "tensor"),
+    Param("dk", "T*", "P", "tensor"),
+    Param("dv", "T*", "P", "tensor"),
+    Param("tq", "int", "i", "size"),
+    Param("tk", "int", "i", "size"),
+    *_strides("q", "k", "v", "o", "do", "dq", "dk", "dv"),
+    Param("scale_log2", "float", "f", "scalar", "softmax scale times log2(e): P in base 2"),
+    Param("kv_group", "int", "i", "scalar", "query heads per K/V head (GQA/MQA)"),
+    *_FEATURES,
+)
+"""The backward's three kernels (pre, main, post|dq) all take this list: the forward's tensors
+and dO, the fp32 scratch (D and the dQ accumulator), the gradients; strides of all eight; then
+as the forward."""
+
+
+def tensor_map(name: str) -> Param:
+    """A by-value 128-byte TMA descriptor (`TensorMap` in the generated source)."""
+    return Param(name, "TensorMap", "", "tensor_map")
+
+
+def declarations(params: Sequence[Param], elem: str = "elem_t", restrict: bool = True) -> list[str]:
+    """The C declarations of `params`, in order (`elem`: the element type's C spelling)."""
+    return [p.declaration(elem, restrict) for p in params]
+
+
+def struct_format(params: Sequence[Param]) -> str:
+    """The `struct` codes of `params` (by-value blobs excluded: their builders pack them)."""
+    return "".join(p.code for p in params)
+
+
+def pointers(params: Sequence[Param]) -> tuple[str, ...]:
+    """The names of the per-call device pointers (role `tensor`), in order."""
+    return tuple(p.name for p in params if p.role == "tensor")
