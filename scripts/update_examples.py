@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Regenerate generated/examples/ (one committed reference variant per kernel family) and the
-README's command examples (real output of the commands they show).
+command examples of README.md and docs/*.md (real output of the commands they show).
 
     python scripts/update_examples.py          # rewrite the files and README blocks that drifted
     python scripts/update_examples.py --check  # exit 1 if any drifted (what the tests check)
 
 tests/test_examples.py fails when a committed example no longer matches its template, or a README
-example no longer matches what its command prints; run this script, read the diff, and commit it.
+or docs example no longer matches what its command prints; run this script, read the diff, and
+commit it.
 
-A README example is a fenced block right after a line `<!-- example: flashgen ARGS -->`: the
+An example is a fenced block right after a line `<!-- example: flashgen ARGS -->`: the
 block holds `$ flashgen ARGS` and the command's output, run for sm_90 (FLASHGEN_ARCH) with a
-fresh cubin cache in an empty folder. nvcc's wall time (`nvcc 0.6 s`) is not compared. Without
-cuobjdump the SASS part of `inspect` output is neither compared nor rewritten.
+fresh cubin cache in an empty folder, as program `flashgen` on an 80-column terminal (so
+`--help` text wraps the same everywhere). nvcc's wall time (`nvcc 0.6 s`) is not compared.
+Without cuobjdump the SASS part of `inspect` output is neither compared nor rewritten.
 """
 
 from __future__ import annotations
@@ -80,11 +82,12 @@ def stale() -> list[str]:
     return problems
 
 
-# ---- README examples ------------------------------------------------------------------------
+# ---- README and docs examples ----------------------------------------------------------------
 MARKER = re.compile(
     r"^<!-- example: flashgen (?P<args>.+?) -->\n```\n(?P<body>.*?)^```$", re.M | re.S
 )
 _TIMING = re.compile(r"\(nvcc [\d.]+ s\)")
+HELP_WIDTH = 80  # the terminal width examples run at (click wraps --help text to it)
 _SASS = re.compile(r"^  SASS .*?(?=^  traffic model)", re.M | re.S)
 
 
@@ -117,7 +120,10 @@ def run_example(args: str) -> str:
     from flashgen.cli import app as cli
 
     with _example_env():
-        result = CliRunner().invoke(cli.main, shlex.split(args), catch_exceptions=False)
+        result = CliRunner().invoke(
+            cli.main, shlex.split(args), prog_name="flashgen", terminal_width=HELP_WIDTH,
+            catch_exceptions=False,
+        )  # fmt: skip
     if result.exit_code != 0:
         raise RuntimeError(f"flashgen {args} exited {result.exit_code}: {result.output}")
     return f"$ flashgen {args}\n{result.stdout}"
@@ -145,14 +151,33 @@ def readme_examples(text: str) -> list[tuple[str, str]]:
     return [(m["args"], m["body"]) for m in MARKER.finditer(text)]
 
 
-def readme_stale(text: str | None = None) -> list[str]:
-    """README examples whose command prints something else now."""
-    text = README.read_text() if text is None else text
+def _stale_in(text: str, label: str) -> list[str]:
+    """The example blocks of `text` (a page called `label`) whose command prints something
+    else now."""
     sass = have_sass()
     return [
-        f"README.md: `flashgen {args}` prints something else now"
+        f"{label}: `flashgen {args}` prints something else now"
         for args, body in readme_examples(text)
         if comparable(body, sass) != comparable(run_example(args), sass)
+    ]
+
+
+def readme_stale(text: str | None = None) -> list[str]:
+    """README examples whose command prints something else now."""
+    return _stale_in(README.read_text() if text is None else text, "README.md")
+
+
+def doc_pages() -> list[Path]:
+    """The pages under docs/ (of ROOT, read at call time) that may hold example blocks."""
+    return sorted((ROOT / "docs").glob("*.md"))
+
+
+def docs_stale() -> list[str]:
+    """Examples in docs/*.md whose command prints something else now."""
+    return [
+        problem
+        for page in doc_pages()
+        for problem in _stale_in(page.read_text(), str(page.relative_to(ROOT)))
     ]
 
 
@@ -190,12 +215,14 @@ def update() -> list[str]:
     for s in example_specs():
         if not has_template(s):
             changed.append(f"skipped {s.name}: templates/{FAMILIES[s.family].template} is missing")
-    if README.exists():
-        text = README.read_text()
+    for page in [README, *doc_pages()]:
+        if not page.exists():
+            continue
+        text = page.read_text()
         new = updated_readme(text)
         if new != text:
-            README.write_text(new)
-            changed.append(f"wrote {README.relative_to(ROOT)}")
+            page.write_text(new)
+            changed.append(f"wrote {page.relative_to(ROOT)}")
     return changed
 
 
@@ -205,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
     args = parser.parse_args(argv)
     if args.check:
-        problems = stale() + (readme_stale() if README.exists() else [])
+        problems = stale() + (readme_stale() if README.exists() else []) + docs_stale()
         for p in problems:
             print(p)
         if problems:

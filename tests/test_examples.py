@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+import click
 import pytest
 
 from flashgen.generator.families import FAMILIES
@@ -96,7 +97,7 @@ def test_script_detects_and_repairs_drift(
     assert simt.read_text() == render(EXAMPLES[0]).source
 
 
-# ---- README examples: real output of the commands they show ------------------------------------
+# ---- README and docs examples: real output of the commands they show -----------------------------
 def test_readme_has_example_blocks_for_build_and_inspect() -> None:
     args = [a for a, _ in update_examples.readme_examples(update_examples.README.read_text())]
     assert "build --d 64 --bc 32" in args
@@ -118,6 +119,34 @@ def test_readme_check_detects_a_stale_number(nvcc_required: Path) -> None:
     # two runs of the commands differ in nvcc's wall time only: compare with it masked
     fixed, fresh = update_examples.updated_readme(stale), update_examples.updated_readme(text)
     assert update_examples._TIMING.sub("", fixed) == update_examples._TIMING.sub("", fresh)
+
+
+def test_docs_examples_are_what_the_commands_print(nvcc_required: Path) -> None:
+    problems = update_examples.docs_stale()
+    assert problems == [], f"{problems}; {FIX}"
+
+
+def _help_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[str]:
+    """`--help` argument strings of every command under `group`, the group's own first."""
+    out = [" ".join((*prefix, "--help"))]
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            out += _help_paths(cmd, (*prefix, name))
+        else:
+            out.append(" ".join((*prefix, name, "--help")))
+    return out
+
+
+def test_cli_reference_shows_the_help_of_every_command() -> None:
+    from flashgen import cli
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    shown = {args for args, _ in update_examples.readme_examples(text)}
+    missing = [a for a in _help_paths(cli.main) if a not in shown]
+    assert not missing, (
+        f"docs/cli.md has no example block for `flashgen {missing[0]}`: add "
+        f"`<!-- example: flashgen {missing[0]} -->` and an empty fenced block, then {FIX}"
+    )
 
 
 # ---- the license ---------------------------------------------------------------------------------

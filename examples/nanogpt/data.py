@@ -2,11 +2,11 @@
 
 Sources (`DEFAULT_SOURCES`, paths relative to the repository root, each glob sorted by name):
 
-- `README.md`: the project's manual (~45 kB).
-- `docs/*.md`: the design notes.
+- `README.md`: the project's front page (~13 kB).
+- `docs/*.md`: the user's guides (usage, CLI, results) and the design notes.
 - `shared/reference/*.txt`: the seed text (`seed-flashattention-walk.txt`), *if* the checkout
   has a `shared/` folder; most checkouts don't (the seed lives beside the repository), so the
-  default corpus is README.md + docs/*.md, about 54 kB of text.
+  default corpus is README.md + docs/*.md, about 115 kB of text.
 
 The files are read at run time, so the corpus follows the repository: when README.md changes,
 so does the data. `Corpus.sha256` fingerprints the exact text and every training log records it;
