@@ -37,6 +37,7 @@ from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, WgmmaFamily, family_of
 from flashgen.generator.nvcc import NvccNotFound, NvccSettingError
 from flashgen.generator.render import render
+from flashgen.generator.select import default_fields, family_defaults
 from flashgen.generator.space import pruned, shipped
 from flashgen.generator.spec import DIRECTIONS, FEATURES, KernelSpec, SpecError
 from flashgen.perf.occupancy import occupancy, register_split
@@ -63,16 +64,6 @@ INTERRUPTED_EXIT = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
 
 # Tile and dtype defaults when the user names only `--d`: the shipped, well-balanced choice of
 # each family (simt: one 32-row tile per 4 warps; mma: FlashAttention-2's 128x64 tiles).
-def family_defaults(family: str, d: int) -> dict[str, Any]:
-    """The tiles and dtype a spec of `family` gets when the command names none (the family's)."""
-    try:
-        fam = family_of(family)
-    except KeyError:
-        return {}
-    br, bc = fam.default_tile(d)
-    return {"br": br, "bc": bc, "dtype": fam.default_dtype}
-
-
 NVCC_HINT = (
     'to compile, install the CUDA toolkit or nvcc from PyPI: pip install -e ".[nvcc]" '
     '(in a checkout) or pip install "flashgen[nvcc]"'
@@ -359,7 +350,10 @@ def spec_from_options(
             dtype=dtype or family_defaults(fam, d).get("dtype", "bf16"), br=br or 0,
             bc=bc or 0, warps=warps or 0, stages=stages or 0,
         )  # fmt: skip
-    fields = _default_fields(fam, d, br, bc, dtype, bool(causal), warps, stages)
+    try:
+        fields = default_fields(fam, d, br, bc, dtype, bool(causal), warps, stages)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     return KernelSpec(family=fam, d=d, causal=bool(causal), features=feats, dv=dv or 0, **fields)
 
 
@@ -368,66 +362,6 @@ def parse_features(text: str | None) -> tuple[str, ...]:
     if text is None:
         return ()
     return tuple(t.strip() for t in text.split(",") if t.strip())
-
-
-def _default_fields(
-    fam: str,
-    d: int,
-    br: int | None,
-    bc: int | None,
-    dtype: str | None,
-    causal: bool,
-    warps: int | None,
-    stages: int | None,
-) -> dict[str, Any]:
-    """br, bc, dtype, warps and stages, the unset ones filled in (0: the family's default).
-
-    When a tile is unset, from the family's shipped variants for this d (its usual tile when
-    that one is shipped, else the largest shipped tile: `--family mma --d 256` gets a variant
-    that fits, with its knobs), else from the family's defaults, so the spec's own rules
-    explain what does not fit.
-    """
-    defaults = family_defaults(fam, d)
-    want_dtype = dtype or defaults.get("dtype")
-    fields: dict[str, Any] = {"br": br, "bc": bc, "dtype": want_dtype}
-    knobs: dict[str, Any] = {"warps": warps or 0, "stages": stages or 0}
-    if br is None or bc is None or want_dtype is None:
-        matches = [
-            s
-            for s in shipped(fam)
-            if s.d == d and s.causal == causal
-            and all(
-                want is None or getattr(s, key) == want
-                for key, want in (
-                    ("dtype", want_dtype), ("br", br), ("bc", bc), ("warps", warps),
-                    ("stages", stages),
-                )
-            )
-        ]  # fmt: skip
-        if matches:
-            usual = [s for s in matches if (s.br, s.bc) == (defaults.get("br"), defaults.get("bc"))]
-            others = sorted(matches, key=lambda s: (-s.br * s.bc, -s.br, s.name))
-            ordered = usual + [s for s in others if s not in usual]
-            keys = ("br", "bc", "dtype", "warps", "stages")
-            space = set(matches)
-            for cand in ordered:  # the family's default knobs when that variant is shipped
-                try:
-                    plain = KernelSpec(
-                        family=fam, d=d, br=cand.br, bc=cand.bc, dtype=cand.dtype,
-                        causal=causal, **knobs,
-                    )  # fmt: skip
-                except SpecError:
-                    continue
-                if plain in space:
-                    return {k: getattr(plain, k) for k in keys}
-            # else the shipped variant's own knobs: the default ones may not fit its tile
-            return {k: getattr(ordered[0], k) for k in keys}
-    for key, value in fields.items():
-        if value is None:
-            if key not in defaults:
-                raise CliError(f"--{key} is required for family {fam} (it has no default)")
-            fields[key] = defaults[key]
-    return {**fields, **knobs}
 
 
 def _spec(kw: dict[str, Any]) -> KernelSpec:

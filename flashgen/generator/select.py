@@ -12,12 +12,13 @@ compiled on demand (and cached) like any other.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from flashgen.generator.dtypes import DTYPES
-from flashgen.generator.families import FAMILIES
+from flashgen.generator.families import FAMILIES, family_of
 from flashgen.generator.policy import _with, arch_major, choose, feature_variant
 from flashgen.generator.space import shipped
-from flashgen.generator.spec import KernelSpec
+from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.generator.tables import entry_key, load_table
 
 
@@ -153,4 +154,78 @@ def lookup(gpu_name: str, d: int, dtype: str, causal: bool) -> KernelSpec | None
     return spec if spec in shipped(spec.family) else None
 
 
-__all__ = ["arch_major", "feature_variant", "lookup", "packs_gqa", "select"]
+def family_defaults(family: str, d: int) -> dict[str, Any]:
+    """The tiles and dtype a spec of `family` gets when the command names none (the family's)."""
+    try:
+        fam = family_of(family)
+    except KeyError:
+        return {}
+    br, bc = fam.default_tile(d)
+    return {"br": br, "bc": bc, "dtype": fam.default_dtype}
+
+
+def default_fields(
+    fam: str,
+    d: int,
+    br: int | None,
+    bc: int | None,
+    dtype: str | None,
+    causal: bool,
+    warps: int | None,
+    stages: int | None,
+) -> dict[str, Any]:
+    """What a command that names some fields gets: br, bc, dtype, warps and stages, the unset
+    ones filled in (0: the family's default); `flashgen build` and friends use it.
+
+    When a tile is unset, from the family's shipped variants for this d (its usual tile when
+    that one is shipped, else the largest shipped tile: `--family mma --d 256` gets a variant
+    that fits, with its knobs), else from the family's defaults, so the spec's own rules
+    explain what does not fit.
+    """
+    defaults = family_defaults(fam, d)
+    want_dtype = dtype or defaults.get("dtype")
+    fields: dict[str, Any] = {"br": br, "bc": bc, "dtype": want_dtype}
+    knobs: dict[str, Any] = {"warps": warps or 0, "stages": stages or 0}
+    if br is None or bc is None or want_dtype is None:
+        matches = [
+            s
+            for s in shipped(fam)
+            if s.d == d and s.causal == causal
+            and all(
+                want is None or getattr(s, key) == want
+                for key, want in (
+                    ("dtype", want_dtype), ("br", br), ("bc", bc), ("warps", warps),
+                    ("stages", stages),
+                )
+            )
+        ]  # fmt: skip
+        if matches:
+            usual = [s for s in matches if (s.br, s.bc) == (defaults.get("br"), defaults.get("bc"))]
+            others = sorted(matches, key=lambda s: (-s.br * s.bc, -s.br, s.name))
+            ordered = usual + [s for s in others if s not in usual]
+            keys = ("br", "bc", "dtype", "warps", "stages")
+            space = set(matches)
+            for cand in ordered:  # the family's default knobs when that variant is shipped
+                try:
+                    plain = KernelSpec(
+                        family=fam, d=d, br=cand.br, bc=cand.bc, dtype=cand.dtype,
+                        causal=causal, **knobs,
+                    )  # fmt: skip
+                except SpecError:
+                    continue
+                if plain in space:
+                    return {k: getattr(plain, k) for k in keys}
+            # else the shipped variant's own knobs: the default ones may not fit its tile
+            return {k: getattr(ordered[0], k) for k in keys}
+    for key, value in fields.items():
+        if value is None:
+            if key not in defaults:
+                raise ValueError(f"--{key} is required for family {fam} (it has no default)")
+            fields[key] = defaults[key]
+    return {**fields, **knobs}
+
+
+__all__ = [
+    "arch_major", "default_fields", "family_defaults", "feature_variant", "lookup", "packs_gqa",
+    "select",
+]
