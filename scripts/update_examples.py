@@ -5,7 +5,8 @@ command examples of README.md and docs/*.md (real output of the commands they sh
     python scripts/update_examples.py          # rewrite the files and README blocks that drifted
     python scripts/update_examples.py --check  # exit 1 if any drifted (what the tests check)
 
-tests/test_examples.py fails when a committed example no longer matches its template, or a README
+tests/generator/test_examples.py fails when a committed example no longer matches its
+template, or a README
 or docs example no longer matches what its command prints; run this script, read the diff, and
 commit it.
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from _nvcc import REQUIRE_ENV, nvcc_is_required, require_nvcc
 from click.testing import CliRunner, Result
-from test_render import _COMMENT, arithmetic_in_tags
+from generator.test_render import _COMMENT, arithmetic_in_tags
 
 from flashgen.bundle import emit as bundle_mod
 from flashgen.bundle.emit import (

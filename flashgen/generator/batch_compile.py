@@ -6,8 +6,8 @@ longest step) that fixed cost is a third to a half of the time. So the check put
 variants into one translation unit, each variant's source inside a namespace of its own (their
 kernels are `extern "C"`, so each keeps its symbol; their constants and helpers stay apart), and
 reads every kernel's registers and spills from the one ptxas report: ptxas allocates registers
-per kernel, so the report of a kernel does not depend on its neighbours (tests/test_compile.py
-compares batched and single reports).
+per kernel, so the report of a kernel does not depend on its neighbours
+(tests/generator/test_compile.py compares batched and single reports).
 
 Only for checking: the batch's cubin is not cached, and launches still compile one variant at a
 time (compile.compile_kernel). A batch that nvcc rejects is compiled again variant by variant,

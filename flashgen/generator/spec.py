@@ -31,7 +31,7 @@ class KernelSpec:
     mma's `deterministic` (dQ without atomics: bit-identical gradients); it refuses `gqapack`
     and the features its family's backward lacks (`Family.bwd_features`), and dv != d
     (`_check_backward`); its `br` is the query tile and `bc` the key tile of one block
-    (`backward.py` and `wgmma_bwd.py` have the rules and defaults).
+    (`families/mma/bwd.py` and `families/wgmma/bwd.py` have the rules and defaults).
     `br`, `bc` = 0 and `dtype` = "" mean the family's defaults (`Family.default_tile`,
     `Family.default_dtype`: simt 32x32 fp32, mma 128x64 bf16, wgmma 128x128 bf16), so
     `KernelSpec(family="mma", d=128)` is a valid mma kernel.

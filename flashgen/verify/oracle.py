@@ -214,7 +214,7 @@ def lse_bound(
     where tensor cores truncate. The bound still sees real bugs on the suite's problems: a
     scale off by 1e-4 moves LSE by 1e-4 * E_p[s] (6e-3 at logits of 60, while d = 256 with
     many keys allows ~1e-3), and at ordinary logits the bound is ~2e-5..5e-5, below the old
-    1e-4 (tests/test_oracle.py injects diagonal, dropped-key, scale and swapped-V bugs).
+    1e-4 (tests/verify/test_oracle.py injects diagonal, dropped-key, scale and swapped-V bugs).
 
     Features add what their fp32 evaluation can miss on one logit (LSE moves by at most the
     largest logit error):

@@ -54,7 +54,7 @@ GRAD_FACTOR = LOW_PRECISION_FACTOR
 # and V, and there is no natural unit for them. FlashAttention's Hopper tests use the same
 # size of slack: 2 * max|(g + 0.3 - 0.3) - g| in the low dtype, i.e. about one ulp at
 # max(|g|, 0.3). It is 7.8e-3 * max|g64| for bf16, 9.8e-4 for fp16 and 1.2e-7 for fp32,
-# still far below what a wrong formula moves (tests/test_oracle_bwd.py injects bugs).
+# still far below what a wrong formula moves (tests/verify/test_oracle_bwd.py injects bugs).
 GRAD_EPS_ULPS = 1.0
 GRAD_NAMES = ("dq", "dk", "dv")
 

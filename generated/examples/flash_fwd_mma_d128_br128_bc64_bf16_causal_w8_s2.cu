@@ -435,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
 
     // ---- S = Q K^T ---------------------------------------------------------------------
     // QK_CHAINS accumulator sets take the k-steps in turn and are summed at the end: shorter
-    // chains of tensor-core accumulation round less (see MMA_SPLIT_QK_FROM_D in families.py).
+    // chains of tensor-core accumulation round less (see MMA_SPLIT_QK_FROM_D in generator/families/mma).
     float s[M_TILES][NT_S][4];
     float s_chain[QK_CHAINS][M_TILES][NT_S][4];
 #pragma unroll

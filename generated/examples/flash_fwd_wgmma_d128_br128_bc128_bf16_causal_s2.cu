@@ -380,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
 
   // Work: every (batch, head, query tile), listed by batch, head, then query tile last first
   // (causal: the longest first). Round r of block x takes item r * gridDim.x + x, snaking (odd
-  // rounds right to left) to even out causal lengths. The host picks the grid (families.py):
+  // rounds right to left) to even out causal lengths. The host picks the grid (generator/families/wgmma):
   //   a block per item (gridDim.x = n_work, one round): the hardware starts blocks in list
   //     order and fills the tail with the short causal tiles;
   //   persistent (one block per SM, when each item is short): blocks running at once work on

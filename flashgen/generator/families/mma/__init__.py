@@ -37,7 +37,7 @@ MMA_Q_REGS = 32
 class MmaFamily(Family):
     """FlashAttention-2 on mma.sync tensor cores: each warp owns 16 or 32 query rows.
 
-    A backward spec (direction "bwd") takes its rules and sizes from `backward.py`.
+    A backward spec (direction "bwd") takes its rules and sizes from `bwd.py` beside this file.
     """
 
     def default_warps(self, spec: KernelSpec) -> int:

@@ -34,7 +34,7 @@ BWD_ROW_PAD = 8
 # arrays alone leave ptxas too little of its 255 (d=128 at br=128: 288). A coarse guard, not a
 # promise: ptxas 13.0 fills up to 255 registers at every tile, and a few points under it spill
 # a few bytes (d=96 and d=64 at br=128: 8-68 B, measured); the zero-spill compile test pins
-# the shipped variants (tests/test_backward_cpu.py).
+# the shipped variants (tests/runtime/test_backward_cpu.py).
 BWD_REG_BUDGET = 232
 # Up to this padded head dim dP^T is computed for the whole query tile at once; above it, 16
 # query columns at a time (V's fragments re-read per chunk), which keeps the fp32 dP values

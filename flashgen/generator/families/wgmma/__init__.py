@@ -34,7 +34,7 @@ WGMMA_SMEM_ALIGN = 1024
 class WgmmaFamily(Family):
     """FlashAttention-3 on Hopper: TMA + mbarrier ring, a producer warpgroup, 64-row consumers.
 
-    A backward spec (direction "bwd") takes its rules and sizes from `wgmma_bwd.py`.
+    A backward spec (direction "bwd") takes its rules and sizes from `bwd.py` beside this file.
     """
 
     def consumers(self, spec: KernelSpec) -> int:
@@ -183,7 +183,7 @@ WGMMA = WgmmaFamily(
     ),
     bwd_prefix=(tensor_map("tm_q"), tensor_map("tm_k"), tensor_map("tm_v"), tensor_map("tm_do")),
     # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
-    # the forward's run-time features, no deterministic mode (wgmma_bwd.py)
+    # the forward's run-time features, no deterministic mode (bwd.py)
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
     bwd_features=frozenset({"window", "softcap", "alibi"}),

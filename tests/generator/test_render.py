@@ -20,7 +20,7 @@ from flashgen.generator.render import context, environment, render
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "flashgen" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "flashgen" / "templates"
 
 
 def _has_template(family: str) -> bool:
@@ -68,7 +68,7 @@ def test_render_is_identical_across_processes_and_hash_seeds() -> None:
         "    h.update(render(s).source.encode())\n"
         "print(h.hexdigest())\n"
     )
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     digests = set()
     for seed in ("1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=seed)

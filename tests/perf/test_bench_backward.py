@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli import run, sandbox  # noqa: F401
+from cli.test_cli import run, sandbox  # noqa: F401
 
 from flashgen.cli import perf as cli_perf
 from flashgen.generator import select as select_mod

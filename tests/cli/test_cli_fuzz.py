@@ -41,7 +41,7 @@ from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 from flashgen.verify import checks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ("build", "show", "list", "inspect", "check")
 NO_NVCC = "/nonexistent/flashgen-fuzz/nvcc"
 # Cap the examples per command (each is an in-process CLI run of a few milliseconds): the

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from _nvcc import requires_nvcc
 from click.testing import CliRunner, Result
-from test_sass import MMA_SASS
 
 from flashgen.cli import app as cli
 from flashgen.generator.spec import KernelSpec
 from flashgen.perf.sass import INSTALL_HINT, SassUnavailable, find_cuobjdump
 from flashgen.perf.traffic import traffic_report
+from perf.test_sass import MMA_SASS
 
 SIMT = ["--d", "64", "--bc", "32"]
 MMA = ["--family", "mma", "--d", "64", "--br", "64", "--bc", "64", "--warps", "4", "--stages", "1"]

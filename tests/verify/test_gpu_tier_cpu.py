@@ -15,7 +15,7 @@ from flashgen.generator.space import shipped
 from flashgen.runtime import gpu as runtime
 from flashgen.verify.strategies import PINNED_FAILURES, pinned_cases
 
-GPU_DIR = Path(__file__).parent / "gpu"
+GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 
 
 def _conftest():

@@ -16,9 +16,9 @@ from typing import Any
 import click
 import pytest
 from _nvcc import requires_nvcc
-from test_cli import assert_one_line_error, files_under, run, sandbox  # noqa: F401
 
 import flashgen
+from cli.test_cli import assert_one_line_error, files_under, run, sandbox  # noqa: F401
 from flashgen.cli import app as cli
 from flashgen.cli import perf as cli_perf
 from flashgen.generator.cache import CubinCache, cache_key

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_backward_cpu import abi_codes
 
 import flashgen
 from flashgen.bundle.emit import BundleError, bundle_files
@@ -25,6 +24,7 @@ from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.runtime import backward, tma
 from flashgen.runtime.validate import Problem
+from runtime.test_backward_cpu import abi_codes
 
 TEMPLATE = Path(flashgen.__file__).parent / "templates" / "wgmma_bwd.cu.j2"
 needs_template = pytest.mark.skipif(
@@ -185,9 +185,9 @@ def test_eight_wgmma_backward_variants_ship_and_bundles_take_them() -> None:
     # the default tile, 3 stages at d 64 and 2 at d 128 (wgmma_bwd.default_stages)
     assert {(s.d, s.br, s.bc, s.stages) for s in ships} == {(64, 64, 128, 3), (128, 64, 128, 2)}
     assert len(shipped(direction="bwd")) == len(shipped("mma", direction="bwd")) + 8
-    for spec in ships:  # each bundles (tests/test_bundle.py checks what it holds)
+    for spec in ships:  # each bundles (tests/bundle/ checks what it holds)
         assert f"kernels/{spec.name}.cu" in bundle_files([spec])
-    # a feature variant does not, as in family mma (tests/test_backward_cpu.py)
+    # a feature variant does not, as in family mma (tests/runtime/test_backward_cpu.py)
     with pytest.raises(BundleError, match=r"backward variants with window are not bundled yet"):
         bundle_files([bwd(d=64, features=("window",))])
 

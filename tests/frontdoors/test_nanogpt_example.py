@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "nanogpt"
 PKG = "nanogpt_example"  # a unique name: the example's modules are called model, data, ...
 

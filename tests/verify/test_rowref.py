@@ -382,7 +382,7 @@ def _largest_t() -> Any:
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "largest_t.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "largest_t.py"
     spec = importlib.util.spec_from_file_location("largest_t", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

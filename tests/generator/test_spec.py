@@ -21,7 +21,7 @@ SM80_SMEM = ARCHS["sm_80"].smem_per_block  # both families ship for sm_80, the t
 
 # (fields, value, rule, fix): constructing KernelSpec(**fields) must raise a SpecError with
 # exactly one problem, and that problem must name the value, state the rule and give the fix.
-# One row per rule of families.py (and the generic field checks in spec.py).
+# One row per rule of the families (generator/families/; and the generic field checks in spec.py).
 RULES: list[tuple[dict[str, Any], str, str, str]] = [
     # ---- generic field checks -------------------------------------------------------------
     ({"d": "64"}, "d='64'", "must be an integer", "e.g. d=64"),

@@ -15,7 +15,7 @@ from flashgen.generator.render import render
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "update_examples.py"
 FIX = "run `python scripts/update_examples.py`, review the diff and commit it"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flashgen.generator.cache import CubinCache
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_session_caches_in_a_temporary_folder_not_the_users() -> None:
@@ -27,7 +27,10 @@ def test_the_session_caches_in_a_temporary_folder_not_the_users() -> None:
 def _collect(*args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/test_compile.py", *args],
+        [
+            sys.executable, "-m", "pytest", "--collect-only", "-q",
+            "tests/generator/test_compile.py", *args,
+        ],
         capture_output=True, text=True, cwd=REPO, env=env, check=False, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -35,7 +35,7 @@ from flashgen.generator.render import render
 from flashgen.generator.space import pruned, shipped
 from flashgen.generator.spec import KernelSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIMT = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="fp32")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -1,0 +1,1 @@
+"""CPU tests of flashgen.runtime."""
