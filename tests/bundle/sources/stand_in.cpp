@@ -1,0 +1,631 @@
+// CPU stand-ins for the CUDA runtime calls a bundle's example and launchers make, and for the
+// kernels' host stubs (read by tests/bundle/_support.py, which fills the two placeholders:
+// DTYPES with the dtype table's headers and CONVERSION lines, STAND_INS with one STAND_IN*
+// line per kernel of the bundle).
+//
+// The launcher's `k<<<grid, block, smem, stream>>>(args)` becomes
+// `__cudaPushCallConfiguration(grid, block, smem, stream)` then a call of the C symbol `k`,
+// which here computes the kernel's contract on the CPU in fp32 from the very arguments the
+// launcher passes (pointers, lengths, twelve strides, scale*log2(e)) and the grid (B, H).
+// Environment:
+//   MOCK_BUG=skip|perturb|lse|dk|dv  breaks one output, so that the example must say FAIL
+//   MOCK_CC=86                       plays an sm_86 GPU (default: 90, an H100/H200)
+//   MOCK_ENCODE=fail|missing         the driver refuses every tensor map / has no encoder
+//   MOCK_ENTRY_API=legacy            the launcher must look the encoder up with
+//                                    cudaGetDriverEntryPoint (CUDA < 12.5), not ...ByVersion
+//   MOCK_LAUNCH_LOG=path             each forward launch appends its arguments to that file
+//   MOCK_MAP_LOG=path                each wgmma backward main kernel appends its four maps
+// The counters and switches below (stand_in_*) are for test programs linked with this file.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+// one line of the dtype table: the host conversions of the storage type T (empty: none)
+template <class T> static T from_f32(float x);
+#define CONVERSION(T, TO_FLOAT, FROM_FLOAT)                         \
+  static float to_f32(T x) { return TO_FLOAT(x); }                 \
+  template <> T from_f32<T>(float x) { return FROM_FLOAT(x); }
+@DTYPES@
+
+static dim3 g_grid, g_block;
+static size_t g_smem;
+static bool g_configured;
+static void* g_stream;
+static std::map<const void*, int> g_smem_attr;
+// what the launchers did: launches (pushed configurations), shared-memory opt-ins, tensor
+// maps encoded, and the last kernel that ran; a refused call must make none of them
+static int g_launches, g_opt_ins, g_encoded;
+static const char* g_last_kernel = "";
+// the launch that fails (counted from the call of stand_in_fail_launch) and its status
+static int g_fail_in, g_fail_code;
+static cudaError_t g_pending = cudaSuccess;
+static int g_bwd_phase;
+
+extern "C" {
+int stand_in_calls(void) { return g_launches + g_opt_ins; }
+int stand_in_launches(void) { return g_launches; }
+int stand_in_opt_ins(void) { return g_opt_ins; }
+int stand_in_encodes(void) { return g_encoded; }
+const char* stand_in_last_kernel(void) { return g_last_kernel; }
+// the n-th launch from now is refused with `code` (cudaGetLastError returns it once, the
+// kernel does not run); the backward sequence starts afresh
+void stand_in_fail_launch(int n, int code) { g_fail_in = n, g_fail_code = code; }
+void stand_in_reset(void) {
+  g_fail_in = 0, g_pending = cudaSuccess, g_bwd_phase = 0, g_configured = false;
+  g_last_kernel = "";
+}
+}
+
+static void die(const char* what) {
+  std::fprintf(stderr, "stand-in: %s\n", what);
+  std::exit(9);
+}
+
+static bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && !std::strcmp(v, value);
+}
+
+extern "C" {
+void** __cudaRegisterFatBinary(void*) { static void* handle; return &handle; }
+void __cudaRegisterFatBinaryEnd(void**) {}
+void __cudaUnregisterFatBinary(void**) {}
+char __cudaInitModule(void**) { return 0; }
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t smem, void* stream) {
+  g_grid = grid, g_block = block, g_smem = smem, g_stream = stream, g_configured = true;
+  ++g_launches;
+  if (g_fail_in > 0 && --g_fail_in == 0) {  // a refused launch: the kernel is not called
+    g_pending = static_cast<cudaError_t>(g_fail_code);
+    g_configured = false;
+    return 1;
+  }
+  return 0;
+}
+}
+// every cudaMalloc'ed block by its address: the backward stand-ins check that the workspace
+// they use lies inside the caller's allocation
+static std::map<uintptr_t, size_t> g_allocs;
+cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::malloc(n);
+  g_allocs[reinterpret_cast<uintptr_t>(*p)] = n;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  g_allocs.erase(reinterpret_cast<uintptr_t>(p));
+  std::free(p);
+  return cudaSuccess;
+}
+// [at, at + bytes) must lie in the cudaMalloc'ed block `at` starts in (memory from elsewhere,
+// e.g. a test's own arena, is not checked)
+static void within_allocation(const void* at, size_t bytes, const char* what);
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* d, int v, size_t n) { std::memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+  std::memset(p, 0, sizeof *p);
+  std::strcpy(p->name, "CPU stand-in");
+  p->major = 9;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = g_pending;
+  g_pending = cudaSuccess;
+  return e;
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  static char buf[32];
+  std::snprintf(buf, sizeof buf, "stand-in error %d", (int)e);
+  return buf;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  static char buf[32];
+  std::snprintf(buf, sizeof buf, "error %d", (int)e);
+  return buf;
+}
+cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int value) {
+  ++g_opt_ins;
+  if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) g_smem_attr[f] = value;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
+// MOCK_CC=86 plays an sm_86 GPU (default: 90, an H100/H200)
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  const char* cc = std::getenv("MOCK_CC");
+  const int n = cc ? std::atoi(cc) : 90;
+  if (attr == cudaDevAttrComputeCapabilityMajor) *value = n / 10;
+  else if (attr == cudaDevAttrComputeCapabilityMinor) *value = n % 10;
+  else if (attr == cudaDevAttrMultiProcessorCount) *value = 132;  // an H200's
+  else return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+// ---- the driver's cuTensorMapEncodeTiled, played on the CPU: it checks its arguments the way
+// the driver documents them and records them in the map's 128 bytes, so that the kernel
+// stand-in can read Q, K and V through the maps alone. MOCK_ENCODE=fail refuses every map;
+// MOCK_ENCODE=missing plays a driver without the entry point.
+struct FakeMap {
+  const void* addr;
+  cuuint64_t dims[4];
+  cuuint64_t strides[3];
+  cuuint32_t box[4];
+  int dtype, swizzle, l2, oob, interleave;
+  cuuint32_t rank;
+  cuuint32_t estrides[4];
+};
+static_assert(sizeof(FakeMap) <= sizeof(CUtensorMap), "the record fits in a map");
+
+static CUresult fake_encode(CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank,
+                            void* addr, const cuuint64_t* dims, const cuuint64_t* strides,
+                            const cuuint32_t* box, const cuuint32_t* estrides,
+                            CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                            CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  ++g_encoded;
+  if (env_is("MOCK_ENCODE", "fail")) return CUDA_ERROR_INVALID_VALUE;
+  if (rank < 1 || rank > 5 || (reinterpret_cast<uintptr_t>(addr) % 16) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i + 1 < rank; ++i)
+    if (strides[i] == 0 || strides[i] % 16 || strides[i] >= (1ull << 40))
+      return CUDA_ERROR_INVALID_VALUE;
+  FakeMap m{};
+  m.addr = addr;
+  m.rank = rank;
+  for (cuuint32_t i = 0; i < rank; ++i)
+    m.dims[i] = dims[i], m.box[i] = box[i], m.estrides[i] = estrides[i];
+  for (cuuint32_t i = 0; i + 1 < rank; ++i) m.strides[i] = strides[i];
+  m.dtype = dtype, m.swizzle = swizzle, m.l2 = l2, m.oob = oob, m.interleave = interleave;
+  std::memset(map, 0, sizeof *map);
+  std::memcpy(map, &m, sizeof m);
+  return CUDA_SUCCESS;
+}
+
+static cudaError_t entry_point(const char* symbol, void** fn,
+                               cudaDriverEntryPointQueryResult* status) {
+  const bool found = !env_is("MOCK_ENCODE", "missing") && !std::strcmp(symbol, "cuTensorMapEncodeTiled");
+  *fn = found ? reinterpret_cast<void*>(&fake_encode) : nullptr;
+  if (status) *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (version < 12000) die("cuTensorMapEncodeTiled asked for a CUDA version before 12.0");
+  if (env_is("MOCK_ENTRY_API", "legacy")) die("cudaGetDriverEntryPointByVersion: expected the legacy look-up");
+  return entry_point(symbol, fn, status);
+}
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long,
+                                    cudaDriverEntryPointQueryResult* status) {
+  // CUDA 12.5+ deprecates this look-up: the launcher must use ...ByVersion there
+  if (!env_is("MOCK_ENTRY_API", "legacy")) die("cudaGetDriverEntryPoint with CUDA 12.5 or newer");
+  return entry_point(symbol, fn, status);
+}
+
+template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
+static void attend(const char* name, const void* self, const T* q, const T* k, const T* v, T* o, float* lse,
+                   int tq, int tk, long long q_sb, long long q_sh, long long q_st,
+                   long long k_sb, long long k_sh, long long k_st, long long v_sb,
+                   long long v_sh, long long v_st, long long o_sb, long long o_sh,
+                   long long o_st, float scale_log2, int kv_group, int wl, int wr, float cap,
+                   const float* slopes, int H, int B, bool persistent) {
+  if (!g_configured) die("kernel called without a launch configuration");
+  g_last_kernel = name;
+  // what the kernel was given: problem, window sides, softcap, the first ALiBi slope (0: none)
+  if (const char* path = std::getenv("MOCK_LAUNCH_LOG")) {
+    FILE* f = std::fopen(path, "a");
+    if (!f) die("MOCK_LAUNCH_LOG: cannot open");
+    std::fprintf(f, "%s|%d|%d|%d|%d|%d|%d|%d|%.9g|%.9g|%.9g\n", name, B, H, tq, tk, kv_group, wl,
+                 wr, cap, slopes ? slopes[0] : 0.0f, scale_log2);
+    std::fclose(f);
+  }
+  if (kv_group < 1) die("kv_group < 1");
+  if (wl < -1 || wr < -1 || wl > tq + tk || wr > tq + tk) die("window sides out of range");
+  if (!(cap >= 0.0f)) die("softcap < 0");
+  // a block per (query tile, head, batch), or for wgmma one-dimensional: a block per tile or,
+  // with more tiles than the 132 SMs, persistent blocks (one per SM)
+  const long long tiles = (long long)((tq + BR - 1) / BR) * H * B;
+  const unsigned one_d = tiles > 132 && g_grid.x == 132 ? 132u : (unsigned)tiles;
+  const dim3 want = persistent ? dim3(one_d, 1, 1)
+                               : dim3((unsigned)((tq + BR - 1) / BR), (unsigned)H, (unsigned)B);
+  if (g_grid.x != want.x || g_grid.y != want.y || g_grid.z != want.z || g_block.x != THREADS)
+    die("grid or block");
+  if (g_smem != SMEM) die("dynamic shared memory");
+  if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("no opt-in above 48 KiB");
+  g_configured = false;
+  const char* bug = std::getenv("MOCK_BUG");
+  const bool skip = bug && !std::strcmp(bug, "skip"), perturb = bug && !std::strcmp(bug, "perturb");
+  const bool bad_lse = bug && !std::strcmp(bug, "lse");
+  static float s[1 << 16];
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < tq; ++i) {
+        const T* qi = q + b * q_sb + h * q_sh + i * q_st;
+        const int pos = i + tk - tq;  // the row's key position (bottom-right alignment)
+        int n = 0;
+        float m = -INFINITY, l = 0.0f, acc[DV] = {};
+        for (int j = 0; j < tk; ++j) {
+          const bool hidden =
+              (CAUSAL && j > pos) || (wl >= 0 && j < pos - wl) || (wr >= 0 && j > pos + wr);
+          const T* kj = k + b * k_sb + (h / kv_group) * k_sh + j * k_st;
+          float dot = 0.0f;
+          for (int x = 0; x < D; ++x) dot += to_f32(qi[x]) * to_f32(kj[x]);
+          float x2 = dot * scale_log2;
+          const float log2e = 1.4426950408889634f;
+          if (cap > 0.0f) x2 = cap * log2e * std::tanh(x2 / (cap * log2e));
+          if (slopes) x2 -= slopes[h] * log2e * std::fabs((float)(pos - j));
+          s[j] = hidden ? -INFINITY : x2;
+          n += !hidden;
+          m = s[j] > m ? s[j] : m;
+        }
+        for (int j = 0; j < tk && n; ++j) {
+          if (s[j] == -INFINITY) continue;
+          const float p = std::exp2(s[j] - m);
+          const T* vj = v + b * v_sb + (h / kv_group) * v_sh + j * v_st;
+          l += p;
+          for (int x = 0; x < DV; ++x) acc[x] += p * to_f32(vj[x]);
+        }
+        T* oi = o + b * o_sb + h * o_sh + i * o_st;
+        for (int x = 0; x < DV; ++x) {
+          if (skip && b == B - 1 && h == H - 1 && i == tq - 1 && x == DV - 1) continue;
+          const float bump = perturb && b == 0 && h == 0 && i == tq - 1 && x == 0 ? 0.5f : 0.0f;
+          oi[x] = from_f32<T>((n ? acc[x] / l : 0.0f) + bump);
+        }
+        const float row_lse = n ? (m + std::log2(l)) * 0.6931471805599453f : -INFINITY;
+        lse[((long long)b * H + h) * tq + i] = bad_lse && n == 0 ? 0.0f : row_lse;
+      }
+}
+
+#define STAND_IN(NAME, T, D, DV, BR, THREADS, SMEM, CAUSAL)                                   \
+  extern "C" void NAME(const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk, \
+                       long long a, long long b, long long c, long long d, long long e,       \
+                       long long f, long long g, long long h, long long i, long long j,       \
+                       long long k2, long long l, float s, int group, int wl, int wr,         \
+                       float cap, const float* slopes) {                                      \
+    attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, q, k, v, o, lse, tq, \
+                                                tk, a, b, c, d, e, f, g, h, i, j, k2, l, s, group, \
+                                                wl, wr, cap, slopes, (int)g_grid.y,              \
+                                                (int)g_grid.z, false);                           \
+  }
+
+// A wgmma kernel: three tensor maps, heads and batch (its grid is persistent), then the common
+// ABI. The maps must be what the launcher documents (4-d over (d, t, head, batch), boxes of
+// 64 x BR or BC rows, 128-byte swizzle, L2 promotion 128B, no OOB fill, dense element strides,
+// this dtype), and Q, K and V are read through them: the pointer and stride arguments are
+// only compared with them.
+struct alignas(64) TensorMap { unsigned long long opaque[16]; };
+
+static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h, int b, int rows,
+                      int dtype, long long sb, long long sh, long long st, long long item,
+                      long long out[3]) {
+  FakeMap m;
+  std::memcpy(&m, &tm, sizeof m);
+  if (m.addr != ptr || m.rank != 4) die("tensor map: base address or rank");
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)t, (cuuint64_t)h, (cuuint64_t)b};
+  const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1};
+  for (int i = 0; i < 4; ++i) {
+    if (m.dims[i] != dims[i]) die("tensor map: dims are not (d, t, heads, batch)");
+    if (m.box[i] != box[i]) die("tensor map: box is not (64, rows, 1, 1)");
+    if (m.estrides[i] != 1) die("tensor map: element strides");
+  }
+  if (m.dtype != dtype) die("tensor map: data type");
+  if (m.swizzle != CU_TENSOR_MAP_SWIZZLE_128B || m.l2 != CU_TENSOR_MAP_L2_PROMOTION_L2_128B ||
+      m.oob != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE || m.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
+    die("tensor map: swizzle, L2 promotion, OOB fill or interleave");
+  const long long given[3] = {st, sh, sb};
+  const int extent[3] = {t, h, b};
+  for (int i = 0; i < 3; ++i) {
+    if (m.strides[i] % item) die("tensor map: a stride is not whole elements");
+    out[2 - i] = (long long)(m.strides[i] / item);  // (batch, head, token) in elements
+    // an axis longer than 1 keeps the caller's stride; one of extent 1 is never stepped
+    if (extent[i] > 1 && out[2 - i] != given[i])
+      die("tensor map: a stride differs from the caller's");
+  }
+}
+
+#define STAND_IN_TMA(NAME, T, D, DV, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                      \
+  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, int H, int B,          \
+                       const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk,  \
+                       long long a, long long b, long long c, long long d, long long e,       \
+                       long long f, long long g, long long h, long long i, long long j,       \
+                       long long k2, long long l,                                             \
+                       float s, int group, int wl, int wr, float cap, const float* slopes) {    \
+    long long sq[3], sk[3], sv[3];                                                               \
+    check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
+    check_map(tm_k, k, D, tk, H / group, B, BC, DTYPE, d, e, f, sizeof(T), sk);                  \
+    check_map(tm_v, v, DV, tk, H / group, B, BC, DTYPE, g, h, i, sizeof(T), sv);                 \
+    attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>(                                                 \
+        #NAME, (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
+        (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
+        sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes, H, B, true);              \
+  }
+// ---- the backward's three kernels (templates/mma_bwd.cu.j2, wgmma_bwd.cu.j2), in fp32 on the
+// CPU. They check the launch contract (the order _pre, main, _post on one stream with one
+// argument list; each grid, block and dynamic shared memory; the opt-in above 48 KiB; a
+// workspace of d_buf then the dQ accumulator, 16-byte aligned, not overlapping, inside the
+// caller's allocation) and share the work as the kernels do: _pre writes D (and for wgmma
+// LSE * log2(e)) and zeroes the accumulator over every scratch row, the main one recomputes P
+// from them and writes dK and dV and adds dQ into the accumulator, _post converts it; the four
+// feature values come last and must be off (-1, -1, 0, NULL: bundled backward variants have no
+// features). The scratch has TQP = tq rounded up to ROW_TILE rows per head (mma: 1; wgmma: BR,
+// with d_buf two planes, D and LSE * log2(e), +inf past tq: backward.scratch_shapes).
+// MOCK_BUG=dk leaves a dK element unwritten, MOCK_BUG=dv moves a dV element by 0.5.
+template <class T>
+struct BwdArgs {
+  const T *q, *k, *v, *o, *dout;
+  const float* lse;
+  float *d_buf, *dq_accum;
+  T *dq, *dk, *dv;
+  int tq, tk;
+  long long s[24];  // (batch, head, token) of q, k, v, o, dout, dq, dk, dv
+  float scale_log2;
+  int kv_group;
+  int window_left, window_right;
+  float softcap;
+  const float* alibi_slopes;
+};
+static unsigned char g_bwd_args[512];
+static int g_bwd_h, g_bwd_b;
+static void* g_bwd_stream;
+
+static void within_allocation(const void* at, size_t bytes, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  auto it = g_allocs.upper_bound(a);
+  if (it == g_allocs.begin()) return;
+  --it;
+  if (a >= it->first + it->second) return;  // not in a cudaMalloc'ed block
+  if (a + bytes > it->first + it->second) die(what);
+}
+
+#define BWD_PARAMS(T)                                                                          \
+  const T *q, const T *k, const T *v, const T *o, const T *dout, const float *lse,            \
+      float *d_buf, float *dq_accum, T *dq, T *dk, T *dv, int tq, int tk, long long s0,        \
+      long long s1, long long s2, long long s3, long long s4, long long s5, long long s6,       \
+      long long s7, long long s8, long long s9, long long s10, long long s11, long long s12,    \
+      long long s13, long long s14, long long s15, long long s16, long long s17, long long s18, \
+      long long s19, long long s20, long long s21, long long s22, long long s23,               \
+      float scale_log2, int kv_group, int window_left, int window_right, float softcap,        \
+      const float *alibi_slopes
+#define BWD_FILL(a)                                                                             \
+  std::memset(&a, 0, sizeof a);                                                                 \
+  a.q = q, a.k = k, a.v = v, a.o = o, a.dout = dout, a.lse = lse, a.d_buf = d_buf;              \
+  a.dq_accum = dq_accum, a.dq = dq, a.dk = dk, a.dv = dv, a.tq = tq, a.tk = tk;                 \
+  {                                                                                             \
+    const long long all[24] = {s0,  s1,  s2,  s3,  s4,  s5,  s6,  s7,  s8,  s9,  s10, s11,     \
+                               s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23};    \
+    std::memcpy(a.s, all, sizeof all);                                                          \
+  }                                                                                             \
+  a.scale_log2 = scale_log2, a.kv_group = kv_group, a.window_left = window_left;             \
+  a.window_right = window_right, a.softcap = softcap, a.alibi_slopes = alibi_slopes
+
+// the launch of one of the three: its configuration, its place in the sequence, the same
+// arguments and stream as the first
+template <class T>
+static void bwd_launch(const BwdArgs<T>& a, int phase, dim3 want, int threads, size_t smem,
+                       const void* self) {
+  static_assert(sizeof(BwdArgs<T>) <= sizeof g_bwd_args, "args record");
+  if (!g_configured) die("backward kernel called without a launch configuration");
+  g_configured = false;
+  if (g_bwd_phase != phase) die("backward kernels launched out of order (_pre, main, _post)");
+  if (phase == 0) {
+    std::memcpy(g_bwd_args, &a, sizeof a);
+    g_bwd_stream = g_stream;
+  } else {
+    if (std::memcmp(g_bwd_args, &a, sizeof a)) die("backward kernels given different arguments");
+    if (g_stream != g_bwd_stream) die("backward kernels launched on different streams");
+  }
+  g_bwd_phase = (phase + 1) % 3;
+  if (a.window_left != -1 || a.window_right != -1 || a.softcap != 0.0f || a.alibi_slopes)
+    die("backward features not passed off (-1, -1, 0, NULL)");
+  if (g_grid.x != want.x || g_grid.y != want.y || g_grid.z != want.z ||
+      g_block.x != (unsigned)threads || g_block.y != 1 || g_block.z != 1)
+    die("backward grid or block");
+  if (g_smem != smem) die("backward dynamic shared memory");
+  if (smem > 48 * 1024 && g_smem_attr[self] < (int)smem) die("backward: no opt-in above 48 KiB");
+}
+
+// rows per head of the scratch, and floats of d_buf per row
+static long long scratch_rows(int tq, int row_tile) {
+  return ((long long)tq + row_tile - 1) / row_tile * row_tile;
+}
+static int planes(int row_tile) { return row_tile > 1 ? 2 : 1; }
+
+template <class T, int D, int PRE_ROWS, int THREADS, int ROW_TILE>
+static void bwd_pre(const void* self, const BwdArgs<T>& a) {
+  const int H = (int)g_grid.y, B = (int)g_grid.z, np = planes(ROW_TILE);
+  const long long tqp = scratch_rows(a.tq, ROW_TILE);
+  bwd_launch(a, 0, dim3((unsigned)((tqp + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
+  g_bwd_h = H, g_bwd_b = B;
+  const long long rows = (long long)B * H * tqp;
+  if ((uintptr_t)a.dq_accum % 16) die("the dQ accumulator is not 16-byte aligned");
+  if (a.dq_accum < a.d_buf + rows * np && a.d_buf < a.dq_accum + rows * D)
+    die("d_buf overlaps the accumulator");
+  within_allocation(a.d_buf, rows * np * sizeof(float), "d_buf runs past the workspace");
+  within_allocation(a.dq_accum, rows * D * sizeof(float), "dQ accumulator past the workspace");
+  const float log2e = 1.4426950408889634f;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (long long i = 0; i < tqp; ++i) {  // every scratch row, padding included
+        float acc = 0.0f;
+        if (i < a.tq) {
+          const T* oi = a.o + b * a.s[9] + h * a.s[10] + i * a.s[11];
+          const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
+          for (int x = 0; x < D; ++x) acc += to_f32(oi[x]) * to_f32(di[x]);
+        }
+        const long long bh = (long long)b * H + h;
+        a.d_buf[bh * np * tqp + i] = acc;
+        if (np == 2) {  // LSE * log2(e); +inf (P = 0) where the forward saw no key and past tq
+          const float l = i < a.tq ? a.lse[bh * a.tq + i] : -INFINITY;
+          a.d_buf[bh * 2 * tqp + tqp + i] = l == -INFINITY ? INFINITY : l * log2e;
+        }
+        for (int x = 0; x < D; ++x) a.dq_accum[(bh * tqp + i) * D + x] = 0.0f;
+      }
+}
+
+template <class T, int D, int BC, int THREADS, int SMEM, bool CAUSAL, int ROW_TILE>
+static void bwd_main(const void* self, const BwdArgs<T>& a) {
+  const int H = g_bwd_h, B = g_bwd_b, group = a.kv_group, np = planes(ROW_TILE);
+  if (group < 1 || H % group) die("kv_group does not divide the heads");
+  bwd_launch(a, 1, dim3((unsigned)((a.tk + BC - 1) / BC), H / group, B), THREADS, SMEM, self);
+  const long long tqp = scratch_rows(a.tq, ROW_TILE);
+  const char* bug = std::getenv("MOCK_BUG");
+  const float log2e = 1.4426950408889634f, scale = a.scale_log2 / log2e;
+  for (int b = 0; b < B; ++b)
+    for (int g = 0; g < H / group; ++g)
+      for (int j = 0; j < a.tk; ++j) {
+        const T* kj = a.k + b * a.s[3] + g * a.s[4] + j * a.s[5];
+        const T* vj = a.v + b * a.s[6] + g * a.s[7] + j * a.s[8];
+        float dkj[D] = {}, dvj[D] = {};
+        for (int h = g * group; h < (g + 1) * group; ++h)
+          for (int i = 0; i < a.tq; ++i) {
+            const long long bh = (long long)b * H + h, row = bh * tqp + i;
+            // the LSE in base 2 as the kernels read it: the forward's (mma), or d_buf's (wgmma)
+            const float lse = a.lse[bh * a.tq + i];
+            const float l2 = np == 2 ? a.d_buf[bh * 2 * tqp + tqp + i]
+                                     : (lse == -INFINITY ? INFINITY : lse * log2e);
+            if (l2 == INFINITY || (CAUSAL && j > i + a.tk - a.tq)) continue;
+            const T* qi = a.q + b * a.s[0] + h * a.s[1] + i * a.s[2];
+            const T* di = a.dout + b * a.s[12] + h * a.s[13] + i * a.s[14];
+            float dot = 0.0f, dp = 0.0f;
+            for (int x = 0; x < D; ++x) {
+              dot += to_f32(qi[x]) * to_f32(kj[x]);
+              dp += to_f32(di[x]) * to_f32(vj[x]);
+            }
+            const float p = std::exp2(dot * a.scale_log2 - l2);
+            const float ds = p * (dp - a.d_buf[bh * np * tqp + i]);
+            for (int x = 0; x < D; ++x) {
+              dvj[x] += p * to_f32(di[x]);
+              dkj[x] += ds * to_f32(qi[x]);
+              a.dq_accum[row * D + x] += ds * to_f32(kj[x]) * scale;
+            }
+          }
+        T* dk = a.dk + b * a.s[18] + g * a.s[19] + j * a.s[20];
+        T* dv = a.dv + b * a.s[21] + g * a.s[22] + j * a.s[23];
+        for (int x = 0; x < D; ++x) {
+          const bool last = b == B - 1 && g == H / group - 1 && j == a.tk - 1 && x == D - 1;
+          if (!(bug && !std::strcmp(bug, "dk") && last)) dk[x] = from_f32<T>(dkj[x] * scale);
+          const bool first = b == 0 && g == 0 && j == 0 && x == 0;
+          dv[x] = from_f32<T>(dvj[x] + (bug && !std::strcmp(bug, "dv") && first ? 0.5f : 0.0f));
+        }
+      }
+}
+
+template <class T, int D, int PRE_ROWS, int THREADS, int ROW_TILE>
+static void bwd_post(const void* self, const BwdArgs<T>& a) {
+  const int H = g_bwd_h, B = g_bwd_b;
+  bwd_launch(a, 2, dim3((unsigned)((a.tq + PRE_ROWS - 1) / PRE_ROWS), H, B), THREADS, 0, self);
+  const long long tqp = scratch_rows(a.tq, ROW_TILE);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < a.tq; ++i) {
+        const long long row = ((long long)b * H + h) * tqp + i;
+        T* dqi = a.dq + b * a.s[15] + h * a.s[16] + i * a.s[17];
+        for (int x = 0; x < D; ++x) dqi[x] = from_f32<T>(a.dq_accum[row * D + x]);
+      }
+}
+
+#define STAND_IN_BWD(NAME, T, D, BC, PRE_ROWS, THREADS, SMEM, CAUSAL)                          \
+  extern "C" void NAME##_pre(BWD_PARAMS(T)) {                                                  \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    g_last_kernel = #NAME "_pre";                                                               \
+    bwd_pre<T, D, PRE_ROWS, THREADS, 1>((const void*)&NAME##_pre, a);                           \
+  }                                                                                             \
+  extern "C" void NAME(BWD_PARAMS(T)) {                                                         \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    g_last_kernel = #NAME;                                                                      \
+    bwd_main<T, D, BC, THREADS, SMEM, CAUSAL, 1>((const void*)&NAME, a);                        \
+  }                                                                                             \
+  extern "C" void NAME##_post(BWD_PARAMS(T)) {                                                  \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    g_last_kernel = #NAME "_post";                                                              \
+    bwd_post<T, D, PRE_ROWS, THREADS, 1>((const void*)&NAME##_post, a);                         \
+  }
+
+// The wgmma backward's three kernels take four tensor maps ahead of those arguments: each
+// checks them (check_map: Q and dO over the H query heads with boxes of BR rows, K and V over
+// the K/V heads with boxes of BC rows) and reads Q, K, V and dO through them. With
+// MOCK_MAP_LOG set, the main kernel appends the problem and the four maps' fields to that
+// file, for the test to compare with what tma.py encodes for the same problem.
+static void log_maps(const char* name, const TensorMap* maps, int H, int B, int hkv,
+                     const void* const ptrs[4], const long long* s, int tq, int tk) {
+  const char* path = std::getenv("MOCK_MAP_LOG");
+  if (!path) return;
+  FILE* f = std::fopen(path, "a");
+  if (!f) die("MOCK_MAP_LOG: cannot open");
+  std::fprintf(f, "%s|%d|%d|%d|%d|%d|", name, B, H, hkv, tq, tk);
+  for (int i = 0; i < 4; ++i)
+    std::fprintf(f, "%llu%s", (unsigned long long)(uintptr_t)ptrs[i], i < 3 ? "," : "|");
+  for (int i = 0; i < 24; ++i) std::fprintf(f, "%lld%s", s[i], i < 23 ? "," : "");
+  for (int m = 0; m < 4; ++m) {
+    FakeMap r;
+    std::memcpy(&r, &maps[m], sizeof r);
+    std::fprintf(f, "|%llu,%d,%u", (unsigned long long)(uintptr_t)r.addr, r.dtype, r.rank);
+    for (int i = 0; i < 4; ++i) std::fprintf(f, ",%llu", (unsigned long long)r.dims[i]);
+    for (int i = 0; i < 3; ++i) std::fprintf(f, ",%llu", (unsigned long long)r.strides[i]);
+    for (int i = 0; i < 4; ++i) std::fprintf(f, ",%u", r.box[i]);
+    for (int i = 0; i < 4; ++i) std::fprintf(f, ",%u", r.estrides[i]);
+    std::fprintf(f, ",%d,%d,%d,%d", r.interleave, r.swizzle, r.l2, r.oob);
+  }
+  std::fprintf(f, "\n");
+  std::fclose(f);
+}
+
+template <class T>
+static void bwd_through_maps(const char* name, const TensorMap* maps, BwdArgs<T>& a, int H, int B,
+                             int d, int br, int bc, int dtype, bool log) {
+  if (a.kv_group < 1 || H % a.kv_group) die("kv_group does not divide the heads");
+  const int hkv = H / a.kv_group;
+  const void* ptrs[4] = {a.q, a.k, a.v, a.dout};
+  if (log) log_maps(name, maps, H, B, hkv, ptrs, a.s, a.tq, a.tk);
+  const struct { const T** ptr; int first, heads, t, rows; } ops[4] = {
+      {&a.q, 0, H, a.tq, br}, {&a.k, 3, hkv, a.tk, bc}, {&a.v, 6, hkv, a.tk, bc},
+      {&a.dout, 12, H, a.tq, br}};
+  for (int m = 0; m < 4; ++m) {
+    long long* s = a.s + ops[m].first;
+    long long got[3];
+    check_map(maps[m], *ops[m].ptr, d, ops[m].t, ops[m].heads, B, ops[m].rows, dtype, s[0], s[1],
+              s[2], sizeof(T), got);
+    FakeMap r;
+    std::memcpy(&r, &maps[m], sizeof r);
+    *ops[m].ptr = static_cast<const T*>(r.addr);  // read through the map from here on
+    s[0] = got[0], s[1] = got[1], s[2] = got[2];
+  }
+}
+
+#define BWD_MAPS TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, TensorMap tm_do
+#define STAND_IN_BWD_TMA(NAME, T, D, BR, BC, PRE_ROWS, THREADS, SMEM, CAUSAL, DTYPE)            \
+  extern "C" void NAME##_pre(BWD_MAPS, BWD_PARAMS(T)) {                                        \
+    const TensorMap maps[4] = {tm_q, tm_k, tm_v, tm_do};                                        \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_through_maps(#NAME, maps, a, (int)g_grid.y, (int)g_grid.z, D, BR, BC, DTYPE, false);    \
+    g_last_kernel = #NAME "_pre";                                                               \
+    bwd_pre<T, D, PRE_ROWS, THREADS, BR>((const void*)&NAME##_pre, a);                          \
+  }                                                                                             \
+  extern "C" void NAME(BWD_MAPS, BWD_PARAMS(T)) {                                               \
+    const TensorMap maps[4] = {tm_q, tm_k, tm_v, tm_do};                                        \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_through_maps(#NAME, maps, a, (int)g_grid.y * kv_group, (int)g_grid.z, D, BR, BC, DTYPE, \
+                     true);                                                                     \
+    g_last_kernel = #NAME;                                                                      \
+    bwd_main<T, D, BC, THREADS, SMEM, CAUSAL, BR>((const void*)&NAME, a);                       \
+  }                                                                                             \
+  extern "C" void NAME##_post(BWD_MAPS, BWD_PARAMS(T)) {                                       \
+    const TensorMap maps[4] = {tm_q, tm_k, tm_v, tm_do};                                        \
+    BwdArgs<T> a;                                                                               \
+    BWD_FILL(a);                                                                                \
+    bwd_through_maps(#NAME, maps, a, (int)g_grid.y, (int)g_grid.z, D, BR, BC, DTYPE, false);    \
+    g_last_kernel = #NAME "_post";                                                              \
+    bwd_post<T, D, PRE_ROWS, THREADS, BR>((const void*)&NAME##_post, a);                        \
+  }
+@STAND_INS@
