@@ -16,7 +16,10 @@ that tree's flashgen is imported, whatever is installed) with a fresh, private
 FLASHGEN_CACHE_DIR (so no cubin comes from another tree's cache), `--jobs` compiles at a time
 (default 1), and writes `<name>.<arch>.sass`, `<name>.<arch>.cu` (the rendered source) and
 `index.json` (variants, archs, ptxas registers and spills, errors) into `--out`, which must be
-empty. `--family F` limits it to one family. Exit 1 when any variant failed to compile.
+empty. `--family F` limits it to one family. Exit 1 when any variant failed to compile. A
+killed dump goes on with `--resume` (same arguments): the pairs it finished, listed in
+`progress.jsonl` under a digest of the tree's flashgen files, are kept when that digest is
+unchanged; the rest compile with a fresh cache.
 
 `compare A B` exits 0 only when both dumps hold the same (variant, arch) pairs and every pair's
 SASS is identical (after dropping any line that carries only a file name, which cuobjdump prints
@@ -57,6 +60,7 @@ MODULES: dict[str, tuple[tuple[str, str], ...]] = {
 CUOBJDUMP_TIMEOUT_S = 300
 DIFF_LINES = 8  # differing lines shown per variant
 SHOW = 20  # variants listed per kind of problem
+PROGRESS = "progress.jsonl"  # the tree's identity, then one line per finished pair (--resume)
 # cuobjdump lines that carry only a file name (`identifier = kernel.cu` for a fatbin's members)
 _PATH_LINE = re.compile(r"^\s*(identifier|filename|file name)\s*=")
 
@@ -147,12 +151,17 @@ def run_jobs(jobs: list[tuple[str, str]], args: argparse.Namespace, tool: str) -
     """Every job through a pool of `args.jobs` processes, with a progress line now and then."""
     entries: list[dict[str, Any]] = []
     start = last = time.monotonic()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with (
+        ProcessPoolExecutor(max_workers=args.jobs) as pool,
+        Path(args.out, PROGRESS).open("a") as progress,
+    ):
         futures: list[Future[dict[str, Any]]] = [
             pool.submit(dump_one, name, arch, args.family, args.out, tool) for name, arch in jobs
         ]
         for future in as_completed(futures):
             entries.append(future.result())
+            progress.write(json.dumps(entries[-1]) + "\n")
+            progress.flush()
             if "error" in entries[-1]:
                 print(
                     f"FAILED {entries[-1]['name']} [{entries[-1]['arch']}]: "
@@ -169,7 +178,7 @@ def run_jobs(jobs: list[tuple[str, str]], args: argparse.Namespace, tool: str) -
                     file=sys.stderr,
                     flush=True,
                 )
-    return sorted(entries, key=lambda e: (e["direction"] != "fwd", e["name"], e["arch"]))
+    return entries
 
 
 def tree_commit(tree: Path) -> str:
@@ -188,39 +197,57 @@ def tree_commit(tree: Path) -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--", "flashgen") else "")
 
 
+def resume_from(out: Path, identity: dict[str, str], resume: bool) -> dict[Any, Any]:
+    """The pairs an earlier run of the same tree and code finished (with --resume), by
+    (name, arch); a new progress file, headed by the tree's identity, otherwise."""
+    progress = out / PROGRESS
+    if not resume or not progress.is_file():
+        progress.write_text(json.dumps({"identity": identity}) + "\n")
+        return {}
+    head, *lines = progress.read_text().splitlines()
+    if json.loads(head).get("identity") != identity:
+        raise SystemExit(f"{out} was dumped from other code ({head}); start a fresh dump")
+    done = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:  # a run killed mid-write leaves a truncated last line: redo that pair
+            continue
+        if "error" not in entry and Path(out, f"{entry['name']}.{entry['arch']}.sass").is_file():
+            done[(entry["name"], entry["arch"])] = entry
+    return done
+
+
 def worker_main(args: argparse.Namespace) -> int:
     """The `dump` work itself, run with PYTHONPATH=<tree>: enumerate, compile, dump, index."""
     import flashgen
 
-    tree = Path(args.tree)
+    tree, out = Path(args.tree), Path(args.out)
     if tree.resolve() not in Path(flashgen.__file__).resolve().parents:
         raise SystemExit(f"imported {flashgen.__file__}, not the flashgen of {tree}")
     tool = str(tree_attr("sass", "find_cuobjdump")())
-    for module, name in (("render", "render"), ("compile", "compile_kernel")):
-        tree_attr(module, name)  # imported before the pool forks, to be checked here
+    code = tree_attr("compile", "flashgen_version")()  # a digest of the package's files
+    tree_attr("render", "render")  # imported before the pool forks, to be checked here
     check_strays(tree)
-    jobs = [(n, a) for n, s in specs_by_name(args.family).items() for a in s.archs]
+    identity = {"tree": str(tree), "commit": tree_commit(tree), "code": code}
+    done = resume_from(out, identity, args.resume)
+    pairs = [(n, a) for n, s in specs_by_name(args.family).items() for a in s.archs]
+    todo = [p for p in pairs if p not in done]
     print(
-        f"{tree}: {len(specs_by_name(args.family))} variants, {len(jobs)} compiles, "
-        f"{args.jobs} at a time; cuobjdump {tool}",
+        f"{tree}: {len(specs_by_name(args.family))} variants, {len(pairs)} compiles "
+        f"({len(done)} done before), {args.jobs} at a time; cuobjdump {tool}",
         file=sys.stderr,
         flush=True,
     )
-    entries = run_jobs(jobs, args, tool)
-    index = {
-        "tree": str(tree),
-        "commit": tree_commit(tree),
-        "flashgen": flashgen.__file__,
-        "cuobjdump": tool,
-        "family": args.family,
-        "variants": entries,
-    }
-    Path(args.out, "index.json").write_text(json.dumps(index, indent=1) + "\n")
-    failed = [e for e in entries if "error" in e]
-    print(
-        f"{len(entries) - len(failed)} of {len(entries)} dumped, {len(failed)} failed",
-        file=sys.stderr,
+    entries = sorted(
+        [*(done[p] for p in pairs if p in done), *run_jobs(todo, args, tool)],
+        key=lambda e: (e["direction"] != "fwd", e["name"], e["arch"]),
     )
+    index = {**identity, "flashgen": flashgen.__file__, "cuobjdump": tool}
+    index.update(family=args.family, variants=entries)
+    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    failed = [e for e in entries if "error" in e]
+    print(f"{len(entries) - len(failed)} of {len(entries)} dumped, {len(failed)} failed")
     return 1 if failed else 0
 
 
@@ -230,8 +257,8 @@ def dump(args: argparse.Namespace) -> int:
     tree, out = Path(args.tree).resolve(), Path(args.out).resolve()
     if not (tree / "flashgen" / "__init__.py").is_file():
         raise SystemExit(f"{tree} holds no flashgen package")
-    if out.exists() and any(out.iterdir()):
-        raise SystemExit(f"{out} is not empty; remove it or choose another --out")
+    if out.exists() and any(out.iterdir()) and not (args.resume and (out / PROGRESS).is_file()):
+        raise SystemExit(f"{out} is not empty; remove it, or --resume a killed dump ({PROGRESS})")
     out.mkdir(parents=True, exist_ok=True)
     cache_dir = tempfile.mkdtemp(prefix="sass-compare-cache-")
     env = dict(os.environ, PYTHONPATH=str(tree), FLASHGEN_CACHE_DIR=cache_dir)
@@ -247,6 +274,7 @@ def dump(args: argparse.Namespace) -> int:
         str(args.jobs),
     ]
     cmd += ["--family", args.family] if args.family else []
+    cmd += ["--resume"] if args.resume else []
     start = time.monotonic()
     # a SIGTERM unwinds like Ctrl-C: the worker is killed and the private cache removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -346,6 +374,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument("--out", required=True, help="an empty or new folder for the dump")
         p.add_argument("--jobs", type=int, default=1, help="compiles at a time (default 1)")
         p.add_argument("--family", default=None, help="only this family (default: all)")
+        p.add_argument(
+            "--resume",
+            action="store_true",
+            help=f"go on with a killed dump of the same code (its {PROGRESS}); a fresh cache",
+        )
     p = sub.add_parser("compare", help="compare two dumps (exit 0: identical)")
     p.add_argument("a", help="a dump folder")
     p.add_argument("b", help="another dump folder")

@@ -1,12 +1,12 @@
 """Launch one implementation four times on one bench case (for ncu to attach to, GPU host).
 
-    python3 scripts/profile_impl.py IMPL D CAUSAL T [DTYPE]
-    python3 scripts/profile_impl.py KERNEL_NAME [T]     (d, causal, dtype from the name; T 4096)
+    python3 scripts/dev/profile_impl.py IMPL D CAUSAL T [DTYPE]
+    python3 scripts/dev/profile_impl.py KERNEL_NAME [T]     (d, causal, dtype from the name; T 4096)
 
-IMPL as `scripts/power_probe.py` takes it: a flashgen variant name (optionally `@bshd`, `#tiles`,
-`#persistent`; a `window` variant runs the bench's window, 4096 keys back) or a peer (`fa4`,
-`sdpa-cudnn`, `sdpa-flash`); CAUSAL is 0 or 1; DTYPE bf16 (default) or fp16. B*T = 16384 and
-H*d = 2048, as in the bench.
+IMPL as `scripts/dev/power_probe.py` takes it: a flashgen variant name (optionally `@bshd`,
+`#tiles`, `#persistent`; a `window` variant runs the bench's window, 4096 keys back) or a peer
+(`fa4`, `sdpa-cudnn`, `sdpa-flash`); CAUSAL is 0 or 1; DTYPE bf16 (default) or fp16.
+B*T = 16384 and H*d = 2048, as in the bench.
 """
 
 from __future__ import annotations

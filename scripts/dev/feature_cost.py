@@ -1,6 +1,6 @@
 """A feature's cost, measured in interleaved rounds (the H200's clocks drift between runs):
 
-    python3 scripts/feature_cost.py OUT.json [--rounds 6] [--t 16384]
+    python3 scripts/dev/feature_cost.py OUT.json [--rounds 6] [--t 16384]
 
 Each round times, for bf16 and fp16, the GQA (32 on 8 heads, causal and not) and causal
 sliding-window (4096 back) rows of `flashgen bench` (bench_features): the feature variant and

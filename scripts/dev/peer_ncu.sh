@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU host: ncu (locked base clock) of our wgmma forward and FA4's sm90 forward on the same
 # (B, T, H, d) memory, on five bf16 bench cases, with L2 and L1 traffic counters.
-#   bash scripts/peer_ncu.sh OUT_DIR   (after scripts/fa4_install.sh part2 and source /tmp/fa4/env.sh)
+#   bash scripts/dev/peer_ncu.sh OUT_DIR   (after scripts/fa4_install.sh part2 and source /tmp/fa4/env.sh)
 # Prints one line per kernel (duration, SM and L2 throughput, L2 sectors); the details pages are
 # OUT_DIR/<impl>-<case>.txt. Why: ours moved 1.5x FA4's L2 sectors at d = 128 non-causal for the
 # same nominal K/V reads (bench/NOTES.md, ninth session).
@@ -21,7 +21,7 @@ for x in $want; do grep -q "^$x " "$o/metrics.txt" && m="$m,$x.sum"; done
 m=${m#,}
 prof() {  # tag impl kernel-regex d causal t
   ncu $sections ${m:+--metrics $m} -k regex:"$3" -s 1 -c 1 -o "$o/$1" \
-    python3 scripts/profile_impl.py "$2" "$4" "$5" "$6" > "$o/$1.log" 2>&1
+    python3 scripts/dev/profile_impl.py "$2" "$4" "$5" "$6" > "$o/$1.log" 2>&1
   ncu --import "$o/$1.ncu-rep" --page details > "$o/$1.txt" 2>&1
   echo "$1: $(grep -E '^ +Duration ' "$o/$1.txt" | head -1 | awk '{print $NF, $(NF-1)}')," \
     "SM $(grep -E 'Compute \(SM\) Throughput' "$o/$1.txt" | head -1 | awk '{print $NF}')%," \

@@ -1,6 +1,6 @@
 """Throughput beside SM clock and board power, per implementation, on one bench case (GPU host).
 
-    python3 scripts/power_probe.py OUT.json IMPL [IMPL ...] [--t 16384] [--d 128] [--causal]
+    python3 scripts/dev/power_probe.py OUT.json IMPL [IMPL ...] [--t 16384] [--d 128] [--causal]
         [--dtype bf16] [--seconds 3] [--rounds 2]
 
 IMPL is a flashgen variant name or a peer (`fa4`, `sdpa-cudnn`, `sdpa-flash`), optionally with

@@ -1,6 +1,6 @@
 """Run one backward variant through flashgen.torch on one bench-sized problem (for ncu / nsys).
 
-    python3 scripts/profile_bwd.py NAME [T]     (B*T = 16384 tokens, H*d = 2048)
+    python3 scripts/dev/profile_bwd.py NAME [T]     (B*T = 16384 tokens, H*d = 2048)
 
 A forward once, then `torch.autograd.grad` four times; the backward's three kernels run each
 time (pre, main, post), so `ncu -k regex:NAME --launch-skip 1 --launch-count 1` takes one main.
@@ -9,12 +9,16 @@ time (pre, main, post), so `ncu -k regex:NAME --launch-skip 1 --launch-count 1` 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
-from bwd_sweep import use_variant  # scripts/ is sys.path[0]
 
-from flashgen.generator.spec import KernelSpec
-from flashgen.perf import bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for bwd_sweep
+
+from bwd_sweep import use_variant  # noqa: E402  (scripts/bwd_sweep.py)
+
+from flashgen.generator.spec import KernelSpec  # noqa: E402
+from flashgen.perf import bench  # noqa: E402
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """A focused GPU step for kernel work: check a few variants on ragged problems, then time them.
 
-    python3 scripts/wgmma_dev.py OUT.json NAME [NAME ...] [--no-bench] [--bench-t 4096,16384]
+    python3 scripts/dev/wgmma_dev.py OUT.json NAME [NAME ...] [--no-bench] [--bench-t 4096,16384]
 
 Each NAME is a kernel name (any family). Inputs and outputs are torch CUDA tensors, the kernel
 runs on torch's current stream (wgmma kernels through tma.launch, others through PyCUDA), the
@@ -119,7 +119,8 @@ def check(spec: KernelSpec, func: Any, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def timed(fn: Any, reps: int = 30) -> float:
-    """Median ms, a synchronize after every rep (see scripts/timing_probe.py for why it matters)."""
+    """Median ms, a synchronize after every rep (`flashgen bench` launches its reps back to
+    back)."""
     return time_ms(fn, warmup=3, reps=reps, sync_each=True)
 
 

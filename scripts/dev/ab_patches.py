@@ -1,16 +1,16 @@
 """Interleaved GPU A/B of kernel patches: prepare on the CPU host, run in one `run`, report here.
 
-    python3 scripts/ab_patches.py prepare SNAP --names NAME [NAME ...] [--patch LABEL=FILE ...]
-                                        [--rounds 3] [--grid auto]
+    python3 scripts/dev/ab_patches.py prepare SNAP --names NAME [NAME ...]
+                                            [--patch LABEL=FILE ...] [--rounds 3] [--grid auto]
     (device)  bash SNAP/run.sh          # carry SNAP; results in $OUT/ab.tgz
-    python3 scripts/ab_patches.py report RESULT_DIR_OR_TGZ
+    python3 scripts/dev/ab_patches.py report RESULT_DIR_OR_TGZ
 
 `prepare` copies this checkout (tracked and untracked-but-not-ignored files, without
 bench/results) to SNAP/base and, per --patch, to SNAP/LABEL with the patch applied (`git apply`),
 compiles every NAME for sm_90 in each tree into SNAP/fgc (no GPU needed: the compile cache is
 keyed by the rendered source, so each tree gets its own cubins), copies the PyCUDA wheels
 (.whl, see ../shared/gpu-host) and writes SNAP/run.sh. On the GPU host run.sh checks every
-tree's kernels on ragged problems (`scripts/wgmma_dev.py`, also as 3 SMs so the persistent
+tree's kernels on ragged problems (`scripts/dev/wgmma_dev.py`, also as 3 SMs so the persistent
 grid walks many items), then times all NAMEs in every tree, round after round, each tree in its
 own process (base, A, B, base, A, B, ...: clocks drift between processes on the H200, so only
 interleaved medians are compared). `report` prints each kernel's TFLOP/s per tree and the
@@ -32,11 +32,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = ("bench/results/", "examples/nanogpt/results/")
 
 RUN_SH = """#!/bin/bash
-# written by scripts/ab_patches.py prepare: checks, then {rounds} interleaved timing rounds
+# written by scripts/dev/ab_patches.py prepare: checks, then {rounds} interleaved timing rounds
 set -u
 S=$(cd "$(dirname "$0")" && pwd)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $S/.whl/*.whl \
@@ -47,21 +47,21 @@ names="{names}"
 trees="{trees}"
 for t in $trees; do
   cd $S/$t; export PYTHONPATH=/tmp/site:$S/$t
-  python3 scripts/wgmma_dev.py $OUT/check-$t.json $names --no-bench > $OUT/check-$t.log 2>&1
-  python3 scripts/wgmma_dev.py $OUT/check3-$t.json $names --no-bench --grid persistent --sms 3 \\
-    > $OUT/check3-$t.log 2>&1
+  python3 scripts/dev/wgmma_dev.py $OUT/check-$t.json $names --no-bench > $OUT/check-$t.log 2>&1
+  python3 scripts/dev/wgmma_dev.py $OUT/check3-$t.json $names --no-bench --grid persistent \\
+    --sms 3 > $OUT/check3-$t.log 2>&1
   echo "$t: $(grep 'checks failed' $OUT/check-$t.log)" \
     "/ as 3 SMs: $(grep 'checks failed' $OUT/check3-$t.log)"
 done
 for r in $(seq 1 {rounds}); do
   for t in $trees; do
     cd $S/$t; export PYTHONPATH=/tmp/site:$S/$t
-    python3 scripts/wgmma_dev.py $OUT/dev-$t-$r.json $names --no-check --grid {grid} \\
+    python3 scripts/dev/wgmma_dev.py $OUT/dev-$t-$r.json $names --no-check --grid {grid} \\
       > $OUT/dev-$t-$r.log 2>&1 || tail -n 3 $OUT/dev-$t-$r.log
   done
 done
 cd $OUT && tar czf ab.tgz *.json *.log && rm -f *.json *.log
-cd $S/base && PYTHONPATH=$S/base python3 scripts/ab_patches.py report $OUT/ab.tgz
+cd $S/base && PYTHONPATH=$S/base python3 scripts/dev/ab_patches.py report $OUT/ab.tgz
 """
 
 
@@ -87,7 +87,8 @@ def compile_for_sm90(tree: Path, names: list[str], cache: Path) -> None:
     code = (
         "import sys\n"
         "from unittest import mock\n"
-        "from flashgen.generator import checks, runtime\n"
+        "from flashgen.runtime import gpu as runtime\n"
+        "from flashgen.verify import checks\n"
         "from flashgen.generator.spec import KernelSpec\n"
         "with mock.patch.object(runtime, 'device_arch', lambda *a, **k: 'sm_90'):\n"
         "    r = checks.compile_all([KernelSpec.from_name(n) for n in sys.argv[1:]])\n"

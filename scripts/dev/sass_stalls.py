@@ -1,8 +1,8 @@
 """Where a kernel's warps wait, per SASS instruction, from ncu's source page (CSV).
 
-    ncu ... --section SourceCounters -o REP <program>          (GPU host; scripts/peer_compare.sh)
+    ncu ... --section SourceCounters -o REP <program>      (GPU host; scripts/dev/peer_compare.sh)
     ncu --import REP.ncu-rep --page source --csv --print-source sass > K.csv
-    python3 scripts/sass_stalls.py K.csv [K2.csv ...] [--top 30]
+    python3 scripts/dev/sass_stalls.py K.csv [K2.csv ...] [--top 30]
 
 Prints, per file: the stall-reason totals, the instructions with the most warp samples (with
 their top reasons), and the samples of the hottest loop (the instructions executed most often)
