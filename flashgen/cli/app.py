@@ -11,7 +11,6 @@ import errno
 import functools
 import json
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,8 +30,21 @@ from flashgen.bundle.emit import (
     write_bundle,
 )
 from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info
-from flashgen.generator.cache import CubinCache, FlashgenWarning, atomic_write
-from flashgen.generator.compile import CompiledKernel, CompileError, clear_work_root, compile_kernel
+from flashgen.generator.cache import (
+    CubinCache,
+    FlashgenWarning,
+    atomic_write,
+    clear_fallback_cache,
+    fallback_cache_dir,
+    holds_bytes,
+)
+from flashgen.generator.compile import (
+    CompiledKernel,
+    CompileError,
+    clear_work_root,
+    compile_kernel,
+    stop_nvcc_on_signals,
+)
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, WgmmaFamily, family_of
 from flashgen.generator.nvcc import NvccNotFound, NvccSettingError
@@ -178,7 +190,8 @@ class FlashgenGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
-            with one_line_warnings():
+            # SIGTERM / SIGHUP (`timeout`, a closed terminal) stop nvcc like Ctrl-C does
+            with one_line_warnings(), stop_nvcc_on_signals():
                 rv = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as exc:
             if isinstance(exc, _NO_ARGS_IS_HELP):  # bare `flashgen`: the help text, not one line
@@ -407,9 +420,11 @@ def _stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-def _describe_compile(ck: CompiledKernel, seconds: float) -> str:
+def _describe_compile(ck: CompiledKernel) -> str:
     r = ck.report
-    how = "cache hit" if ck.cached else f"nvcc {seconds:.1f} s"
+    how = "cache hit" if ck.cached else f"nvcc {ck.nvcc_seconds:.1f} s"
+    if ck.waited_seconds >= 0.1:  # another process was building it: not compile time
+        how += f", after waiting {ck.waited_seconds:.1f} s for another build of it"
     return (
         f"compiled for {ck.arch} ({how}): {r.registers} registers, smem "
         f"{_fmt_bytes(r.static_smem)} static + {_fmt_bytes(ck.spec.smem_bytes)} dynamic, "
@@ -499,23 +514,19 @@ def build(
     else:
         path = out / rendered.filename
         data = rendered.source.encode()
-        try:
-            unchanged = path.read_bytes() == data
-        except OSError:
-            unchanged = False
+        unchanged = holds_bytes(path, data)  # a regular file only, read bounded
         if not unchanged:
             atomic_write(path, data)
         click.echo(f"{'unchanged' if unchanged else 'wrote'} {path} ({_fmt_bytes(len(data))})")
     if not do_compile:
         return
-    start = time.perf_counter()
     try:
         ck = compile_kernel(rendered, arch)
     except NvccNotFound as exc:
         click.echo(f"note: not compiled: {one_line(str(exc))}", err=True)
         click.echo(f"note: {NVCC_HINT}, then run the same command again", err=True)
         return
-    click.echo(_describe_compile(ck, time.perf_counter() - start))
+    click.echo(_describe_compile(ck))
 
 
 def _write_bundle(specs: list[KernelSpec], out: Path) -> None:
@@ -900,9 +911,11 @@ Example:
 def cache_clear() -> None:
     """Remove every cached cubin, the cache's lock files and folders, and nvcc's work folder."""
     store = CubinCache()
-    n = store.clear()
+    click.echo(f"removed {store.clear()} entries from {store.root}")
+    fallback = fallback_cache_dir()
+    if fallback.is_dir():  # the folder used while the configured one was unusable
+        click.echo(f"removed {clear_fallback_cache()} entries from {fallback}")
     clear_work_root()
-    click.echo(f"removed {n} entries from {store.root}")
 
 
 @main.command(

@@ -21,7 +21,13 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from flashgen.generator.arch import check_target
-from flashgen.generator.compile import CompileError, compile_kernel, cubin_flags, run_nvcc
+from flashgen.generator.compile import (
+    CompileError,
+    compile_kernel,
+    cubin_flags,
+    run_nvcc,
+    stop_nvcc_on_signals,
+)
 from flashgen.generator.render import render
 from flashgen.generator.report import ResourceReport, parse_ptxas
 from flashgen.generator.spec import KernelSpec
@@ -109,7 +115,8 @@ def check_compiles(
         for i in range(0, len(specs), max(1, batch))
     ]
     results: dict[tuple[KernelSpec, str], Outcome] = {}
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    # the workers' nvcc runs are stopped by a signal only through the main thread's handlers
+    with stop_nvcc_on_signals(), ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for (arch, _), got in zip(
             chunks, pool.map(lambda c: compile_batch(c[1], c[0]), chunks), strict=True
         ):

@@ -1,10 +1,15 @@
-"""Content-addressed on-disk cache for cubins: atomic writes, a file lock, hash-verified reads.
+"""Content-addressed on-disk cache for cubins: atomic writes, per-key locks, checksummed reads.
 
 Every folder flashgen writes into is private: created `0700` by this user, and when it already
 exists, checked to be a real directory (not a symlink) owned by this user that nobody else can
 write. A folder in a shared place (the system temp folder) must be private outright; the
-user's own cache directory may be readable by others but not writable. Files inside follow the
-umask (0644 under the usual 022), like any tool's output.
+user's own cache directory may be readable by others but not writable. A folder flashgen did
+not create is never changed (no chmod): one that fails the check is refused with the fix. Files
+inside follow the umask (0644 under the usual 022), like any tool's output.
+
+`flashgen cache clear` may run while other processes build: it removes only entries whose lock
+is free, and builders recreate any folder it removed (locks, buckets, the cache folder) instead
+of failing or moving to a temporary cache.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
 import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +62,13 @@ def _why_unsafe(path: Path, st: os.stat_result, *, private: bool) -> str | None:
         return f"belongs to uid {st.st_uid}, not to this user (uid {_my_uid()})"
     mode = stat.S_IMODE(st.st_mode)
     if mode & (0o077 if private else 0o022):
-        return f"has mode {mode:04o}; others may {'use' if private else 'write'} it"
+        verb, fix = ("use", "700") if private else ("write", "go-w")
+        # never chmod it ourselves: a folder the user made (a shared 1777 or setgid 2775 one)
+        # keeps its mode and group; the user decides
+        return (
+            f"has mode {mode:04o}, so others may {verb} it (flashgen changes no folder it did "
+            f"not create: run `chmod {fix} {path}` or choose another folder)"
+        )
     return None
 
 
@@ -64,20 +77,15 @@ def ensure_private_dir(path: Path, *, private: bool = True, parents: bool = Fals
 
     Safe means: a real directory (an `lstat`, so a symlink is never followed), owned by this
     user, with no group/other access (`private=True`, for folders in shared places) or at least
-    no group/other write access (`private=False`, the user's own cache folder). A folder we own
-    whose mode is merely too open is tightened to 0700; anything else raises UnsafeDirectory.
-    `parents=True` creates missing parents with the default mode first.
+    no group/other write access (`private=False`, the user's own cache folder). An existing
+    folder is never changed: one that is not safe raises UnsafeDirectory, whose message says
+    how to fix it. `parents=True` creates missing parents with the default mode first.
     """
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    why = _why_unsafe(path, st, private=private)
-    if why is not None and why.startswith("has mode"):
-        os.chmod(path, 0o700, follow_symlinks=False)  # ours, a real directory: just tighten it
-        st = os.lstat(path)
-        why = _why_unsafe(path, st, private=private)
+    why = _why_unsafe(path, os.lstat(path), private=private)
     if why is not None:
         raise UnsafeDirectory(path, why)
     return path
@@ -97,14 +105,16 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, make_parents: bool = True) -> None:
     """Write `data` to `path` so that readers see the old file or the whole new one.
 
     The new file gets the mode any tool's output gets, 0666 minus the umask (0644 under 022);
     the temporary file is created with O_EXCL (mkstemp) and renamed over `path`, so a symlink
-    planted at `path` is replaced, never followed.
+    planted at `path` is replaced, never followed. `make_parents=False` leaves a missing folder
+    missing (FileNotFoundError): the cache makes its folders private itself.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
@@ -117,6 +127,35 @@ def atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def holds_bytes(path: Path, data: bytes) -> bool:
+    """True when `path` is a regular file (not a symlink) whose content is exactly `data`.
+
+    Reads at most len(data) + 1 bytes, and only from a regular file: a FIFO, a device or a
+    symlink (to /dev/zero, say) at `path` is simply "different", never opened for reading, so
+    this neither hangs nor reads without end. Any error reading also counts as "different".
+    """
+    try:
+        if not _regular_of_size(os.lstat(path), len(data)):
+            return False
+        # O_NONBLOCK: should a FIFO have replaced the file since the lstat, open does not wait
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not _regular_of_size(os.fstat(fd), len(data)):
+            return False
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _regular_of_size(st: os.stat_result, size: int) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
 # ---- where the cache lives ---------------------------------------------------------------------
@@ -153,7 +192,7 @@ def _fallback_for(wanted: Path, reason: str) -> Path:
     with _fallback_lock:
         if wanted in _fallbacks:
             return _fallbacks[wanted]
-        shared = shared_temp_dir("flashgen-cache")
+        shared = fallback_cache_dir()
         try:
             fallback = ensure_private_dir(shared)
             note = ""
@@ -185,16 +224,48 @@ def _reason(exc: OSError) -> str:
     return (exc.strerror or str(exc)).lower()
 
 
+# A concurrent `cache clear` can remove a folder between our creating and using it: that is
+# worth a few retries, never a move to a temporary cache.
+_VANISH_RETRIES = 5
+
+
 def usable_cache_dir(path: Path) -> Path:
     """`path`, created private when missing and checked to be writable; else a temporary
-    private fallback, with one warning that says why and how to fix it."""
+    private fallback, with one warning that says why and how to fix it.
+
+    Checked on every call: a folder that was unusable for a moment (removed by a concurrent
+    `cache clear`, a full disk since freed) is used again as soon as it works.
+    """
+    for attempt in range(_VANISH_RETRIES):
+        try:
+            ensure_private_dir(path, private=False, parents=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".probe"):
+                pass
+            return path
+        except FileNotFoundError as exc:  # removed between the mkdir and the probe: again
+            if attempt == _VANISH_RETRIES - 1:
+                return _fallback_for(path, _reason(exc))
+        except OSError as exc:
+            return _fallback_for(path, _reason(exc))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fallback_cache_dir() -> Path:
+    """`<temp>/flashgen-cache-<uid>`: where the cache goes when the configured folder is
+    unusable (not created here)."""
+    return shared_temp_dir("flashgen-cache")
+
+
+def clear_fallback_cache() -> int:
+    """Clear the fallback cache folder like `CubinCache.clear` when it is ours and private
+    (a folder someone else planted at that guessable path is left alone); the cubins removed."""
+    root = fallback_cache_dir()
     try:
-        ensure_private_dir(path, private=False, parents=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe"):
-            pass
-    except OSError as exc:
-        return _fallback_for(path, _reason(exc))
-    return path
+        if _why_unsafe(root, os.lstat(root), private=True) is not None:
+            return 0
+    except OSError:
+        return 0
+    return CubinCache(root).clear()
 
 
 def cache_dir() -> Path:
@@ -213,28 +284,139 @@ def cache_key(*parts: str) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the file `lock_path` (a process that wants it too waits).
+# ---- locks ------------------------------------------------------------------------------------
+LOCK_NOTE_AFTER_S = 2.0  # a wait longer than this is announced (one warning), then blocks
+_LOCK_POLL_S = 0.05
+_LOCK_ATTEMPTS = 100  # a lock file removed under us (by `cache clear`) this often: give up
 
-    The lock file is opened without following a symlink and without truncating anything.
+
+@contextlib.contextmanager
+def locked(
+    lock_path: Path,
+    *,
+    make_parent: Callable[[], object] | None = None,
+    waiting_for: str | None = None,
+    remove_when_done: bool = False,
+) -> Iterator[float]:
+    """Hold an exclusive lock on the file `lock_path`; yield the seconds spent waiting for it.
+
+    The lock file is opened without following a symlink and without truncating anything. When
+    its folder is missing (a concurrent `cache clear` removed it), `make_parent()` recreates it.
+    The lock held is always the file now at `lock_path`: one unlinked (by a `cache clear`, or
+    by `remove_when_done`) while we waited for it is dropped and the new one taken, so two
+    holders never coexist. That makes `remove_when_done=True` safe: the file is unlinked while
+    still held, so locks of one-off names do not pile up. A wait longer than LOCK_NOTE_AFTER_S
+    is announced by one FlashgenWarning naming `waiting_for`.
     """
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd, waited = _acquire(lock_path, make_parent, waiting_for)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield waited
     finally:
+        if remove_when_done:
+            with contextlib.suppress(OSError):
+                lock_path.unlink()  # still ours (held and linked): nobody else's to lose
+        os.close(fd)  # closing the only descriptor releases the lock
+
+
+def _acquire(
+    lock_path: Path, make_parent: Callable[[], object] | None, waiting_for: str | None
+) -> tuple[int, float]:
+    """(descriptor holding the lock, seconds waited)."""
+    start = time.monotonic()
+    for _ in range(_LOCK_ATTEMPTS):
+        fd = _open_lock(lock_path, make_parent)
+        try:
+            _flock_announcing(fd, lock_path, start, waiting_for)
+            if _still_linked(fd, lock_path):
+                return fd, time.monotonic() - start
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed while we waited: lock the file that is there now
+    raise OSError(
+        errno.EAGAIN,
+        f"the lock file {lock_path} was removed {_LOCK_ATTEMPTS} times while flashgen waited "
+        "for it; stop the loop that runs `flashgen cache clear` and try again",
+    )
+
+
+def _open_lock(lock_path: Path, make_parent: Callable[[], object] | None) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    for attempt in range(_VANISH_RETRIES):
+        try:
+            return os.open(lock_path, flags, 0o600)
+        except FileNotFoundError:
+            if make_parent is None or attempt == _VANISH_RETRIES - 1:
+                raise
+            make_parent()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _flock_announcing(fd: int, lock_path: Path, start: float, waiting_for: str | None) -> None:
+    """flock(fd): polls first, then, past LOCK_NOTE_AFTER_S, warns once and blocks."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() - start >= LOCK_NOTE_AFTER_S:
+                break
+            time.sleep(_LOCK_POLL_S)
+    if waiting_for is not None:
+        warnings.warn(
+            f"waiting for {waiting_for} (another flashgen process holds {lock_path}); this "
+            "build goes on when that one ends",
+            FlashgenWarning,
+            stacklevel=5,
+        )
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _still_linked(fd: int, lock_path: Path) -> bool:
+    """True when `lock_path` still names the file `fd` has open (not unlinked or replaced)."""
+    try:
+        now = os.lstat(lock_path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def try_lock(lock_path: Path) -> int | None:
+    """A descriptor holding the lock `lock_path` (created when missing) when it is free now,
+    else None; never waits. For `cache clear`: what is locked is in use and stays, and what it
+    removes it removes under the lock, so a builder that waited notices (`_still_linked`)."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
         os.close(fd)
+        return None
+    return fd
+
+
+# ---- the cache --------------------------------------------------------------------------------
+ENTRY_SUM = "entry_sha256"  # metadata field: checksum of every other field and the key
+_KEY_FILE = re.compile(r"^\.?([0-9a-f]{64})\.(cubin|json|lock)(\.[A-Za-z0-9_]+)?$")
+
+
+def _entry_sum(key: str, meta: dict[str, Any]) -> str:
+    """The checksum of an entry's metadata: the key and every field but the checksum itself
+    (canonical JSON), so an edited register count or a renamed entry is noticed."""
+    rest = {k: v for k, v in meta.items() if k != ENTRY_SUM}
+    return cache_key(key, json.dumps(rest, sort_keys=True))
 
 
 class CubinCache:
     """Entries `<key>.cubin` + `<key>.json` (metadata with the cubin's sha256) in `root`/<xx>/.
 
-    Constructing one creates nothing: the folder is made (private) on the first write or lock.
-    With no `root`, the configured folder is used, or a temporary one when that is unusable.
+    The metadata also carries ENTRY_SUM, a checksum over itself and the key: an entry whose
+    cubin or metadata does not match is a miss, removed, and rebuilt. Constructing one creates
+    nothing: the folder is made (private) on the first write or lock. With no `root`, the
+    configured folder is used, or a temporary one when that is unusable.
     """
 
     def __init__(self, root: Path | None = None) -> None:
@@ -245,9 +427,7 @@ class CubinCache:
     def _prepare(self) -> None:
         if self._ready:
             return
-        if self._explicit:
-            ensure_private_dir(self.root, private=False, parents=True)
-        else:
+        if not self._explicit:
             self.root = usable_cache_dir(self.root)
         self._ready = True
 
@@ -257,8 +437,17 @@ class CubinCache:
         return d / f"{key}.cubin", d / f"{key}.json"
 
     def _bucket(self, key: str) -> Path:
+        """The folder of `key`'s entry, created (private) with the cache folder when missing:
+        on every call, since a concurrent `cache clear` removes empty folders."""
         self._prepare()
-        return ensure_private_dir(self.root / key[:2], private=False)
+        for attempt in range(_VANISH_RETRIES):
+            try:
+                ensure_private_dir(self.root, private=False, parents=True)
+                return ensure_private_dir(self.root / key[:2], private=False)
+            except FileNotFoundError:  # the cache folder went between the two: again
+                if attempt == _VANISH_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
         """The entry, or None when it is missing, truncated or corrupted (then it is removed)."""
@@ -268,25 +457,56 @@ class CubinCache:
             data = cubin_p.read_bytes()
         except (OSError, ValueError):
             return None
-        if not isinstance(meta, dict) or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
-            for p in (cubin_p, meta_p):
-                with contextlib.suppress(OSError):
-                    p.unlink()
+        if not (
+            isinstance(meta, dict)
+            and meta.get(ENTRY_SUM) == _entry_sum(key, meta)
+            and meta.get("sha256") == hashlib.sha256(data).hexdigest()
+        ):
+            self.discard(key)
             return None
         return data, meta
 
-    def put(self, key: str, data: bytes, meta: dict[str, Any]) -> None:
-        """Store an entry: cubin first, then the metadata that vouches for it."""
-        self._bucket(key)
-        cubin_p, meta_p = self.paths(key)
-        atomic_write(cubin_p, data)
-        full = dict(meta, sha256=hashlib.sha256(data).hexdigest())
-        atomic_write(meta_p, json.dumps(full, sort_keys=True).encode())
+    def discard(self, key: str) -> None:
+        """Remove `key`'s entry (an entry found wanting), if there is one."""
+        for p in self.paths(key):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
-    def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        """The build lock of one key (`<key>.lock` next to the entry)."""
+    def put(self, key: str, data: bytes, meta: dict[str, Any]) -> None:
+        """Store an entry: cubin first, then the metadata that vouches for it. A failed cubin
+        write leaves the old entry as it was; a failed metadata write removes the entry whole
+        (its cubin is new, the metadata that would vouch for it is not)."""
+        full = dict(meta, sha256=hashlib.sha256(data).hexdigest())
+        full[ENTRY_SUM] = _entry_sum(key, full)
+        cubin_p, meta_p = self.paths(key)
+        self._write(key, cubin_p, data)
+        try:
+            self._write(key, meta_p, json.dumps(full, sort_keys=True).encode())
+        except BaseException:
+            self.discard(key)
+            raise
+
+    def _write(self, key: str, path: Path, data: bytes) -> None:
+        """atomic_write into `key`'s folder, recreated when a concurrent `cache clear` removed
+        it (or the temporary file) before the rename."""
+        for attempt in range(_VANISH_RETRIES):
+            self._bucket(key)
+            try:
+                atomic_write(path, data, make_parents=False)
+                return
+            except FileNotFoundError:
+                if attempt == _VANISH_RETRIES - 1:
+                    raise
+
+    def lock(self, key: str) -> contextlib.AbstractContextManager[float]:
+        """The build lock of one key (`<key>.lock` next to the entry); entering it yields the
+        seconds spent waiting for another process that holds it."""
         bucket = self._bucket(key)
-        return locked(bucket / f"{key}.lock")
+        return locked(
+            bucket / f"{key}.lock",
+            make_parent=lambda: self._bucket(key),
+            waiting_for=f"another build of the same kernel into {self.root}",
+        )
 
     def entries(self) -> list[Path]:
         """Every cubin in the cache (reads only; creates nothing)."""
@@ -300,21 +520,51 @@ class CubinCache:
 
     def clear(self) -> int:
         """Remove every entry, lock and bucket folder, and the cache folder itself when that
-        leaves it empty; return how many cubins were removed. Touches only the cache's own
-        layout (`<xx>/<key>.*`), never other files someone put there."""
+        leaves it empty; return how many cubins were removed.
+
+        Touches only the cache's own layout (`<xx>/<key>.*` and their temporary files), never
+        other files someone put there. An entry whose lock is held is being built right now:
+        it stays, so a clear never fails a concurrent build.
+        """
         if not self.root.is_dir() or self.root.is_symlink():
             return 0
         n = 0
         for bucket in sorted(self.root.iterdir()):
             if bucket.is_symlink() or not bucket.is_dir() or len(bucket.name) != 2:
                 continue
-            for p in sorted(bucket.iterdir()):
-                if p.suffix == ".cubin":
-                    n += 1
-                with contextlib.suppress(OSError):
-                    p.unlink()
+            n += _clear_bucket(bucket)
             with contextlib.suppress(OSError):
-                bucket.rmdir()
+                bucket.rmdir()  # only when empty
         with contextlib.suppress(OSError):
             self.root.rmdir()  # only when empty
         return n
+
+
+def _clear_bucket(bucket: Path) -> int:
+    """Remove the entries of one bucket whose lock is free; the cubins removed."""
+    files: dict[str, list[Path]] = {}
+    for p in bucket.iterdir():
+        m = _KEY_FILE.match(p.name)
+        if m and m.group(1).startswith(bucket.name):
+            files.setdefault(m.group(1), []).append(p)
+    return sum(_clear_key(bucket, key, paths) for key, paths in sorted(files.items()))
+
+
+def _clear_key(bucket: Path, key: str, paths: list[Path]) -> int:
+    """Remove one key's files unless a build holds its lock; 1 when a cubin went."""
+    lock_p = bucket / f"{key}.lock"
+    fd = try_lock(lock_p)
+    if fd is None:
+        return 0  # held: a build of this key is running (or the lock is not a plain file)
+    try:
+        n = 0
+        for p in paths:
+            if p != lock_p:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    n += p.name == f"{key}.cubin"
+        with contextlib.suppress(OSError):
+            lock_p.unlink()  # last, under the lock: a waiter notices and takes a new one
+        return n
+    finally:
+        os.close(fd)

@@ -104,9 +104,21 @@ def nvcc_version(nvcc: Path) -> str:
             f"{nvcc} cannot be run ({exc.strerror}); check the nvcc install"
         ) from None
     out = proc.stdout.strip()
-    if proc.returncode != 0 or "release" not in out:
+    if proc.returncode != 0:
         raise NvccNotFound(
             f"{nvcc} --version failed (exit {proc.returncode}); is it nvcc? point FLASHGEN_NVCC "
             "at a working nvcc"
         )
+    if "release" not in out:  # the version is part of every cache key: no guessing it
+        shown = f"printed {_excerpt(out)!r}" if out else "printed nothing"
+        raise NvccNotFound(
+            f"{nvcc} --version {shown}, not nvcc's version (a line with 'release'); is it "
+            "nvcc? point FLASHGEN_NVCC at a working nvcc"
+        )
     return out
+
+
+def _excerpt(text: str, limit: int = 80) -> str:
+    """The first line of `text`, cut to `limit` characters."""
+    first = text.splitlines()[0] if text else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."

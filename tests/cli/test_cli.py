@@ -12,8 +12,10 @@ import inspect as pyinspect
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
+import tempfile
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -28,10 +30,11 @@ import flashgen
 import flashgen.verify
 from flashgen.cli import app as cli
 from flashgen.generator.arch import ARCHS
-from flashgen.generator.cache import CubinCache
-from flashgen.generator.compile import CompileError
+from flashgen.generator.cache import CubinCache, FlashgenWarning, cache_dir
+from flashgen.generator.compile import CompiledKernel, CompileError
 from flashgen.generator.nvcc import NvccNotFound
 from flashgen.generator.render import render
+from flashgen.generator.report import ResourceReport
 from flashgen.generator.space import pruned, shipped
 from flashgen.generator.spec import KernelSpec
 
@@ -368,6 +371,75 @@ def test_cache_info_and_clear(tmp_path: Path) -> None:
     assert cleared.exit_code == 0 and f"removed 1 entries from {root}" in cleared.stdout
     assert CubinCache(root).entries() == []
     assert "entries  0" in run("cache", "info").stdout
+
+
+def test_cache_clear_also_clears_the_fallback_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache used while FLASHGEN_CACHE_DIR was unusable was left behind by `cache clear`."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(blocker / "cache"))
+    with pytest.warns(FlashgenWarning):
+        fallback = cache_dir()
+    assert fallback == tmp / f"flashgen-cache-{os.getuid()}"
+    CubinCache(fallback).put("ab" * 32, b"\x7fELF", {})
+    result = run("cache", "clear")
+    assert result.exit_code == 0, result.output
+    assert f"removed 1 entries from {fallback}" in result.stdout
+    assert not fallback.exists()
+
+
+# ---- what `build` compares its output with -------------------------------------------------------
+def _build_in_a_process(out: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`flashgen build --no-compile` in a process of its own, at most 60 s and 2 GiB."""
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FLASHGEN_CACHE_DIR": str(tmp_path / "c")}
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "flashgen", "build", "--d", "64", "--bc", "32", "--out",
+             str(out), "--no-compile"],
+            env=env, capture_output=True, text=True, timeout=60, preexec_fn=limit_memory,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("build hung on the file at its output path")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink-to-dev-zero"])
+def test_build_never_reads_a_special_file_at_its_output_path(tmp_path: Path, kind: str) -> None:
+    """The reported bug: `build` read the existing output file with no limit; a FIFO there hung
+    it, a symlink to /dev/zero ran it out of memory. Only a regular file is compared."""
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / f"{SIMT.name}.cu"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    result = _build_in_a_process(out, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"wrote {path} ")
+    assert path.is_file() and not path.is_symlink()
+    assert path.read_text() == render(SIMT).source
+
+
+def test_the_compile_line_reports_waiting_apart_from_nvcc_time() -> None:
+    """The reported bug: 27 s spent waiting for another process's lock read "nvcc 27.0 s"."""
+    rep = ResourceReport("sm_90", 40, 0, 0, 0, 0)
+    waited = CompiledKernel(SIMT, "sm_90", b"", rep, False, nvcc_seconds=1.25, waited_seconds=27)
+    assert "(nvcc 1.2 s, after waiting 27.0 s for another build of it)" in (
+        cli._describe_compile(waited)
+    )
+    hit = CompiledKernel(SIMT, "sm_90", b"", rep, True, waited_seconds=27)
+    assert "(cache hit, after waiting 27.0 s for another build of it)" in cli._describe_compile(hit)
+    alone = CompiledKernel(SIMT, "sm_90", b"", rep, False, nvcc_seconds=3.0)
+    assert "(nvcc 3.0 s)" in cli._describe_compile(alone)
 
 
 # ---- check and fuzz, against a fake checks module ---------------------------------------------

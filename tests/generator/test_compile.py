@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fakenvcc import REGISTERS, fake_nvcc
+from _fakenvcc import VERSION as FAKE_VERSION
 
 from flashgen.generator import cache as cache_mod
 from flashgen.generator import compile as compile_mod
@@ -295,10 +303,10 @@ def test_nvcc_work_folders_are_private_and_removed_after_each_compile(
     compile_kernel(KernelSpec(family="simt", d=16, br=16, bc=16), "sm_90", cache=cache)
     with pytest.raises(CompileError):
         compile_kernel(RenderedKernel(KernelSpec(), "broken;"), "sm_90", cache=cache)
-    root = private_tmp / f"flashgen-nvcc-{os.getuid()}"
+    root = private_tmp / f"flashgen-work-{os.getuid()}"
     assert stat.S_IMODE(root.lstat().st_mode) == 0o700
     left = sorted(p.name for p in root.iterdir())
-    assert all(name.startswith("lock-") for name in left), left
+    assert all(name.endswith(".lock") for name in left), left
     assert all((root / name).is_file() for name in left)
 
 
@@ -312,7 +320,7 @@ def test_a_planted_nvcc_work_folder_is_never_used(
 ) -> None:
     """The reported attack: a symlink planted at the work folder's guessable path made a
     compile write through it. Now the folder is ours and private, or it is not used."""
-    planted = private_tmp / f"flashgen-nvcc-{os.getuid()}"
+    planted = private_tmp / f"flashgen-work-{os.getuid()}"
     victim = tmp_path / "victim"
     victim.mkdir()
     if plant == "symlink":
@@ -367,7 +375,7 @@ def test_a_hung_nvcc_is_stopped_reported_in_one_line_and_releases_the_lock(
     assert f"nvcc did not finish {spec.name} for sm_90 within 1.5 s" in msg
     assert "FLASHGEN_NVCC_TIMEOUT" in msg
     # the lock is free again: a non-blocking attempt on every lock file succeeds
-    for lock in [*(tmp_path / "cache").rglob("*.lock"), *private_tmp.rglob("lock-*")]:
+    for lock in [*(tmp_path / "cache").rglob("*.lock"), *private_tmp.rglob("*.lock")]:
         fd = os.open(lock, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -463,3 +471,229 @@ def test_a_family_that_cannot_run_on_the_arch_is_refused_in_one_line() -> None:
     assert str(info.value) == (
         "arch=sm_90: family wgmma runs on sm_90a only; choose another --arch or another --family"
     )
+
+
+# ---- a hung nvcc blocks nothing else; waiting is not compiling -----------------------------------
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+SIMT16 = KernelSpec(family="simt", d=16, br=16, bc=16)
+
+# a process that compiles one kernel: `python -c BUILD_ONE <name> [extra flag...]`
+BUILD_ONE = """
+import signal, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a login shell's child has it (not nohup's)
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.spec import KernelSpec
+compile_kernel(KernelSpec.from_name(sys.argv[1]), "sm_90", extra_flags=tuple(sys.argv[2:]))
+"""
+
+
+def _wait_for(path: Path, seconds: float = 90.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} did not appear within {seconds:g} s")
+        time.sleep(0.05)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie: dead, not yet reaped
+
+
+def _assert_dies(pid: int) -> None:
+    for _ in range(200):
+        if _dead(pid):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"process {pid} still runs")
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts (each in a session of its own): killed, by pid, if still alive."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _kill_nvcc(pids: Path) -> None:
+    """Stop a hanging fake nvcc (its own session: its group is its pid) and its child."""
+    if pids.exists():
+        for pid in pids.read_text().split():
+            with contextlib.suppress(OSError):
+                os.killpg(int(pid), signal.SIGKILL)
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, env={**os.environ, "PYTHONPATH": str(REPO), **env}, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _old_shard(spec: KernelSpec, extra: tuple[str, ...]) -> str:
+    """The lock file a run of `spec` took before locks were per content: one of 256 shards."""
+    gencode = check_target(spec.name, spec.family, spec.archs, spec.smem_bytes, "sm_90").gencode
+    flags = compile_mod.cubin_flags(gencode, extra)
+    return cache_mod.cache_key(render(spec).source, compile_mod.nvcc_flags_seen(flags), ".cu")[:2]
+
+
+def _sharing_an_old_shard_with(spec: KernelSpec) -> tuple[str, ...]:
+    """Extra flags that make another kernel build whose old lock shard is `spec`'s."""
+    want = _old_shard(spec, ())
+    for i in range(10_000):
+        extra = (f"-DFLASHGEN_PROBE={i}",)
+        if _old_shard(spec, extra) == want:
+            return extra
+    raise AssertionError("no flags found")  # pragma: no cover: 256 shards
+
+
+@pytest.mark.parametrize("other", ["another-kernel", "same-source-another-nvcc"])
+def test_a_hung_nvcc_in_one_process_does_not_hold_up_another_key_in_another(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    private_tmp: Path,
+    started: list[subprocess.Popen[bytes]],
+    other: str,
+) -> None:
+    """The reported bug: a hanging nvcc for key A made a build of key B, in another process
+    with another cache, wait (all runs shared 256 lock files), and that wait was reported as
+    nvcc time. Key B here is either another kernel build whose lock shard used to be A's, or
+    A's very source compiled by another nvcc (another key: the nvcc version is in it)."""
+    pids = tmp_path / "hung.pids"
+    hung = fake_nvcc(tmp_path / "hung", sleep=300, pids=pids)
+    a = _spawn(
+        [sys.executable, "-c", BUILD_ONE, SIMT16.name],
+        {"FLASHGEN_NVCC": str(hung), "FLASHGEN_NVCC_TIMEOUT": "40", "TMPDIR": str(private_tmp),
+         "FLASHGEN_CACHE_DIR": str(tmp_path / "cache-a")},
+    )  # fmt: skip
+    started.append(a)
+    try:
+        _wait_for(pids)  # A holds its locks and its nvcc hangs
+        extra: tuple[str, ...] = ()
+        version = FAKE_VERSION
+        if other == "another-kernel":
+            extra = _sharing_an_old_shard_with(SIMT16)
+        else:
+            version = FAKE_VERSION.replace("(fake)", "(another fake)")
+        monkeypatch.setenv("FLASHGEN_NVCC", str(fake_nvcc(tmp_path / "fast", version=version)))
+        nvcc_mod.nvcc_version.cache_clear()
+        t0 = time.perf_counter()
+        ck = compile_kernel(SIMT16, "sm_90", extra_flags=extra, cache=CubinCache(tmp_path / "b"))
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 15, f"key B waited {elapsed:.1f} s for key A's hung nvcc"
+        assert (ck.cached, ck.report.registers) == (False, REGISTERS)
+        assert ck.waited_seconds < 1 and ck.nvcc_seconds < elapsed
+        assert a.poll() is None, "A is still stuck in its nvcc: B did not wait for it"
+    finally:
+        _kill_nvcc(pids)
+
+
+def test_a_wait_for_another_build_of_the_key_is_reported_apart_from_compile_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_tmp: Path
+) -> None:
+    """Two builds of one key: the second waits for the first (which runs nvcc for 3 s) and gets
+    a cache hit; its seconds are waiting, not nvcc time, and the wait is announced once."""
+    pids = tmp_path / "slow.pids"
+    monkeypatch.setenv("FLASHGEN_NVCC", str(fake_nvcc(tmp_path, sleep=3, pids=pids)))
+    nvcc_mod.nvcc_version.cache_clear()
+    cache = CubinCache(tmp_path / "cache")
+    first: list[compile_mod.CompiledKernel] = []
+    builder = threading.Thread(
+        target=lambda: first.append(compile_kernel(SIMT16, "sm_90", cache=cache))
+    )
+    builder.start()
+    try:
+        _wait_for(pids)
+        with pytest.warns(FlashgenWarning, match="waiting for another build of the same kernel"):
+            second = compile_kernel(SIMT16, "sm_90", cache=cache)
+    finally:
+        builder.join(timeout=60)
+        _kill_nvcc(pids)
+    assert (first[0].cached, second.cached) == (False, True)
+    assert first[0].nvcc_seconds >= 3 and first[0].waited_seconds < 1
+    assert second.nvcc_seconds == 0 and 1.5 < second.waited_seconds < 30
+
+
+# ---- SIGTERM and SIGHUP stop nvcc like Ctrl-C does -----------------------------------------------
+# the `flashgen` command in a process of its own: `python -c CLI build ...`
+CLI = """
+import signal
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+from flashgen.cli.app import main
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "via"),
+    [(signal.SIGTERM, "cli"), (signal.SIGHUP, "cli"), (signal.SIGTERM, "library")],
+)
+def test_sigterm_and_sighup_stop_nvcc_and_remove_its_work_folder(
+    tmp_path: Path,
+    private_tmp: Path,
+    started: list[subprocess.Popen[bytes]],
+    sig: signal.Signals,
+    via: str,
+) -> None:
+    """The reported bug: `timeout 3 flashgen build ...` (SIGTERM) left nvcc running in its
+    work folder; only Ctrl-C stopped it. Now every stop signal does, and the folder goes."""
+    pids = tmp_path / "hung.pids"
+    env = {"FLASHGEN_NVCC": str(fake_nvcc(tmp_path, sleep=300, pids=pids)),
+           "TMPDIR": str(private_tmp), "FLASHGEN_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    if via == "cli":
+        argv = [sys.executable, "-c", CLI, "build", "--family", "simt", "--d", "16", "--br",
+                "16", "--bc", "16", "--arch", "sm_90", "--out", str(tmp_path / "out")]  # fmt: skip
+    else:
+        argv = [sys.executable, "-c", BUILD_ONE, SIMT16.name]
+    proc = _spawn(argv, env)
+    started.append(proc)
+    try:
+        _wait_for(pids)
+        nvcc_pid, child_pid = (int(p) for p in pids.read_text().split())
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert proc.returncode == 128 + sig, (proc.returncode, proc.stderr.read())  # type: ignore[union-attr]
+        _assert_dies(nvcc_pid)
+        _assert_dies(child_pid)
+        root = private_tmp / f"flashgen-work-{os.getuid()}"
+        assert [p.name for p in root.iterdir() if p.is_dir()] == [], "work folder left behind"
+    finally:
+        _kill_nvcc(pids)
+
+
+def test_stop_signals_are_given_back_after_a_compile() -> None:
+    """Handlers are flashgen's only while it compiles; a program's own stay untouched."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with compile_mod.stop_nvcc_on_signals():
+        assert signal.getsignal(signal.SIGTERM) is compile_mod._on_stop_signal
+        with compile_mod.stop_nvcc_on_signals():  # nested: still flashgen's
+            pass
+        assert signal.getsignal(signal.SIGTERM) is compile_mod._on_stop_signal
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+# ---- an nvcc that prints no version --------------------------------------------------------------
+def test_an_nvcc_that_prints_no_version_is_named_as_such(tmp_path: Path) -> None:
+    """`FLASHGEN_NVCC=/bin/true` used to be reported as "--version failed (exit 0)": what is
+    wrong is that no nvcc version was printed."""
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\nexit 0\n")
+    silent.chmod(0o755)
+    nvcc_mod.nvcc_version.cache_clear()
+    try:
+        for tool, shown in ((silent, "printed nothing"), (Path("/bin/true"), "printed ")):
+            with pytest.raises(NvccNotFound) as info:
+                nvcc_mod.nvcc_version(tool)
+            msg = str(info.value)
+            assert f"{tool} --version {shown}" in msg and "not nvcc's version" in msg
+            assert "exit 0" not in msg and "point FLASHGEN_NVCC at a working nvcc" in msg
+    finally:
+        nvcc_mod.nvcc_version.cache_clear()
