@@ -327,14 +327,10 @@ def show(title: str, keys: list[str], detail: Callable[[str], list[str]] | None 
 
 def source_note(a: Path, b: Path, keys: list[str]) -> str:
     """How many rendered sources differ among `keys` (informational: the SASS decides)."""
-    differ = sum(
-        1
-        for k in keys
-        if (a / f"{k}.cu").is_file()
-        and (b / f"{k}.cu").is_file()
-        and (a / f"{k}.cu").read_bytes() != (b / f"{k}.cu").read_bytes()
-    )
-    return f"rendered sources: {differ} of {len(keys)} differ (noted only: the SASS decides)"
+    pairs = [(a / f"{k}.cu", b / f"{k}.cu") for k in keys]
+    both = [(x, y) for x, y in pairs if x.is_file() and y.is_file()]
+    differ = sum(1 for x, y in both if x.read_bytes() != y.read_bytes())
+    return f"rendered sources: {differ} of {len(both)} differ (noted only: the SASS decides)"
 
 
 def compare(args: argparse.Namespace) -> int:
