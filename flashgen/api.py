@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import (
     FeatureArgs,
     alibi_host,
+    check_alibi_pointer,
     check_alibi_shape,
     check_fits,
     check_softcap,
@@ -24,6 +26,8 @@ from flashgen.runtime import gpu as runtime
 from flashgen.runtime import launch
 from flashgen.runtime.gpu import GpuUnavailable
 from flashgen.runtime.validate import (
+    cai_stream,
+    check_head_dims,
     check_layout,
     check_scale,
     check_spec,
@@ -51,11 +55,13 @@ def attention(
 
     q is (B, H, Tq, d), k and v are (B, H_kv, Tk, d) with H a multiple of H_kv (grouped-query
     attention; H_kv = 1 is multi-query), all of one dtype (float32, float16 or
-    ml_dtypes.bfloat16), d any multiple of 8 up to 256. Any strided view works as long as
-    the last (d) axis is contiguous.
+    ml_dtypes.bfloat16), d any multiple of 8 up to 256. Any strided device view works as
+    long as the last (d) axis is contiguous (NumPy inputs are copied, so any view of them).
     NumPy inputs are copied to the GPU and the output comes back as a NumPy array; PyCUDA
     GPUArrays are used in place and the output is a new GPUArray, computed on the legacy
     default stream (in order with PyCUDA's own operations; the call does not wait for it);
+    objects with a CUDA array interface (CuPy, Numba) are used in place too, the launch
+    waiting (on the GPU) for the stream their interface names (v3 `stream`);
     torch tensors are passed to `flashgen.torch.attention` (torch tensors out, torch's current
     stream). A GPUArray call whose shapes, strides, dtypes and arguments were seen before
     skips validation and selection. `causal` masks key j for
@@ -70,8 +76,10 @@ def attention(
     outside the window are skipped; `softcap=c` turns the logits s into c * tanh(s / c);
     `alibi_slopes` (float32 (H,), host array or GPUArray like q) adds -slope[h] * |p - j|.
 
-    Inputs are validated before the GPU is touched (ValueError naming value, rule and fix);
-    without PyCUDA, a driver or a GPU the call raises GpuUnavailable.
+    Inputs are validated before the GPU is touched (ValueError naming value, rule and fix;
+    head dims too, which variant selection would otherwise judge after finding the GPU);
+    without PyCUDA, a driver or a GPU the call raises GpuUnavailable. ALiBi slopes are
+    checked on every call that changes their pointer, shape, strides or dtype.
 
     Example (needs an NVIDIA GPU and PyCUDA)::
 
@@ -98,6 +106,7 @@ def attention(
     # copied anyway: make the copies contiguous so any NumPy view is accepted
     q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
     problem = check_layout(q, k, v)
+    check_head_dims(problem)  # selection (after the GPU is found) would say it too late
     check_scale(scale, problem.d)
     _check_causal(causal)
     slopes = alibi_host(alibi_slopes, problem.h)
@@ -127,8 +136,11 @@ class _Entry:
     dtype: np.dtype[Any]
 
 
-# (shapes, strides, dtypes, pointer alignment, causal, scale, spec) -> entry, for GPUArrays
+# (shapes, strides, dtypes, pointer alignment, causal, scale, spec, feature values, the ALiBi
+# slopes' pointer, shape, strides and dtype) -> entry, for GPUArrays; at most
+# launch.MAX_SIGNATURES entries (then it starts over), like flashgen.torch's
 _entries: dict[tuple[Any, ...], _Entry] = {}
+_entries_lock = threading.Lock()
 
 
 # a call's (window, softcap, ALiBi slopes as a device array or None), window and softcap checked
@@ -149,17 +161,17 @@ def _on_device(
 
     A GPUArray signature seen before skips validation and selection: its pointers are read,
     O and LSE allocated (from a memory pool) and the kernel launched on the legacy default
-    stream, in order with PyCUDA's own operations; nothing waits for it.
+    stream, in order with PyCUDA's own operations; nothing waits for it. CUDA-array-interface
+    objects (CuPy, Numba) are validated every call, and the launch waits (on the GPU) for the
+    stream their interface names (v3 `stream`), as the interface asks of a consumer.
     """
     key = None
     if all(hasattr(x, "gpudata") for x in (q, k, v)):
         ptrs = (int(q.gpudata), int(k.gpudata), int(v.gpudata))
-        slopes = feats[2]
-        slopes_key = None if slopes is None else _pointer(slopes)
         key = (
             q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
             v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec, feats[0],
-            feats[1], slopes_key,
+            feats[1], _slopes_key(feats[2]),
         )  # fmt: skip
         try:
             e = _entries.get(key) if causal is True or causal is False else None
@@ -170,12 +182,24 @@ def _on_device(
     if e is None:
         e, ptrs = _prepare(q, k, v, causal, scale, spec, feats)
         if key is not None and remember:
-            _entries[key] = e
+            _remember(key, e)
     b, h, tq, _ = e.o_shape
     o = runtime.empty(e.o_shape, e.dtype, pooled=True)
     lse = runtime.empty((b, h, tq), np.float32, pooled=True)
+    if key is None:  # CUDA-array-interface inputs: after the work of the stream they name
+        streams = [cai_stream(n, x) for n, x in zip("qkv", (q, k, v), strict=True)]
+        launch.wait_for_streams(streams, 0)
     e.bound(ptrs[0], ptrs[1], ptrs[2], int(o.gpudata), int(lse.gpudata), 0)
     return o, lse
+
+
+def _remember(key: tuple[Any, ...], entry: _Entry) -> None:
+    """Keep a validated signature; start over past launch.MAX_SIGNATURES (a decode loop whose
+    Tk grows every step makes a new signature per step: 20,001 steps kept 20,001 entries)."""
+    with _entries_lock:
+        if len(_entries) >= launch.MAX_SIGNATURES:
+            _entries.clear()
+        _entries[key] = entry
 
 
 def _pointer(slopes: Any) -> int:
@@ -188,11 +212,21 @@ def _pointer(slopes: Any) -> int:
     return int(slopes.gpudata)
 
 
+def _slopes_key(slopes: Any) -> tuple[Any, ...] | None:
+    """What a remembered signature must match of the ALiBi slopes: pointer, shape, strides and
+    dtype. The pointer alone let a view at the same address (s[::2], s[:1], a float64 array)
+    skip validation: the kernel then read H fp32 values from memory laid out otherwise."""
+    if slopes is None:
+        return None
+    return (_pointer(slopes), tuple(slopes.shape), tuple(slopes.strides), np.dtype(slopes.dtype))
+
+
 def _prepare(
     q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any, feats: _Feats
 ) -> tuple[_Entry, tuple[int, int, int]]:
     """Validate device arrays, select the variant, load its plan, bind the signature."""
     problem = check_layout(q, k, v)
+    check_head_dims(problem)
     value = check_scale(scale, problem.d)
     _check_causal(causal)
     win, cap, slopes = feats
@@ -202,6 +236,7 @@ def _prepare(
         check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
         if not slopes.flags.c_contiguous:
             raise ValueError("alibi_slopes: must be contiguous; copy it first")
+        check_alibi_pointer(ptr)
     features = FeatureArgs(win, cap, ptr)
     if spec is not None:
         check_spec_type(spec)

@@ -56,7 +56,13 @@ import numpy as np
 from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.dtypes import DTYPES
-from flashgen.generator.features import FeatureArgs, check_alibi_shape, check_softcap, check_window
+from flashgen.generator.features import (
+    FeatureArgs,
+    check_alibi_pointer,
+    check_alibi_shape,
+    check_softcap,
+    check_window,
+)
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import packs_gqa, select
 from flashgen.generator.spec import KernelSpec
@@ -64,6 +70,7 @@ from flashgen.runtime import gpu as runtime
 from flashgen.runtime import launch
 from flashgen.runtime.validate import (
     Problem,
+    check_head_dims,
     check_layout,
     check_scale,
     check_spec,
@@ -134,6 +141,7 @@ def _fake_checks(q: Any, k: Any, v: Any, causal: bool, scale: float | None) -> N
     shims = [_shim(n, t) for n, t in zip("qkv", (q, k, v), strict=True)]
     if all(s is not None for s in shims):
         problem = check_layout(*shims)
+        check_head_dims(problem)
         check_scale(scale, problem.d)
 
 
@@ -168,7 +176,18 @@ class _Entry:
 
 _entries: dict[tuple[Any, ...], _Entry] = {}
 _entries_lock = threading.Lock()
-MAX_SIGNATURES = 4096  # validated signatures kept; past this the dict starts over
+MAX_SIGNATURES = launch.MAX_SIGNATURES  # validated signatures kept; past this the dict starts over
+
+
+def _slopes_key(slopes: Any) -> tuple[Any, ...] | None:
+    """What a remembered signature must match of the ALiBi slopes: pointer, shape, strides,
+    dtype and device. The pointer alone let another view at the same address (s[::2], s[:1],
+    a float64 tensor) skip validation: the kernel then read H fp32 values from memory laid
+    out otherwise, or past the tensor's end."""
+    if slopes is None:
+        return None
+    return (slopes.data_ptr(), tuple(slopes.shape), tuple(slopes.stride()), slopes.dtype,
+            slopes.device)  # fmt: skip
 
 
 def _raw_stream_fn() -> Callable[[int], int]:
@@ -188,11 +207,10 @@ def _run(
     has no atomics and computes the same either way."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     dev = q.get_device()
-    slopes = None if alibi_slopes is None else alibi_slopes.data_ptr()
     key = (
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
         dev, k.get_device(), v.get_device(), (qp | kp | vp) & 15, causal, scale, variant,
-        window_left, window_right, softcap, slopes,
+        window_left, window_right, softcap, _slopes_key(alibi_slopes),
     )  # fmt: skip
     try:
         e = _entries.get(key)
@@ -224,6 +242,7 @@ def _feature_args(problem: Problem, left: int, right: int, cap: float, slopes: A
         if not slopes.is_contiguous():
             raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
         ptr = int(slopes.data_ptr())
+        check_alibi_pointer(ptr)
     return FeatureArgs(check_window((left, right)), check_softcap(cap), ptr)
 
 
@@ -235,6 +254,7 @@ def _prepare(
     if causal is not True and causal is not False:
         raise ValueError(f"causal={causal!r}: must be True or False")
     problem = check_layout(q, k, v)  # CPU tensors, shapes, dtypes, strides: ValueError
+    check_head_dims(problem)
     value = check_scale(scale, problem.d)
     slopes = feats[3]
     devices = [t.device for t in (q, k, v, *(() if slopes is None else (slopes,)))]
@@ -393,39 +413,24 @@ def _run_backward(
     The feature values are the forward's (window sides -1: unbounded, softcap 0.0: off, the
     ALiBi slopes a float32 (H,) tensor on q's device or None); the variant is compiled with
     the features they use."""
-    from flashgen.runtime import backward
-
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # dO arrives in whatever layout autograd made; the kernels want O's kind of strides (and
     # the wgmma backward's TMA positive strides: an expanded dO, stride 0, is copied too)
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     tensors = (q, k, v, o, lse, do)
     det = bool(deterministic)
-    slopes = None if alibi_slopes is None else alibi_slopes.data_ptr()
     key = (
         *((t.shape, t.stride(), t.dtype) for t in tensors), q.get_device(),
         tuple(t.data_ptr() & 15 for t in tensors), bool(causal), scale, det,
-        window_left, window_right, softcap, slopes,
+        window_left, window_right, softcap, _slopes_key(alibi_slopes),
     )  # fmt: skip
     try:
         hit = _bwd_entries.get(key)
     except TypeError:  # an unhashable argument: validation names it
         hit = None
     if hit is None:  # first call of this signature: validate everything, then reuse
-        problem = check_layout(q, k, v)
-        dev = int(q.get_device())
-        features = _bwd_features(problem, window_left, window_right, softcap, alibi_slopes, q)
-        family = _bwd_family(dev, problem, det, (q, k, v, o, do))
-        spec, plan = _bwd_plan(
-            dev, problem.d, problem.dtype, bool(causal), det, family, features=features.tokens
-        )
-        bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
-        value = check_scale(scale, problem.d)
-        hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features), dev)
-        with _entries_lock:
-            if len(_bwd_entries) >= MAX_SIGNATURES:
-                _bwd_entries.clear()
-            _bwd_entries[key] = hit
+        feats = (window_left, window_right, softcap, alibi_slopes)
+        hit = _bwd_prepare(key, (*tensors, dq, dk, dv), bool(causal), scale, det, feats)
     prepared, dev = hit
     b, h, tq, d = (int(n) for n in q.shape)
     d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
@@ -440,6 +445,32 @@ def _run_backward(
     )  # fmt: skip
     prepared(pointers, _raw_stream(dev))
     return dq, dk, dv
+
+
+def _bwd_prepare(
+    key: tuple[Any, ...], tensors: tuple[Any, ...], causal: bool, scale: Any, det: bool,
+    feats: tuple[int, int, float, Any],
+) -> tuple[Any, int]:  # fmt: skip
+    """First backward call of a signature: validate (q, k, v, o, lse, do, dq, dk, dv and the
+    feature values), choose and load the variant, prepare its launches (then cached)."""
+    from flashgen.runtime import backward
+
+    q, k, v, o, lse, do, dq, dk, dv = tensors
+    problem = check_layout(q, k, v)
+    dev = int(q.get_device())
+    features = _bwd_features(problem, *feats, q)
+    family = _bwd_family(dev, problem, det, (q, k, v, o, do))
+    spec, plan = _bwd_plan(
+        dev, problem.d, problem.dtype, causal, det, family, features=features.tokens
+    )
+    bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
+    value = check_scale(scale, problem.d)
+    hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features), dev)
+    with _entries_lock:
+        if len(_bwd_entries) >= MAX_SIGNATURES:
+            _bwd_entries.clear()
+        _bwd_entries[key] = hit
+    return hit
 
 
 def _bwd_features(

@@ -144,6 +144,23 @@ class FakeLibcuda:
         _out(ref, b"an error")
         return 0
 
+    def _cuEventCreate(self, ref: Any, flags: int) -> int:
+        _out(ref, 0xE000 + len(self.log))
+        self.log.append(("event_create", ref._obj.value, flags))
+        return 0
+
+    def _cuEventRecord(self, event: Any, stream: Any) -> int:
+        self.log.append(("event_record", event.value, stream))
+        return 0
+
+    def _cuStreamWaitEvent(self, stream: Any, event: Any, flags: int) -> int:
+        self.log.append(("stream_wait_event", stream, event.value, flags))
+        return 0
+
+    def _cuEventDestroy_v2(self, event: Any) -> int:
+        self.log.append(("event_destroy", event.value))
+        return 0
+
     def _cuLaunchKernel(
         self, f: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int,
         stream: int, params: Any, extra: Any,

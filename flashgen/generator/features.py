@@ -53,13 +53,14 @@ class FeatureArgs:
     def kernel_args(self, tq: int, tk: int) -> tuple[int, int, float, int]:
         """(window_left, window_right, softcap, alibi pointer) as the kernel takes them.
 
-        A window side of Tq + Tk keys or more reaches every key: it is passed as -1
-        (unbounded), which also keeps the kernel's int arithmetic (p - left) from overflowing.
+        A side that reaches every key of every row is passed as -1 (unbounded): a left side
+        of Tk keys or more (query positions p < Tk: p - left < 0), a right side of Tq or more
+        (p >= Tk - Tq: p + right >= Tk). So both fit the kernel's int arguments whatever Tq
+        and Tk are (a side of 2^31 or more would wrap to a negative int).
         """
         left, right = self.window if self.window is not None else (-1, -1)
-        reach = tq + tk
-        left = -1 if left >= reach else left
-        right = -1 if right >= reach else right
+        left = -1 if left >= tk else left
+        right = -1 if right >= tq else right
         return left, right, float(self.softcap or 0.0), int(self.alibi or 0)
 
 
@@ -120,6 +121,23 @@ def check_alibi_shape(shape: tuple[int, ...], dtype: Any, heads: int) -> None:
         raise ValueError(
             f"alibi_slopes.dtype={dtype}: must be float32; cast it (.astype(np.float32) or "
             ".float())"
+        )
+
+
+ALIBI_ALIGN = 4  # bytes: the kernels load each slope as one fp32
+
+
+def check_alibi_pointer(ptr: int | None) -> None:
+    """ValueError unless ALiBi slopes' device pointer is set and 4-byte aligned (the kernels
+    load fp32 slopes; the bundle's launcher refuses the same)."""
+    if not ptr:
+        raise ValueError(
+            "alibi_slopes: no device pointer; pass the slopes as a device array like q"
+        )
+    if ptr % ALIBI_ALIGN:
+        raise ValueError(
+            f"alibi_slopes pointer {ptr:#x}: must be {ALIBI_ALIGN}-byte aligned (the kernels "
+            "load fp32 slopes); pass a fresh float32 array (not a view at a byte offset)"
         )
 
 

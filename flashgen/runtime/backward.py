@@ -65,6 +65,7 @@ from flashgen.generator.families import FAMILIES
 from flashgen.generator.features import (
     NO_FEATURES,
     FeatureArgs,
+    check_alibi_pointer,
     check_alibi_shape,
     check_fits,
     check_softcap,
@@ -76,6 +77,7 @@ from flashgen.runtime.validate import (
     Problem,
     _check_no_overlap,
     _check_operand,
+    cai_stream,
     check_layout,
     check_scale,
     describe,
@@ -157,7 +159,7 @@ def validate_backward(
         raise ValueError(f"spec {spec.name}: a forward variant; pass spec.replace(direction='bwd')")
     if o is None or lse is None:
         raise ValueError("o, lse: the forward's output and LSE are required by the backward")
-    fwd = check_layout(q, k, v, o=o, lse=lse)
+    fwd = check_layout(q, k, v, o=o, lse=lse, outputs=False)  # the forward's o, lse: read here
     _check_spec(spec, fwd, check_pointers=check_pointers)
     qi, ki, vi, oi = (describe(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("o", o)))
     do_s, doi = _like("do", do, oi.shape, oi.dtype, "o's shape and dtype: dL/dO")
@@ -304,6 +306,8 @@ class Prepared:
         from flashgen.runtime import launch as _launch
 
         check_fits(spec, features)
+        if features.alibi is not None:
+            check_alibi_pointer(features.alibi)
         self.plan, self.spec, self.features = plan, spec, features
         self.launches = list(
             zip(kernel_names(spec), _functions(plan, spec), problem.grids(spec), smems(spec),
@@ -397,6 +401,8 @@ def backward_features(
         if info.shape[0] > 1 and info.strides[0] != info.dtype.itemsize:
             raise ValueError("alibi_slopes: must be contiguous; copy it first")
         ptr = info.ptr
+        if ptr and not isinstance(alibi_slopes, np.ndarray):
+            check_alibi_pointer(ptr)
     try:  # the variant against the call, before any pointer is required
         check_fits(spec, FeatureArgs(win, cap, None if alibi_slopes is None else 1))
     except ValueError as exc:  # launch_backward always names its variant: no spec=None here
@@ -444,6 +450,7 @@ def launch_backward(
     BackwardLaunch (it owns the scratch) until the stream is done.
     """
     from flashgen.runtime import gpu as runtime
+    from flashgen.runtime import launch as _launch
 
     problem = validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
     value = check_scale(scale, spec.d)
@@ -453,7 +460,11 @@ def launch_backward(
             problem.dk_ptr, problem.dv_ptr)  # fmt: skip
     if any(p is None for p in ptrs):
         raise ValueError("q, k, v, o, do, lse, dq, dk, dv: device arrays with pointers required")
+    arrays = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do, "dq": dq, "dk": dk, "dv": dv}
+    producers = [cai_stream(name, x) for name, x in arrays.items()]
     plan = runtime.get_function(spec)
+    # CUDA-array-interface arrays: the kernels follow the work queued on the stream they name
+    _launch.wait_for_streams(producers, runtime.stream_handle(stream))
     d_shape, dq_shape = scratch_shapes(spec, f.b, f.h, f.tq, f.d)
     d_buf = runtime.empty(d_shape, "fp32", pooled=True)
     # the deterministic mode has no dQ accumulator

@@ -33,7 +33,13 @@ from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import launch as _launch
 from flashgen.runtime.launch import INSTALL_HINT, GpuUnavailable, LaunchPlan
-from flashgen.runtime.validate import Problem, check_scale, validate_inputs
+from flashgen.runtime.validate import (
+    Problem,
+    cai_stream,
+    check_scale,
+    check_slopes_apart,
+    validate_inputs,
+)
 
 # The kernel C ABI (templates/_common.cuh.j2) as struct codes: q, k, v, o, lse pointers; tq, tk
 # as int; twelve long long strides (q, k, v, o x batch, head, token); scale_log2 as float;
@@ -292,13 +298,21 @@ def launch(
     fills o and lse with NaN first (o must then be contiguous), so an unwritten element shows.
     With `sync` (default) the call waits for the kernel and raises RuntimeError naming it when
     the launch or the kernel fails. `features` carries the call's window, softcap and ALiBi
-    slopes (device pointer); the variant must be compiled with each one used.
+    slopes (device pointer); the variant must be compiled with each one used. Arrays whose
+    CUDA array interface names a stream (v3: CuPy, Numba) are waited for: `stream` waits on
+    an event recorded there before the launch.
     """
     problem = validate_inputs(spec, q, k, v, o=o, lse=lse)
     if problem.lse_ptr is None or problem.o_ptr is None:
         raise ValueError("o, lse: device arrays with a pointer are required; allocate GPUArrays")
     value = check_scale(scale, spec.d)
+    if features.alibi:
+        check_slopes_apart(o, lse, features.alibi, problem.h)
+    arrays = {"q": q, "k": k, "v": v, "o": o, "lse": lse}
+    producers = [cai_stream(name, x) for name, x in arrays.items()]
     plan = get_function(spec)
+    # CUDA-array-interface arrays: the launch follows the work queued on the stream they name
+    _launch.wait_for_streams(producers, stream_handle(stream))
     if poison_outputs:
         if not _contiguous(problem):
             raise ValueError(

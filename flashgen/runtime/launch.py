@@ -55,7 +55,7 @@ from typing import Any
 from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.families import FAMILIES, family_of
-from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
+from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_alibi_pointer, check_fits
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.prefix import PrefixRegistry
 from flashgen.runtime.validate import Problem
@@ -64,6 +64,10 @@ from flashgen.runtime.validate import Problem
 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_EVENT_DISABLE_TIMING = 0x2
+# The CUstream handles of the default streams, which the CUDA array interface (v3) uses too
+CU_STREAM_LEGACY = 0x1
+CU_STREAM_PER_THREAD = 0x2
 SM_LIMIT_ENV = "FLASHGEN_SM_LIMIT"  # at most this many SMs for grids that size by them
 # Number of common ABI arguments: 5 pointers, tq, tk, 12 strides, scale_log2, kv_group, and
 # the four feature values (window left/right, softcap, ALiBi slopes pointer).
@@ -72,6 +76,12 @@ N_COMMON_ARGS = len(abi.FWD)
 INSTALL_HINT = (
     "install PyCUDA (pip install 'flashgen[gpu]') on a machine with an NVIDIA driver and GPU"
 )
+
+
+# Validated signatures a host keeps (flashgen.attention's device path, flashgen.torch's forward
+# and backward); past this the dict starts over (a decode loop whose Tk grows every step would
+# otherwise keep one entry per step, forever).
+MAX_SIGNATURES = 4096
 
 
 class GpuUnavailable(RuntimeError):
@@ -123,6 +133,10 @@ class Driver:
             "cuGetErrorName": [i, c.POINTER(c.c_char_p)],
             "cuGetErrorString": [i, c.POINTER(c.c_char_p)],
             "cuLaunchKernel": [vp, u, u, u, u, u, u, u, vp, c.POINTER(vp), c.POINTER(vp)],
+            "cuEventCreate": [c.POINTER(vp), u],
+            "cuEventRecord": [vp, vp],
+            "cuStreamWaitEvent": [vp, vp, u],
+            "cuEventDestroy_v2": [vp],
         }
         for name, argtypes in sigs.items():
             fn = getattr(lib, name)
@@ -147,6 +161,27 @@ class Driver:
         """Raise RuntimeError naming `what` when `rc` is not CUDA_SUCCESS."""
         if rc:
             raise RuntimeError(f"{what}: {self.error(rc)}")
+
+    def stream_wait(self, producer: int, consumer: int) -> None:
+        """Make stream `consumer` wait (on the GPU, the host does not) for the work queued on
+        stream `producer` so far: an event recorded there, waited for here, then released
+        (the driver keeps it until it completes). Needs a current context."""
+        lib, event = self.lib, ctypes.c_void_p()
+        self.check(
+            lib.cuEventCreate(ctypes.byref(event), CU_EVENT_DISABLE_TIMING),
+            "creating an event to wait for the inputs' stream",
+        )
+        try:
+            self.check(
+                lib.cuEventRecord(event, producer),
+                f"recording an event on the inputs' stream {producer:#x}",
+            )
+            self.check(
+                lib.cuStreamWaitEvent(consumer, event, 0),
+                f"making stream {consumer:#x} wait for the inputs' stream {producer:#x}",
+            )
+        finally:
+            lib.cuEventDestroy_v2(event)
 
     def primary_context(self, device: int) -> int:
         """The primary context of `device` (retained once per process, never released)."""
@@ -235,6 +270,21 @@ def driver() -> Driver:
     return _driver
 
 
+def wait_for_streams(producers: Sequence[int | None], stream: int) -> None:
+    """Order a launch on CUstream `stream` (0: the legacy default) after the work its inputs'
+    producers queued: for each distinct producer stream (the `stream` of a CUDA array
+    interface v3: None, nothing to wait for; 1 the legacy default stream; 2 the per-thread
+    default stream; else a CUstream) other than `stream` itself, `stream` waits on an event
+    recorded there. Without it a CuPy array filled on a non-blocking stream could be read
+    before it is written. Issues nothing when every producer is None or `stream`."""
+    same = {stream, CU_STREAM_LEGACY} if stream in (0, CU_STREAM_LEGACY) else {stream}
+    waits = [p for p in dict.fromkeys(producers) if p is not None and p not in same]
+    if waits:
+        drv = driver()
+        for producer in waits:
+            drv.stream_wait(producer, stream)
+
+
 @dataclass(eq=False)
 class LaunchPlan:
     """A loaded kernel ready to launch on one device: function, block, shared memory."""
@@ -266,6 +316,8 @@ class LaunchPlan:
         """The launch of this plan on `problem`'s signature (its pointers are ignored) with
         the call's feature values; ValueError when the variant lacks a feature the call uses."""
         check_fits(self.spec, features)
+        if features.alibi is not None:
+            check_alibi_pointer(features.alibi)
         if "gqapack" in self.spec.features and problem.tq * problem.kv_group >= 2**31:
             raise ValueError(
                 f"tq={problem.tq} x kv_group={problem.kv_group}: a gqapack variant packs them "

@@ -19,9 +19,10 @@ boxes of BR rows, K and V of BC rows, over the K/V heads), ahead of the backward
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections import OrderedDict
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import backward
@@ -36,6 +37,12 @@ BOX_COLS = 64  # 64 16-bit elements = 128 bytes, the widest box a 128-byte swizz
 TMA_STRIDE_LIMIT = 1 << 40  # global strides must stay below 2^40 bytes
 
 _CACHE_SIZE = 256
+_T = TypeVar("_T")
+# Guards both LRU caches: a lookup is get() then move_to_end(), and an insert may evict, so two
+# threads launching wgmma kernels at once could evict the key between another's get() and
+# move_to_end() (KeyError out of a launch) or corrupt the OrderedDict's order. Encoding runs
+# outside the lock: it calls the driver and may raise.
+_maps_lock = threading.Lock()
 
 
 class TensorMap(ctypes.Structure):
@@ -116,9 +123,8 @@ def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, Ten
     """Q, K and V tensor maps for `spec` on `p`, from a small LRU cache keyed by all inputs."""
     key = (spec.dtype, spec.br, spec.bc, p.b, p.h, p.kv_heads, p.tq, p.tk, p.d, p.value_dim,
            p.q_ptr, p.k_ptr, p.v_ptr, p.q_strides, p.k_strides, p.v_strides)  # fmt: skip
-    hit = _maps.get(key)
+    hit = _lru_get(_maps, key)
     if hit is not None:
-        _maps.move_to_end(key)
         return hit
     assert p.q_ptr is not None and p.k_ptr is not None and p.v_ptr is not None
     maps = (
@@ -126,10 +132,27 @@ def tensor_maps(spec: KernelSpec, p: Problem) -> tuple[TensorMap, TensorMap, Ten
         encode(p.k_ptr, spec.dtype, p.b, p.kv_heads, p.tk, p.d, p.k_strides, spec.bc),
         encode(p.v_ptr, spec.dtype, p.b, p.kv_heads, p.tk, p.value_dim, p.v_strides, spec.bc),
     )
-    _maps[key] = maps
-    if len(_maps) > _CACHE_SIZE:
-        _maps.popitem(last=False)
+    _lru_put(_maps, key, maps)
     return maps
+
+
+def _lru_get(cache: OrderedDict[tuple[Any, ...], _T], key: tuple[Any, ...]) -> _T | None:
+    """`cache[key]` marked most recently used, or None; one locked step (see _maps_lock)."""
+    with _maps_lock:
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+        return hit
+
+
+def _lru_put(cache: OrderedDict[tuple[Any, ...], _T], key: tuple[Any, ...], value: _T) -> None:
+    """Insert `value` as most recently used, evicting the least recently used past
+    _CACHE_SIZE entries; one locked step (see _maps_lock)."""
+    with _maps_lock:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
 
 
 def prefix_args(spec: KernelSpec, problem: Problem) -> list[Any]:
@@ -154,9 +177,8 @@ def backward_tensor_maps(
     p = bp.fwd
     key = (spec.dtype, spec.br, spec.bc, p.b, p.h, p.kv_heads, p.tq, p.tk, p.d, p.value_dim,
            q, k, v, do, p.q_strides, p.k_strides, p.v_strides, bp.do_strides)  # fmt: skip
-    hit = _bwd_maps.get(key)
+    hit = _lru_get(_bwd_maps, key)
     if hit is not None:
-        _bwd_maps.move_to_end(key)
         return hit
     maps = (
         encode(q, spec.dtype, p.b, p.h, p.tq, p.d, p.q_strides, spec.br),
@@ -164,9 +186,7 @@ def backward_tensor_maps(
         encode(v, spec.dtype, p.b, p.kv_heads, p.tk, p.value_dim, p.v_strides, spec.bc),
         encode(do, spec.dtype, p.b, p.h, p.tq, p.value_dim, bp.do_strides, spec.br),
     )
-    _bwd_maps[key] = maps
-    if len(_bwd_maps) > _CACHE_SIZE:
-        _bwd_maps.popitem(last=False)
+    _lru_put(_bwd_maps, key, maps)
     return maps
 
 

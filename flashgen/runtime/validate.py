@@ -146,6 +146,28 @@ def describe(name: str, x: Any) -> ArrayInfo:
     )
 
 
+def cai_stream(name: str, x: Any) -> int | None:
+    """The stream a CUDA-array-interface producer (CuPy, Numba) says `x`'s data is ready on,
+    which a consumer must wait for (v3): None when there is nothing to wait for (no interface,
+    no `stream`, or a PyCUDA GPUArray or torch tensor: their hosts order their own work),
+    1 the legacy default stream, 2 the per-thread default stream, else a CUstream handle.
+    ValueError for a value the interface disallows (0 is ambiguous there)."""
+    if hasattr(x, "gpudata") or callable(getattr(x, "data_ptr", None)):
+        return None
+    cai = getattr(x, "__cuda_array_interface__", None)
+    stream = cai.get("stream") if isinstance(cai, dict) else None
+    if stream is None:
+        return None
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream <= 0:
+        raise ValueError(
+            f"{name}.__cuda_array_interface__['stream']={stream!r}: must be None or a positive "
+            "int (CUDA array interface v3: 1 the legacy default stream, 2 the per-thread "
+            "default stream, else a stream handle; 0 is disallowed as ambiguous); fix the "
+            "producer's interface, or synchronize and pass the array without a stream"
+        )
+    return stream
+
+
 def _describe_cai(name: str, x: Any, cai: dict[str, Any]) -> ArrayInfo:
     """An object exposing `__cuda_array_interface__` (v2/v3): shape, strides, pointer from it.
 
@@ -276,6 +298,26 @@ class Problem:
         return (*self.q_strides, *self.k_strides, *self.v_strides, *self.o_strides)
 
 
+HEAD_DIM_STEP = 8  # every family takes head dims (d and dv) in multiples of this ...
+HEAD_DIM_MAX = 256  # ... up to this
+
+
+def check_head_dims(problem: Problem) -> None:
+    """ValueError unless d and dv are multiples of 8 in [8, 256], every family's rule.
+
+    Variant selection says so too, but it needs the GPU: hosts call this first, so a call
+    without a GPU names the bad head dim instead of raising GpuUnavailable.
+    """
+    for label, value in (("d", problem.d), ("dv", problem.value_dim)):
+        if value % HEAD_DIM_STEP or not HEAD_DIM_STEP <= value <= HEAD_DIM_MAX:
+            raise ValueError(
+                f"{label}={value}: must be a multiple of {HEAD_DIM_STEP} in [{HEAD_DIM_STEP}, "
+                f"{HEAD_DIM_MAX}] (every kernel family's rule); pad the head dim with zero "
+                "columns to a multiple of 8 (zeros in q and k leave q.k unchanged; pass "
+                "scale=1/sqrt(d) of the real d), or split it"
+            )
+
+
 def check_scale(scale: float | None, d: int) -> float:
     """The softmax scale to use: 1/sqrt(d) when None, else `scale`, finite and in
     [SCALE_MIN, SCALE_MAX] (positive, with scale * log2(e) a normal float32)."""
@@ -296,8 +338,14 @@ def check_scale(scale: float | None, d: int) -> float:
     return value
 
 
-def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> Problem:
-    """Every check that needs no kernel spec; return the Problem (raise ValueError otherwise)."""
+def check_layout(
+    q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None, outputs: bool = True
+) -> Problem:
+    """Every check that needs no kernel spec; return the Problem (raise ValueError otherwise).
+
+    With `outputs` (a forward launch writes o and lse), o and lse must not overlap q, k, v,
+    each other, or (o) themselves; the backward passes False: there they are its inputs.
+    """
     qi, ki, vi = describe("q", q), describe("k", k), describe("v", v)
     for a in (qi, ki, vi):
         if len(a.shape) != 4:
@@ -337,7 +385,7 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
     if dv != d:
         _check_sizes(b, h, tq, tk, dv)
     strides = [_check_operand(a) for a in (qi, ki, vi)]
-    o_strides, o_ptr = None, None
+    o_strides, o_ptr, taken = None, None, [qi, ki, vi]  # what a later output must not overlap
     if o is not None:
         oi = describe("o", o)
         o_shape = (b, h, tq, dv)
@@ -349,7 +397,15 @@ def check_layout(q: Any, k: Any, v: Any, *, o: Any = None, lse: Any = None) -> P
         o_strides = _check_operand(oi)
         _check_no_overlap(oi)
         o_ptr = oi.ptr
-    lse_ptr = None if lse is None else _check_lse(describe("lse", lse), (b, h, tq))
+        if outputs:
+            _check_apart(oi, taken)
+            taken.append(oi)
+    lse_ptr = None
+    if lse is not None:
+        li = describe("lse", lse)
+        lse_ptr = _check_lse(li, (b, h, tq))
+        if outputs:
+            _check_apart(li, taken)
     return Problem(
         b, h, tq, tk, d, dtype, strides[0], strides[1], strides[2],
         o_strides=o_strides, q_ptr=qi.ptr, k_ptr=ki.ptr, v_ptr=vi.ptr, o_ptr=o_ptr,
@@ -405,12 +461,67 @@ def _check_operand(a: ArrayInfo) -> Strides3:
 
 
 def _check_no_overlap(a: ArrayInfo) -> None:
-    # a zero stride on a real axis would make several blocks write the same output row
+    """ValueError unless no two elements of output `a` share an address (several blocks
+    would write one row)."""
     for axis, (extent, stride) in enumerate(zip(a.shape, a.strides, strict=True)):
         if extent > 1 and stride == 0:
             raise ValueError(
                 f"{a.name}.strides[{axis}]=0 on the {AXES[axis]} axis of extent {extent}: "
                 "output rows would overlap; allocate a fresh output array"
+            )
+    # The axes longer than 1 by increasing |stride|: each must step past everything the axes
+    # inside it span. Sufficient, not necessary (a rare interleaving that does not overlap is
+    # refused too); the bundle's launcher applies the same rule (elements_apart).
+    span = a.dtype.itemsize
+    axes = sorted((abs(s), n, i) for i, (n, s) in enumerate(zip(a.shape, a.strides, strict=True)))
+    for stride, extent, axis in axes:
+        if extent <= 1:
+            continue
+        if stride < span:
+            raise ValueError(
+                f"{a.name}.strides={a.strides} bytes (shape {a.shape}): the {AXES[axis]} axis "
+                f"steps {stride} bytes, less than the {span} bytes the axes inside it span, so "
+                "output elements overlap; allocate a fresh (dense) output array"
+            )
+        span += stride * (extent - 1)
+
+
+def byte_span(a: ArrayInfo) -> tuple[int, int] | None:
+    """The bytes [lo, hi) array `a` can touch, from its pointer, shape and byte strides (any
+    sign); None without a pointer (a host array that is copied anyway)."""
+    if a.ptr is None:
+        return None
+    lo = hi = 0
+    for extent, stride in zip(a.shape, a.strides, strict=True):
+        step = stride * (extent - 1)
+        if step < 0:
+            lo += step
+        else:
+            hi += step
+    return a.ptr + lo, a.ptr + hi + a.dtype.itemsize
+
+
+def check_slopes_apart(o: Any, lse: Any, slopes_ptr: int, heads: int) -> None:
+    """ValueError when output o or lse overlaps the `heads` fp32 ALiBi slopes at `slopes_ptr`
+    (read by every block while others write the outputs); the bundle refuses the same."""
+    slopes = ArrayInfo("alibi_slopes", (heads,), (4,), np.dtype(np.float32), slopes_ptr)
+    for name, x in (("o", o), ("lse", lse)):
+        _check_apart(describe(name, x), [slopes])
+
+
+def _check_apart(out: ArrayInfo, others: list[ArrayInfo]) -> None:
+    """ValueError when output `out` overlaps one of `others` (the inputs, or an output checked
+    before): the kernels read the inputs while other blocks write the outputs."""
+    mine = byte_span(out)
+    if mine is None:
+        return
+    for other in others:
+        theirs = byte_span(other)
+        if theirs is not None and mine[0] < theirs[1] and theirs[0] < mine[1]:
+            raise ValueError(
+                f"{out.name} (bytes {mine[0]:#x}..{mine[1]:#x}) overlaps {other.name} (bytes "
+                f"{theirs[0]:#x}..{theirs[1]:#x}): an output must not share memory with an "
+                f"input or another output; allocate a fresh {out.name}"
             )
 
 

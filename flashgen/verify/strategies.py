@@ -147,10 +147,12 @@ def cases(
 
 def windows(tq: int, tk: int) -> st.SearchStrategy[tuple[int, int]]:
     """A sliding window (left, right): each side -1 (unbounded), 0 (empty side), a few keys,
-    anything up to past the whole sequence, or exactly Tq + Tk (reaches every key)."""
+    anything up to past the whole sequence, exactly Tq + Tk, or either side of the lengths
+    from which the host passes a side as unbounded (left >= Tk, right >= Tq reach every key:
+    `FeatureArgs.kernel_args`)."""
     reach = tq + tk
     side = st.one_of(
-        st.sampled_from([-1, 0, 1, reach]),
+        st.sampled_from([-1, 0, 1, tq - 1, tq, tk - 1, tk, reach]),
         st.integers(min_value=0, max_value=reach + 2),
     )
     return st.tuples(side, side)

@@ -122,11 +122,35 @@ constexpr float LOG2E = 1.4426950408889634f;
 // ---- which keys a query sees -------------------------------------------------------------
 // Query row i sits at key position p = i + tk - tq (bottom-right alignment). It sees key j when
 // j < tk, and (causal) j <= p, and (window) p - window_left <= j <= p + window_right.
+// The window edges p - window_left and p + window_right pass 2^31 when Tk does come near it
+// (a broadcast K/V of stride 0: rows came back with O = 0, LSE = -inf), so the test compares
+// the offset j - p with the sides instead: for every row (< tq + BR) and key (< tk + BC) a
+// block touches, p = (i - tq) + tk and j - p fit an int (tq, tk <= 2^31 - 1024), as do the
+// sides (the host passes -1 for one that reaches every key). Same int work as p +- side.
 __device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int window_left,
                                            int window_right) {
-  const int p = row + tk - tq;
-  return key >= tk || (CAUSAL && key > p) || (WINDOW && window_left >= 0 && key < p - window_left) ||
-         (WINDOW && window_right >= 0 && key > p + window_right);
+  const int ahead = key - (row - tq + tk);  // j - p
+  return key >= tk || (CAUSAL && ahead > 0) || (WINDOW && window_left >= 0 && ahead < -window_left) ||
+         (WINDOW && window_right >= 0 && ahead > window_right);
+}
+
+// `v` clamped to [lo, hi] as an int: a row's (or key's) window edge, computed once per row in
+// 64 bits (it may pass 2^31: see key_hidden), narrowed for the per-element int compares.
+__device__ __forceinline__ int clamp_to_int(long long v, int lo, int hi) {
+  return (int)min(max(v, (long long)lo), (long long)hi);
+}
+// a + b and a - b saturated to [INT_MIN, INT_MAX] (one instruction, as the plain add): a
+// window edge past 2^31 becomes INT_MAX, which no row or key index passes, so it hides
+// nothing, as the exact edge would.
+__device__ __forceinline__ int add_sat(int a, int b) {
+  int r;
+  asm("add.sat.s32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ int sub_sat(int a, int b) {
+  int r;
+  asm("sub.sat.s32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
 }
 
 // The keys rows [q0, q0 + BR) may see, as whole tiles: tiles [first, end) of BC keys. Tiles
@@ -199,7 +223,7 @@ __device__ __forceinline__ ScoreMod score_mod(float scale_log2, float softcap, c
 // The base-2 logit of raw score s for query row `row` and key `key` (used when SCORE_MOD).
 __device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, int key, int tq, int tk) {
   float x = SOFTCAP ? m.post * softcap_tanh(s * m.pre) : s * m.pre;
-  if (ALIBI) x = fmaf(-m.slope, fabsf((float)(row + tk - tq - key)), x);
+  if (ALIBI) x = fmaf(-m.slope, fabsf((float)((row - tq + tk) - key)), x);  // p - j: ints (key_hidden)
   return x;
 }
 
@@ -567,20 +591,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
           // and key_hidden compute, with the per-row parts hoisted out of the loop.
           const int kb = kv0 + (lane % 4) * 2;  // this thread's first key of the tile
           const int rg = q0 + row0;             // its row g (and g + 8)
-          const int pg = rg + tk - tq;          // the key position of row g (row g + 8: pg + 8)
+          const int pg = rg - tq + tk;          // the key position of row g (row g + 8: pg + 8)
           // ALIBI: p - kb of rows g and g + 8 in fp32 (exact below 2^24): |p - key| is one FADD
           const float pb0 = ALIBI ? (float)(pg - kb) : 0.0f;
-          // WINDOW: row g + 8h sees keys kb + x for lo[h] <= x < hi[h] (= !key_hidden)
+          // WINDOW: row g + 8h sees keys kb + x for lo[h] <= x < hi[h] (= !key_hidden); the
+          // edges in 64 bits (p + window_right passes 2^31 when Tk comes near it), clamped to
+          // [0, BC] (x is in [0, BC)) so the per-element compares stay int
           int lo[2], hi[2];
           if constexpr (WINDOW && decltype(masked)::value) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int p = pg + 8 * h;
-              int e = tk;
+              const long long p = pg + 8 * h;
+              long long e = tk;
               if (CAUSAL) e = min(e, p + 1);
               if (window_right >= 0) e = min(e, p + window_right + 1);
-              hi[h] = e - kb;
-              lo[h] = window_left >= 0 ? p - window_left - kb : -BC;
+              hi[h] = clamp_to_int(e - kb, 0, BC);
+              lo[h] = window_left >= 0 ? clamp_to_int(p - window_left - kb, 0, BC) : 0;
             }
           }
 #pragma unroll

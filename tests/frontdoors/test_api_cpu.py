@@ -177,3 +177,93 @@ def test_the_numpy_path_copies_in_launches_waits_and_copies_out(fake_gpu):
     names = [c[0] for c in calls.log]
     assert names.count("htod") == 3 and names.count("dtoh") == 2
     assert names.index("synchronize") < names.index("dtoh") and len(cuda.launches) == 1
+
+
+# ---- bad head dims are named before the GPU is looked for ------------------------------------
+@pytest.mark.parametrize(
+    "shapes,name",
+    [
+        (((2, 3, 10, 65), (2, 3, 12, 65), (2, 3, 12, 65)), "d=65"),
+        (((2, 3, 10, 264), (2, 3, 12, 264), (2, 3, 12, 264)), "d=264"),
+        (((2, 3, 10, 64), (2, 3, 12, 64), (2, 3, 12, 60)), "dv=60"),
+    ],
+)
+def test_a_head_dim_no_family_takes_is_a_value_error_without_a_gpu(shapes, name):
+    host = [np.zeros(s, np.float16) for s in shapes]
+    with pytest.raises(ValueError, match=rf"{name}: must be a multiple of 8 in \[8, 256\]"):
+        flashgen.attention(*host)
+    from _fakecuda import FakeGPUArray  # device arrays: no PyCUDA here, still a ValueError
+
+    with pytest.raises(ValueError, match=rf"{name}: must be a multiple of 8 in \[8, 256\]"):
+        flashgen.attention(*(FakeGPUArray(s, np.float16, gpudata=1 << 30) for s in shapes))
+
+
+def test_a_device_array_with_a_strided_d_axis_is_a_value_error_without_a_gpu():
+    from _fakecuda import FakeGPUArray
+
+    q = FakeGPUArray((2, 3, 10, 64), np.float16, gpudata=1 << 30, strides=(7680, 2560, 256, 4))
+    k = FakeGPUArray((2, 3, 12, 64), np.float16, gpudata=2 << 30)
+    with pytest.raises(ValueError, match=r"q.strides\[3\]=4 bytes: the d axis must be contiguous"):
+        flashgen.attention(q, k, k)
+
+
+# ---- the device-array signature cache is bounded ---------------------------------------------
+def test_a_decode_loop_with_growing_tk_keeps_a_bounded_number_of_signatures(fake_gpu, monkeypatch):
+    from flashgen import api
+    from flashgen.runtime import launch
+
+    monkeypatch.setattr(launch, "MAX_SIGNATURES", 8)
+    for tk in range(1, 30):  # a new signature every step (20,001 steps kept 20,001 entries)
+        flashgen.attention(*gpuarrays(tq=1, tk=tk))
+    assert 1 <= len(api._entries) <= 8
+    assert len(fake_gpu[1].launches) == 29
+
+
+# ---- CUDA-array-interface inputs: the launch waits for the producer's stream (v3) ------------
+class CaiArray:
+    """A CuPy-like device array: everything through __cuda_array_interface__ (v3), with the
+    stream its producer names (None: nothing to wait for)."""
+
+    def __init__(self, shape, ptr, stream=None, dtype=np.float16):
+        self.shape, self.dtype, self.ptr_, self.stream = tuple(shape), np.dtype(dtype), ptr, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        return {
+            "shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr_, False),
+            "strides": None, "version": 3, "stream": self.stream,
+        }  # fmt: skip
+
+
+def cai_qkv(*streams):
+    shapes = ((2, 3, 70, 64), (2, 3, 45, 64), (2, 3, 45, 64))
+    return tuple(
+        CaiArray(s, 0x1000_0000 * (i + 1), stream)
+        for i, (s, stream) in enumerate(zip(shapes, streams, strict=True))
+    )
+
+
+def waits(cuda):
+    """(producer stream, consumer stream) of each event wait issued, from the fake driver's log."""
+    recorded = {c[1]: c[2] for c in cuda.log if c[0] == "event_record"}
+    return [(recorded[c[2]], c[1]) for c in cuda.log if c[0] == "stream_wait_event"]
+
+
+def test_the_launch_waits_for_the_stream_a_cai_producer_names(fake_gpu):
+    _, cuda, _ = fake_gpu
+    flashgen.attention(*cai_qkv(0xABC0, 0xABC0, 0xDEF0))
+    assert waits(cuda) == [(0xABC0, 0), (0xDEF0, 0)]  # each producer stream once
+    names = [c[0] for c in cuda.log]
+    assert names.index("stream_wait_event") < names.index("launch")  # before the kernel
+    assert names.count("event_create") == names.count("event_destroy") == 2
+
+
+def test_default_and_absent_streams_need_no_event_and_zero_is_refused(fake_gpu):
+    _, cuda, _ = fake_gpu
+    flashgen.attention(*cai_qkv(None, 1, None))  # 1: the legacy default stream, the launch's
+    assert waits(cuda) == [] and len(cuda.launches) == 1
+    flashgen.attention(*cai_qkv(2, None, None))  # 2: the per-thread default stream
+    assert waits(cuda) == [(2, 0)]
+    with pytest.raises(ValueError, match=r"k.__cuda_array_interface__\['stream'\]=0: .*0 is"):
+        flashgen.attention(*cai_qkv(None, 0, None))
+    assert len(cuda.launches) == 2

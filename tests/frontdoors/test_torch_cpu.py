@@ -410,3 +410,104 @@ def test_the_overhead_table_has_one_line_per_problem_and_flashgens_ratio_to_sdpa
         ["B1 H8 T1 d128", "no", "18.0", "20.0", "-", "0.90"],
         ["B1 H8 T128 d64", "yes", "-", "25.0", "-", "-"],
     ]
+
+
+# ---- the ALiBi slopes in a remembered signature: pointer, shape, strides, dtype, device -------
+@pytest.fixture
+def keyed(monkeypatch):
+    """flashgen.torch's forward and backward host paths on CPU tensors, with the first call of
+    a signature replaced by the slopes' real checks (what a CUDA tensor's first call runs
+    before compiling) and a launch that does nothing: what stays is the signature cache."""
+    from flashgen.generator.spec import KernelSpec as Spec
+    from flashgen.runtime.validate import Problem
+
+    st = (4 * 3 * 64, 3 * 64, 64)
+    problem = Problem(1, 4, 3, 3, 64, "bf16", st, st, st, st)
+    validated: list[str] = []
+
+    def prepare(key, q, k, v, causal, scale, variant, feats):
+        fgt._feature_args(problem, *feats)  # raises as a CUDA call's first call would
+        validated.append("fwd")
+        entry = fgt._Entry(lambda *a: None, q.device, q.dtype, tuple(q.shape), q.stride(),
+                           tuple(q.shape[:3]))  # fmt: skip
+        fgt._entries[key] = entry
+        return entry
+
+    class Prepared:
+        spec = Spec(family="mma", d=64, dtype="bf16", direction="bwd")
+
+        def __call__(self, pointers, stream):
+            pass
+
+    def bwd_prepare(key, tensors, causal, scale, det, feats):
+        fgt._bwd_features(problem, *feats, tensors[0])
+        validated.append("bwd")
+        fgt._bwd_entries[key] = hit = (Prepared(), -1)
+        return hit
+
+    monkeypatch.setattr(fgt, "_prepare", prepare)
+    monkeypatch.setattr(fgt, "_bwd_prepare", bwd_prepare)
+    monkeypatch.setattr(fgt, "_entries", {})
+    monkeypatch.setattr(fgt, "_bwd_entries", {})
+    monkeypatch.setattr(fgt, "_raw_stream", lambda dev: 0)
+    q = torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16)
+    return q, validated
+
+
+def _views_at_one_pointer():
+    """Slopes views that all start where `good` does: s[::2], s[:1], and float64 memory."""
+    wide = torch.ones(8, dtype=torch.float64)  # 64 bytes
+    good = wide.view(torch.float32)[:4]  # (4,) float32 at wide's address
+    return good, {
+        "strided": (wide.view(torch.float32)[::2][:4], r"must be contiguous"),
+        "short": (good[:1], r"alibi_slopes.shape=\(1,\): must be \(4,\)"),
+        "float64": (wide[:4], r"alibi_slopes.dtype=torch.float64: must be float32"),
+    }
+
+
+def test_a_slopes_view_at_a_remembered_pointer_is_validated_again(keyed):
+    q, validated = keyed
+    good, bad = _views_at_one_pointer()
+    fgt._run(q, q, q, alibi_slopes=good)
+    fgt._run(q, q, q, alibi_slopes=good)
+    assert validated == ["fwd"]  # the second call skipped validation: same signature
+    for name, (view, message) in bad.items():
+        assert view.data_ptr() == good.data_ptr(), name
+        with pytest.raises(ValueError, match=message):
+            fgt._run(q, q, q, alibi_slopes=view)
+
+
+def test_a_backward_slopes_view_at_a_remembered_pointer_is_validated_again(keyed):
+    q, validated = keyed
+    good, bad = _views_at_one_pointer()
+    o, lse = torch.zeros_like(q), torch.zeros(1, 4, 3)
+    for _ in range(2):
+        fgt._run_backward(q, q, q, o, lse, o, False, None, alibi_slopes=good)
+    assert validated == ["bwd"]
+    for view, message in bad.values():
+        with pytest.raises(ValueError, match=message):
+            fgt._run_backward(q, q, q, o, lse, o, False, None, alibi_slopes=view)
+
+
+def test_slopes_must_be_4_byte_aligned():
+    from flashgen.runtime.validate import Problem
+
+    st = (4 * 3 * 64, 3 * 64, 64)
+    problem = Problem(1, 4, 3, 3, 64, "bf16", st, st, st, st)
+
+    class Misaligned:  # a float32 (4,) tensor 2 bytes into its allocation (torch makes none)
+        shape, dtype = (4,), torch.float32
+
+        def is_contiguous(self):
+            return True
+
+        def data_ptr(self):
+            return 0x10002
+
+    with pytest.raises(ValueError, match=r"alibi_slopes pointer 0x10002: must be 4-byte aligned"):
+        fgt._feature_args(problem, -1, -1, 0.0, Misaligned())
+
+
+def test_fake_tensors_with_a_head_dim_no_family_takes_raise_the_numpy_paths_error():
+    with pytest.raises(ValueError, match=r"d=65: must be a multiple of 8 in \[8, 256\]"):
+        fgt.attention(meta(1, 2, 8, 65), meta(1, 2, 8, 65), meta(1, 2, 8, 65))

@@ -179,3 +179,34 @@ def test_v_with_a_head_dim_of_its_own_matches_the_oracle(d: int, dv: int) -> Non
     assert o.shape == (2, 4, 133, dv)
     out = check_outputs(o, lse, q, k, v, causal=True, scale=d**-0.5, dtype="bf16")
     assert out.passed, out
+
+
+def test_alibi_slope_views_at_one_pointer_are_checked_on_every_call() -> None:
+    """The GPUArray signature cache keyed the slopes by pointer alone: after one valid call,
+    a strided, shorter or float64 array at that pointer ran unchecked (wrong values, reads past
+    the end, float64 bits read as float32). Each call now gives the right answer or a clear
+    error."""
+    from pycuda import gpuarray
+
+    q, k, v = qkv("bf16", b=1, h=4, tq=97, tk=131)
+    dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
+    host = np.array([0.5, 0.0, 0.25, 0.0, 0.125, 0.0, 0.0625, 0.0], np.float32)
+    wide = runtime.to_device(host)
+    first = wide[:4]
+
+    def check(slopes: Any, values: np.ndarray) -> None:
+        o, lse = flashgen.attention(dq, dk, dv, alibi_slopes=slopes, return_lse=True)
+        out = check_outputs(runtime.to_host(o), runtime.to_host(lse), q, k, v, causal=False,
+                            scale=64**-0.5, dtype="bf16", alibi_slopes=values)  # fmt: skip
+        assert out.passed, out
+
+    check(first, host[:4])
+    check(first, host[:4])  # the remembered signature
+    with pytest.raises(ValueError, match="must be contiguous"):
+        flashgen.attention(dq, dk, dv, alibi_slopes=wide[::2])
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(1,\): must be \(4,\)"):
+        flashgen.attention(dq, dk, dv, alibi_slopes=wide[:1])
+    as_f64 = gpuarray.GPUArray((4,), np.float64, gpudata=wide.gpudata)  # the same pointer
+    with pytest.raises(ValueError, match=r"alibi_slopes.dtype=float64: must be float32"):
+        flashgen.attention(dq, dk, dv, alibi_slopes=as_f64)
+    check(runtime.to_device(host[::2]), host[::2])

@@ -301,7 +301,8 @@ class FeatureProblem:
 FP = FeatureProblem
 # windows: two-sided on ragged Tq < Tk; empty (0, 0) with Tq > Tk (rows and keys that see
 # nothing; with causal the diagonal only); left only (GQA 4, strided); right only (MQA); wider
-# than the sequence yet below Tq + Tk (the kernel gets it as is, not as unbounded); many tiles
+# than the sequence (a left side >= Tk, a right side >= Tq reaches every key: passed as
+# unbounded, features.FeatureArgs.kernel_args); many tiles
 # outside the window on both sides
 W2 = FP((2, 2, 2, 97, 131), window=(16, 8))
 W_EMPTY = FP((1, 2, 2, 200, 67), window=(0, 0))

@@ -84,3 +84,39 @@ def test_cupy_arrays_strided_views_included_give_the_oracles_answer(
     mask = np.ones(rest.shape, bool)
     mask[..., 8 : 8 + d] = False
     assert np.isnan(rest[mask]).all(), "the kernel wrote outside o's view"
+
+
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+"""
+
+
+def test_inputs_written_on_a_non_blocking_stream_are_waited_for() -> None:
+    """CUDA array interface v3: a consumer must wait for the `stream` the producer names.
+    q, k, v are written on a non-blocking CuPy stream behind a ~1 s spin; flashgen.attention
+    launches on the legacy default stream, which does not wait for a non-blocking one: it read
+    the zeros the arrays held before (a race). Now it waits on an event recorded there."""
+    cp = _cupy()
+    import flashgen
+
+    rng = np.random.default_rng(5)
+    host = [rng.standard_normal((1, 2, t, 64)).astype(np.float16) for t in (77, 130, 130)]
+    q, k, v = (cp.zeros(x.shape, np.float16) for x in host)
+    flashgen.attention(q, k, v)  # compile and load first: the spin must outlast the host side
+    cp.cuda.Device().synchronize()
+    spin = cp.RawKernel(SPIN, "spin")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:  # CuPy's interface names the current stream
+        spin((1,), (1,), (np.int64(2_000_000_000),))  # about 1 s on an H200
+        for dst, src in zip((q, k, v), host, strict=True):
+            dst.set(src, stream=stream)
+        o, lse = flashgen.attention(q, k, v, return_lse=True)
+    out = check_outputs(
+        runtime.to_host(o), runtime.to_host(lse), *host, causal=False, scale=64**-0.5,
+        dtype="fp16",
+    )  # fmt: skip
+    assert out.passed, out

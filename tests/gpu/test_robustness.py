@@ -513,3 +513,60 @@ def run_huge(spec: KernelSpec, b: int, h: int, t: int) -> list[tuple[str, Judgem
     del q, k, v, o, lse
     gc.collect()
     return out
+
+
+# ---- window edges past 2**31 (a broadcast K/V of almost 2**31 keys) ------------------------------
+WINDOWED = tuple(
+    KernelSpec(family=f, d=64, dtype="bf16", causal=False, features=("window",))
+    for f in ("simt", "mma")
+)  # wgmma loads K/V with TMA, which refuses a token stride of 0
+
+
+@pytest.mark.parametrize("tq", [40, 2048], ids=["tq40", "tq2048"])
+@pytest.mark.parametrize("spec", WINDOWED, ids=lambda s: s.family)
+def test_window_edges_past_2_31_keep_every_row(
+    spec: KernelSpec, tq: int, compiled: dict[KernelSpec, CompiledKernel | Exception]
+) -> None:
+    """Tk = 2**31 - 1024 keys, all one vector (K and V of token stride 0, which validation
+    accepts), window (10, 1500): the kernels computed p + window_right in int, which passed
+    2**31 for the last rows, and 32 rows came back with O = 0 and LSE = -inf. Every row sees
+    n identical keys, so its O is v0 and its LSE the score plus ln(n), exactly. Tq = 40: the
+    right side reaches every key (passed as unbounded); Tq = 2048: it does not, and the last
+    ~480 rows' edge p + 1500 passes 2**31 in the kernel."""
+    from pycuda import gpuarray
+
+    from flashgen.generator.features import FeatureArgs
+    from flashgen.runtime.validate import MAX_LENGTH
+
+    _load(spec, compiled)
+    d, tk, left, right = spec.d, MAX_LENGTH, 10, 1500
+    st = _store(spec)
+    rng = np.random.default_rng(tq)
+    q = rng.standard_normal((1, 1, tq, d)).astype(st)
+    k0, v0 = (rng.standard_normal((1, 1, 1, d)).astype(st) for _ in "kv")
+    rows_kv = [runtime.to_device(x) for x in (k0, v0)]
+    k, v = (
+        gpuarray.GPUArray((1, 1, tk, d), st, gpudata=x.gpudata, strides=(0, 0, 0, st.itemsize))
+        for x in rows_kv
+    )
+    dq = runtime.to_device(q)
+    o = runtime.empty((1, 1, tq, d), spec.dtype)
+    lse = runtime.empty((1, 1, tq), np.float32)
+    with pytest.warns(Warning):  # AccuracyWarning: Tk is past the rule's length, by design
+        runtime.launch(spec, dq, k, v, o, lse, features=FeatureArgs(window=(left, right)),
+                       poison_outputs=True)  # fmt: skip
+    got_o, got_lse = runtime.to_host(o)[0, 0].astype(np.float64), runtime.to_host(lse)[0, 0]
+    i = np.arange(tq)
+    p = i + tk - tq  # each row's key position
+    n = np.minimum(tk - 1, p + right) - np.maximum(0, p - left) + 1
+    scale = d**-0.5
+    s = (q[0, 0].astype(np.float64) @ k0[0, 0, 0].astype(np.float64)) * scale
+    want_lse = s + np.log(n)
+    empty = np.flatnonzero(~np.isfinite(got_lse))
+    assert empty.size == 0, f"{empty.size} rows with LSE -inf/NaN, from row {empty[:1]}"
+    v64 = v0[0, 0, 0].astype(np.float64)
+    o_err = np.abs(got_o - v64).max()
+    assert o_err <= 2**-7 * np.abs(v64).max(), f"O off v0 by {o_err:.3g}"
+    lse_err = np.abs(got_lse - want_lse).max()
+    slack = score_slack(q, k0, scale) + sum_slack(int(n.max()))
+    assert lse_err <= 1e-4 + slack + 1e-5 * np.abs(want_lse).max(), f"LSE off by {lse_err:.3g}"

@@ -258,3 +258,41 @@ def test_features_through_the_op_match_the_oracle(dtype: str, d: int):
     assert out.passed, out
     with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(2,\): must be \(8,\)"):
         fgt.attention(q, k, v, alibi_slopes=slopes[:2])
+
+
+def test_alibi_slope_views_at_one_pointer_are_checked_on_every_call():
+    """The signature cache keyed the slopes by pointer alone: after one valid call, s[::2] at
+    that pointer ran with s[0:H]'s values, s[:1] made the kernel read H floats from a
+    1-element tensor and float64 memory was read as float32, all silently. Now a view at the
+    same pointer with the right layout gives the right answer and any other a clear error."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(1, 4, 97, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, 4, 131, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in "kv")  # fmt: skip
+    wide = torch.tensor([0.5, 0.0, 0.25, 0.0, 0.125, 0.0, 0.0625, 0.0, 1, 1, 1, 1, 1, 1, 1, 1],
+                        device="cuda", dtype=torch.float32)  # fmt: skip
+    first, every_other = wide[:4], wide[:8][::2]  # one pointer, two layouts
+
+    def check(o, lse, slopes):
+        torch.cuda.synchronize()
+        out = check_outputs(
+            to_np(o, "bf16"), lse.cpu().numpy(), to_np(q, "bf16"), to_np(k, "bf16"),
+            to_np(v, "bf16"), causal=False, scale=64**-0.5, dtype="bf16",
+            alibi_slopes=slopes.cpu().numpy(),
+        )  # fmt: skip
+        assert out.passed, out
+
+    o, lse = fgt.attention(q, k, v, alibi_slopes=first, return_lse=True)
+    check(o, lse, first)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        fgt.attention(q, k, v, alibi_slopes=every_other)
+    o, lse = fgt.attention(q, k, v, alibi_slopes=every_other.contiguous(), return_lse=True)
+    check(o, lse, every_other)  # the fix the error names gives the strided view's values
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(1,\): must be \(4,\)"):
+        fgt.attention(q, k, v, alibi_slopes=first[:1])
+    as_f64 = wide.view(torch.float64)[:4]  # float64 (4,) at the same pointer
+    assert as_f64.data_ptr() == first.data_ptr()
+    with pytest.raises(ValueError, match=r"alibi_slopes.dtype=torch.float64: must be float32"):
+        fgt.attention(q, k, v, alibi_slopes=as_f64)
+    o, lse = fgt.attention(q, k, v, alibi_slopes=first, return_lse=True)  # still right after
+    check(o, lse, first)

@@ -308,3 +308,34 @@ def test_feature_gradients_under_torch_compile_equal_eager_ones() -> None:
     for a, c in zip(eager, compiled, strict=True):
         assert torch.isfinite(c).all()
         torch.testing.assert_close(a, c)
+
+
+def test_the_backward_checks_alibi_slope_views_at_one_pointer_on_every_call() -> None:
+    """The backward's signature cache keyed the slopes by pointer alone, like the forward's:
+    after one valid backward, a float64 or 1-element view at that pointer ran unchecked."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q, k, v, do = (torch.randn(1, 4, 97, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))  # fmt: skip
+    wide = torch.tensor([0.5, 0.25, 0.125, 0.0625, 1, 1, 1, 1], device="cuda")
+    slopes = wide[:4]
+    o, lse = torch.ops.flashgen.attention(q, k, v, True, None, None, -1, -1, 0.0, slopes)
+
+    def backward(s: Any) -> Any:
+        return torch.ops.flashgen.attention_backward(
+            q, k, v, o, lse, do, True, None, False, -1, -1, 0.0, s
+        )
+
+    first = backward(slopes)
+    again = backward(slopes)
+    torch.cuda.synchronize()
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a, b)
+    outs = check_grads(
+        tuple(f64(x) for x in first), f64(q), f64(k), f64(v), f64(do), dtype="bf16",
+        causal=True, alibi_slopes=slopes.cpu().numpy(),
+    )  # fmt: skip
+    assert all(x.passed for x in outs), outs
+    with pytest.raises(ValueError, match=r"alibi_slopes.dtype=torch.float64: must be float32"):
+        backward(wide.view(torch.float64)[:4])
+    with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(1,\): must be \(4,\)"):
+        backward(slopes[:1])

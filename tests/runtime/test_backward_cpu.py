@@ -442,7 +442,7 @@ def test_the_feature_values_are_the_abis_last_four_arguments(monkeypatch):
     feats = FeatureArgs(window=(16, 0), softcap=30.0, alibi=0xABC0)
     values = _fake_prepared_launch(monkeypatch, spec, feats)
     assert values[39:] == [16, 0, 30.0, 0xABC0]
-    # a side that reaches every key (tq + tk = 230 or more) is passed as unbounded
+    # a side that reaches every key (left >= tk, right >= tq) is passed as unbounded
     wide = FeatureArgs(window=(230, 5), softcap=30.0)
     assert _fake_prepared_launch(monkeypatch, spec, wide)[39:] == [-1, 5, 30.0, 0]
 

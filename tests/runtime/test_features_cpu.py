@@ -18,6 +18,8 @@ from flashgen.generator.features import (
 )
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import validate
+from flashgen.runtime.validate import MAX_LENGTH
 from flashgen.verify import oracle, strategies
 
 MMA = KernelSpec(family="mma", d=64, dtype="fp16", causal=True)
@@ -45,8 +47,24 @@ def test_softcap_zero_is_off_and_the_value_must_be_positive_and_finite():
 def test_kernel_args_pass_minus_one_for_a_side_that_reaches_every_key():
     assert FeatureArgs().kernel_args(10, 20) == (-1, -1, 0.0, 0)
     assert FeatureArgs(window=(5, 0)).kernel_args(10, 20) == (5, 0, 0.0, 0)
-    assert FeatureArgs(window=(30, 29)).kernel_args(10, 20) == (-1, 29, 0.0, 0)
+    # left: positions p < Tk = 20, so left >= 20 reaches key 0; right: p >= Tk - Tq = 10, so
+    # right >= Tq = 10 reaches key Tk - 1
+    assert FeatureArgs(window=(19, 9)).kernel_args(10, 20) == (19, 9, 0.0, 0)
+    assert FeatureArgs(window=(20, 10)).kernel_args(10, 20) == (-1, -1, 0.0, 0)
+    assert FeatureArgs(window=(30, 29)).kernel_args(10, 20) == (-1, -1, 0.0, 0)
     assert FeatureArgs(softcap=30.0, alibi=0x1000).kernel_args(1, 1) == (-1, -1, 30.0, 0x1000)
+
+
+def test_kernel_args_fit_the_kernels_int_arguments_whatever_the_lengths():
+    """Tq + Tk may pass 2^31 (a broadcast K/V of 2^31 - 1024 keys): a side between 2^31 and
+    Tq + Tk used to be passed as is, wrapping to a negative int (or unbounded) in the kernel."""
+    tk = MAX_LENGTH
+    for tq, window in [(10, (10, 1500)), (2**30, (2**31 - 2, 2**30 + 5)), (5, (2**32, 2**31))]:
+        left, right, _, _ = FeatureArgs(window=window).kernel_args(tq, tk)
+        assert -1 <= left < 2**31 and -1 <= right < 2**31, (tq, window)
+        assert left == (window[0] if window[0] < tk else -1)
+        assert right == (window[1] if window[1] < tq else -1)
+    assert FeatureArgs(window=(10, 1500)).kernel_args(10, tk)[:2] == (10, -1)
     assert FeatureArgs(window=(1, 0), softcap=2.0, alibi=8).tokens == ("window", "softcap", "alibi")
 
 
@@ -121,6 +139,45 @@ def test_feature_values_are_validated_before_anything_runs(fake_gpu):
             *gpuarrays(), window=(4, 4), spec=KernelSpec(family="mma", d=64, dtype="fp16")
         )
     assert fake_gpu.launches == []
+
+
+def test_a_slopes_view_at_a_remembered_pointer_is_validated_again(fake_gpu):
+    """The signature cache keyed the slopes by pointer alone: after one valid call, s[::2],
+    s[:1] or float64 memory at that pointer ran unvalidated (H floats read from memory laid
+    out otherwise, or past the end of a 1-element array)."""
+    from _fakecuda import FakeGPUArray
+
+    at = 0x9000_0000
+    flashgen.attention(*gpuarrays(), alibi_slopes=FakeGPUArray((4,), np.float32, gpudata=at))
+    flashgen.attention(*gpuarrays(), alibi_slopes=FakeGPUArray((4,), np.float32, gpudata=at))
+    views = [
+        (FakeGPUArray((4,), np.float32, gpudata=at, strides=(8,)), "must be contiguous"),
+        (FakeGPUArray((1,), np.float32, gpudata=at), r"alibi_slopes.shape=\(1,\): must be \(4,\)"),
+        (FakeGPUArray((4,), np.float64, gpudata=at), "alibi_slopes.dtype=float64: must be float32"),
+    ]  # fmt: skip
+    for view, message in views:
+        with pytest.raises(ValueError, match=message):
+            flashgen.attention(*gpuarrays(), alibi_slopes=view)
+    assert len(fake_gpu.launches) == 2  # the two valid calls only
+
+
+def test_slopes_must_be_4_byte_aligned_as_the_bundle_requires(fake_gpu):
+    from _fakecuda import FakeGPUArray
+
+    with pytest.raises(ValueError, match=r"alibi_slopes pointer 0x90000002: must be 4-byte"):
+        flashgen.attention(
+            *gpuarrays(), alibi_slopes=FakeGPUArray((4,), np.float32, gpudata=0x9000_0002)
+        )
+    assert fake_gpu.launches == []
+
+
+def test_a_bound_launch_refuses_misaligned_slopes_whatever_the_host():
+    from flashgen.runtime import launch
+
+    plan = launch.LaunchPlan(MMA.replace(features=("alibi",)), "sm_80", 0, 1, 2, 3, (128, 1, 1), 0)
+    problem = validate.check_layout(*(np.zeros((1, 4, 8, 64), np.float16),) * 3)
+    with pytest.raises(ValueError, match=r"alibi_slopes pointer 0x6: must be 4-byte aligned"):
+        plan.bind(problem, 1.0, FeatureArgs(alibi=6))
 
 
 def test_any_head_dim_that_is_a_multiple_of_8_is_generated(fake_gpu):

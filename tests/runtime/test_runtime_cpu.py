@@ -21,6 +21,7 @@ import pytest
 from _fakecuda import FakeLibcuda, install_libcuda, install_pycuda, kinds
 
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
+from flashgen.generator.features import FeatureArgs
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import gpu as runtime
@@ -64,11 +65,11 @@ def operands(spec: KernelSpec, b=2, h=3, tq=70, tk=45):
     dt = spec.dtype_info.numpy
     d = spec.d
     return (
-        dev((b, h, tq, d), dt, 0x10000),
-        dev((b, h, tk, d), dt, 0x20000),
-        dev((b, h, tk, d), dt, 0x30000),
-        dev((b, h, tq, d), dt, 0x40000),
-        dev((b, h, tq), np.float32, 0x50000),
+        dev((b, h, tq, d), dt, 0x100_0000),  # 16 MiB apart: outputs must not overlap inputs
+        dev((b, h, tk, d), dt, 0x200_0000),
+        dev((b, h, tk, d), dt, 0x300_0000),
+        dev((b, h, tq, d), dt, 0x400_0000),
+        dev((b, h, tq), np.float32, 0x500_0000),
     )
 
 
@@ -82,7 +83,7 @@ def test_a_launch_passes_each_abi_argument_through_kernel_params(calls, cuda):
     [call] = cuda.launches
     assert call.grid == (3, 3, 2) and call.block == (SIMT.threads, 1, 1)
     assert call.smem == SIMT.smem_bytes and call.stream == 0
-    assert call.ptrs == (0x10000, 0x20000, 0x30000, 0x40000, 0x50000)
+    assert call.ptrs == (0x100_0000, 0x200_0000, 0x300_0000, 0x400_0000, 0x500_0000)
     assert (call.tq, call.tk) == (70, 45)
     assert call.strides == problem.kernel_strides()
     assert call.scale_log2 == np.float32(0.3 * runtime.LOG2E)
@@ -93,8 +94,8 @@ def test_a_launch_passes_each_abi_argument_through_kernel_params(calls, cuda):
 @pytest.mark.parametrize(("h", "h_kv"), [(8, 2), (8, 1)])
 def test_grouped_query_attention_passes_query_heads_per_kv_head(calls, cuda, h, h_kv):
     q, _, _, o, lse = operands(SIMT, h=h)
-    k = dev((2, h_kv, 45, SIMT.d), SIMT.dtype_info.numpy, 0x20000)
-    v = dev((2, h_kv, 45, SIMT.d), SIMT.dtype_info.numpy, 0x30000)
+    k = dev((2, h_kv, 45, SIMT.d), SIMT.dtype_info.numpy, 0x200_0000)
+    v = dev((2, h_kv, 45, SIMT.d), SIMT.dtype_info.numpy, 0x300_0000)
     runtime.launch(SIMT, q, k, v, o, lse, 0.3)
     [call] = cuda.launches
     assert call.grid == (3, h, 2)  # one block row per query head
@@ -154,8 +155,8 @@ def test_modules_are_loaded_once_per_variant(calls, cuda):
 def test_poisoning_fills_o_and_lse_with_nan_before_the_launch(calls, cuda):
     spec = KernelSpec(family="simt", d=64, br=32, bc=32, dtype="bf16")
     runtime.launch(spec, *operands(spec), None, poison_outputs=True)
-    assert kinds(calls.log, "memset_d16") == [("memset_d16", 0x40000, 0x7FC0, 2 * 3 * 70 * 64)]
-    assert kinds(calls.log, "memset_d32") == [("memset_d32", 0x50000, 0x7FC00000, 2 * 3 * 70)]
+    assert kinds(calls.log, "memset_d16") == [("memset_d16", 0x400_0000, 0x7FC0, 2 * 3 * 70 * 64)]
+    assert kinds(calls.log, "memset_d32") == [("memset_d32", 0x500_0000, 0x7FC00000, 2 * 3 * 70)]
     assert len(cuda.launches) == 1  # after the poison (recorded in order below)
     names = [c[0] for c in calls.log]
     assert names.index("memset_d32") < names.index("synchronize")
@@ -283,7 +284,7 @@ def test_family_prefix_args_lead_the_kernel_params_and_are_rebuilt_only_when_poi
     bound(0x11000, 0x20000, 0x30000, 0x40000, 0x50000)
     # runtime.launch built once for its own bound, then once per distinct pointer set here
     assert built == [
-        (0x10000, 0x20000, 0x30000, 0x40000, 0x50000),
+        (0x100_0000, 0x200_0000, 0x300_0000, 0x400_0000, 0x500_0000),
         (0x10000, 0x20000, 0x30000, 0x40000, 0x50000),
         (0x11000, 0x20000, 0x30000, 0x40000, 0x50000),
     ]
@@ -331,3 +332,20 @@ def test_prefix_args_that_use_only_q_k_v_are_not_rebuilt_for_fresh_outputs(
 def test_prefix_uses_must_name_pointers():
     with pytest.raises(ValueError, match=r"uses=\('q', 'x'\): name some of q, k, v, o, lse"):
         launch.register_prefix_args("simt", lambda s, p: [], uses=("q", "x"))
+
+
+def test_outputs_overlapping_an_input_are_refused_before_anything_is_issued(calls, cuda):
+    """runtime.launch(..., o=k, lse=<inside k>) launched: the kernel wrote O and LSE over the K
+    that other blocks were still reading."""
+    q, k, v, o, lse = operands(SIMT)
+    inside_k = dev((2, 3, 70), np.float32, k.ptr + 4096)
+    with pytest.raises(ValueError, match=r"o \(bytes .*\) overlaps k"):
+        runtime.launch(SIMT, q, k, v, dev(o.shape, o.dtype, k.ptr), inside_k, None)
+    with pytest.raises(ValueError, match=r"lse \(bytes .*\) overlaps k"):
+        runtime.launch(SIMT, q, k, v, o, inside_k, None)
+    alibi = SIMT.replace(features=("alibi",))
+    with pytest.raises(ValueError, match=r"lse \(bytes .*\) overlaps alibi_slopes"):
+        runtime.launch(alibi, q, k, v, o, lse, None, features=FeatureArgs(alibi=lse.ptr + 8))
+    assert cuda.launches == [] and kinds(calls.log, "compile") == []
+    runtime.launch(alibi, q, k, v, o, lse, None, features=FeatureArgs(alibi=0x600_0000))
+    assert len(cuda.launches) == 1

@@ -236,6 +236,62 @@ def test_output_rows_must_not_overlap():
         check_layout(q, k, v, o=o)
 
 
+def test_output_rows_that_overlap_without_a_zero_stride_are_refused():
+    q, k, v = qkv()
+    # token stride 32 elements under rows of 64: row t + 1 starts inside row t
+    o = dev((2, 3, 10, 64), strides=(3 * 10 * 128, 10 * 128, 64, 2), ptr=0x7E0000000000)
+    with pytest.raises(ValueError, match=r"the token axis steps 64 bytes, less than the 128"):
+        check_layout(q, k, v, o=o)
+    # heads interleaved with tokens without room: 3 heads 128 bytes apart, tokens 256 apart
+    # (head 0 of token 1 is head 2 of token 0)
+    o = dev((2, 3, 10, 64), strides=(3 * 10 * 128, 128, 256, 2), ptr=0x7E0000000000)
+    with pytest.raises(ValueError, match=r"the token axis steps 256 bytes, less than the 384"):
+        check_layout(q, k, v, o=o)
+    # a padded, transposed (B, T, H, d) layout is fine
+    o = dev((2, 3, 10, 64), strides=(10 * 3 * 144, 144, 3 * 144, 2), ptr=0x7E0000000000)
+    check_layout(q, k, v, o=o)
+
+
+OUT = 0x7E0000000000  # apart from dev()'s default 0x7F0000000000
+
+
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        ("o=k", r"o \(bytes .*\) overlaps k \(bytes"),
+        ("o=q", r"o \(bytes .*\) overlaps q"),
+        ("o inside v", r"o \(bytes .*\) overlaps v"),
+        ("lse inside k", r"lse \(bytes .*\) overlaps k"),
+        ("lse inside o", r"lse \(bytes .*\) overlaps o"),
+    ],
+)
+def test_outputs_must_not_overlap_an_input_or_each_other(where, message):
+    """runtime.launch(..., o=k, lse=<inside k>) launched: the kernel wrote O and LSE over the
+    K it was still reading (other blocks read it after)."""
+    base = {"q": 0x1000_0000, "k": 0x2000_0000, "v": 0x3000_0000, "o": OUT, "lse": OUT + 0x100000}
+    target, _, inside = where.partition(" inside ")
+    if inside:
+        base[target] = base[inside] + 4096  # 4 KiB into it
+    else:
+        name, other = where.split("=")
+        base[name] = base[other]
+    q = dev((2, 3, 10, 64), ptr=base["q"])
+    k, v = (dev((2, 3, 12, 64), ptr=base[n]) for n in "kv")
+    o, lse = dev((2, 3, 10, 64), ptr=base["o"]), dev((2, 3, 10), np.float32, ptr=base["lse"])
+    with pytest.raises(ValueError, match=message + r".*must not share memory.*allocate a fresh"):
+        validate_inputs(MMA, q, k, v, o=o, lse=lse)
+
+
+def test_outputs_next_to_the_inputs_and_inputs_that_share_memory_are_fine():
+    q = dev((2, 3, 10, 64), ptr=0x1000_0000)
+    kv = dev((2, 3, 12, 64), ptr=0x2000_0000)  # k and v may be the same array
+    o = dev((2, 3, 10, 64), ptr=0x1000_0000 + 2 * 3 * 10 * 64 * 2)  # right after q ends
+    lse = dev((2, 3, 10), np.float32, ptr=0x1000_0000 - 2 * 3 * 10 * 4)  # right before q
+    validate_inputs(MMA, q, kv, kv, o=o, lse=lse)
+    # the backward reads o and lse: there they are inputs, and may share anything
+    check_layout(q, kv, kv, o=q, lse=lse, outputs=False)
+
+
 def test_lse_must_be_contiguous_float32_b_h_tq():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"lse: shape \(2, 3, 9\).*float32 of shape \(2, 3, 10\)"):
@@ -280,7 +336,7 @@ def test_mma_needs_16_byte_aligned_pointers():
 
 def test_output_alignment_is_checked_too():
     q, k, v = dev((2, 3, 10, 64)), dev((2, 3, 12, 64)), dev((2, 3, 12, 64))
-    o = dev((2, 3, 10, 64), ptr=0x7F0000000008)
+    o = dev((2, 3, 10, 64), ptr=0x7E0000000008)  # apart from the inputs, misaligned
     with pytest.raises(ValueError, match=r"o pointer"):
         validate_inputs(MMA, q, k, v, o=o)
 
@@ -343,10 +399,12 @@ class CupyLike:
     class _Memory:
         ptr = 0x7F0000002000
 
-    def __init__(self, shape, dtype=np.float16, strides=None):
+    def __init__(self, shape, dtype=np.float16, strides=None, ptr=None):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.strides = strides or dev(self.shape, dtype).strides
         self.data = self._Memory()
+        if ptr is not None:
+            self.data.ptr = ptr
 
     @property
     def __cuda_array_interface__(self):
@@ -367,9 +425,11 @@ def test_cai_arrays_with_shape_and_strides_keep_their_pointer():
     assert info.strides == (192, 96, 32, 2) and info.dtype == np.float16
     problem = validate_inputs(
         MMA, *(CupyLike((1, 2, 3, 64)),) * 3,
-        o=CupyLike((1, 2, 3, 64)), lse=CupyLike((1, 2, 3), np.float32),
+        o=CupyLike((1, 2, 3, 64), ptr=0x7F0000004000),
+        lse=CupyLike((1, 2, 3), np.float32, ptr=0x7F0000006000),
     )  # fmt: skip
-    assert problem.q_ptr == problem.o_ptr == problem.lse_ptr == 0x7F0000002000
+    assert problem.q_ptr == 0x7F0000002000
+    assert (problem.o_ptr, problem.lse_ptr) == (0x7F0000004000, 0x7F0000006000)
 
 
 def test_cai_keeps_an_object_dtype_numpy_knows_bfloat16_included():
