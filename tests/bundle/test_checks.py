@@ -35,6 +35,9 @@ TMA = "stride is not a positive multiple of 16 bytes below 2^40 (family wgmma lo
 EXPECTED = {
     "ok": (False, False, False, "NULL"),
     "null_q": (True, True, True, "q is NULL"),
+    "null_k": (True, True, True, "k is NULL"),
+    "null_v": (True, True, True, "v is NULL"),
+    "null_o": (True, True, True, "o is NULL"),
     "null_lse": (True, True, True, "lse is NULL"),
     "B0": (True, True, True, "B < 1"),
     "Tk0": (True, True, True, "Tk < 1"),
@@ -51,9 +54,33 @@ EXPECTED = {
     "lse_misaligned": (True, True, True, "lse is not 4-byte aligned"),
     "q_plus_1_byte": (True, True, True, "q is not"),
     "q_plus_4_bytes": (False, True, True, "q is not 16-byte aligned"),
+    "k_plus_2_bytes": (True, True, True, "k is not"),  # simt fp32: 4-byte elements
+    "k_plus_4_bytes": (False, True, True, "k is not 16-byte aligned"),
+    "v_plus_4_bytes": (False, True, True, "v is not 16-byte aligned"),
+    "o_plus_2_bytes": (True, True, True, "o is not"),
+    "o_plus_4_bytes": (False, True, True, "o is not 16-byte aligned"),
+    "alibi_misaligned": (True, True, True, "alibi_slopes is not 4-byte aligned"),
     "v_token_stride_odd": (False, True, True, "v stride is not a multiple of 8"),
-    "o_token_stride_zero": (True, True, True, "overlap"),
+    "o_token_stride_zero": (True, True, True, "an o stride is 0 on an axis longer than 1"),
+    "o_head_stride_zero": (True, True, True, "an o stride is 0 on an axis longer than 1"),
+    "o_batch_stride_zero": (True, True, True, "an o stride is 0 on an axis longer than 1"),
     "o_batch_stride_zero_B1": (False, False, False, "NULL"),  # extent 1 is never stepped
+    # o's rows overlap each other without a zero stride: a token steps half a row, or the
+    # heads step one row while the tokens do too (token 1 of head 0 is token 0 of head 1)
+    "o_rows_overlap": (True, True, True, "o's strides make its elements overlap"),
+    "o_heads_interleaved_with_tokens": (True, True, True, "o's strides make its elements"),
+    "o_model_layout": (False, False, False, "NULL"),  # (B, T, H, d): heads inside tokens
+    # the outputs may not overlap an input (read while other blocks write) or each other
+    "o_equals_q": (True, True, True, "o overlaps q, k or v"),
+    "o_equals_k": (True, True, True, "o overlaps q, k or v"),
+    "o_inside_v": (True, True, True, "o overlaps q, k or v"),
+    "lse_inside_k": (True, True, True, "lse overlaps q, k or v"),
+    "lse_on_q_last_bytes": (True, True, True, "lse overlaps q, k or v"),
+    "lse_inside_o": (True, True, True, "o and lse overlap"),
+    "o_after_q": (False, False, False, "NULL"),  # right after q's last byte
+    "alibi_on_lse": (True, True, True, "o or lse overlaps alibi_slopes"),
+    "alibi_on_o_last_row": (True, True, True, "o or lse overlaps alibi_slopes"),
+    "k_equals_v": (False, False, False, "NULL"),  # inputs may share memory
     "k_batch_stride_4": (False, True, True, "k stride"),
     # any sign as long as it is aligned, but a tensor map takes positive strides only
     "negative_q_stride_8": (False, False, True, f"a q {TMA}"),
@@ -72,7 +99,11 @@ COLUMN = {"simt": 0, "mma": 1, "wgmma": 2}
 def test_launchers_refuse_bad_parameters_without_touching_the_gpu(built: Path) -> None:
     nvcc = require_nvcc()
     src = built / "validate.cu"
-    src.write_text(fill("validate_fwd.cu", SIMT=symbol(SIMT), MMA=symbol(MMA), WGMMA=symbol(WGMMA)))
+    src.write_text(
+        fill("validate_fwd.cu", SIMT=symbol(SIMT), MMA=symbol(MMA), WGMMA=symbol(WGMMA),
+             SIMT_EB=SIMT.dtype_info.itemsize, MMA_EB=MMA.dtype_info.itemsize,
+             WGMMA_EB=WGMMA.dtype_info.itemsize)
+    )  # fmt: skip
     exe = built / "validate"
     compile_all(
         [[str(nvcc), "-std=c++17", f"-I{built}", str(src),

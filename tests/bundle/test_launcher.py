@@ -13,11 +13,13 @@ from _nvcc import require_nvcc
 
 from flashgen.bundle import emit as bundle_mod
 from flashgen.bundle.emit import LAUNCHER, bundle_files, write_bundle
+from flashgen.generator.features import FeatureArgs
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.tma import L2_PROMOTION_128B, SWIZZLE_128B, TMA_DTYPE
 
 from ._support import (
     FEATURE_BITS,
+    FEATURED,
     INVALID,
     INVALID_DEVICE_FUNCTION,
     LAUNCH_FAILURE,
@@ -29,7 +31,10 @@ from ._support import (
     assert_declarations_match,
     compile_all,
     cuda_includes,
+    fill,
     rows,
+    run_program,
+    symbol,
     tool,
 )
 from .conftest import StandIns
@@ -179,3 +184,37 @@ def test_a_bundle_without_wgmma_needs_no_driver_api(stand_ins: StandIns, tmp_pat
         fail=True,
     )  # fmt: skip
     assert proc.returncode != 0 and "needs no driver API" in proc.stderr
+
+
+@pytest.mark.parametrize("spec", FEATURED, ids=lambda s: s.family)
+def test_the_launcher_passes_a_window_side_that_reaches_every_key_as_unbounded(
+    stand_ins: StandIns, tmp_path: Path, spec: KernelSpec
+) -> None:
+    """A left side of Tk keys or more, a right side of Tq or more, reach every key of every
+    row: passed as -1, so that the kernels' int arithmetic never sees a side near 2^31 (Tk
+    near 2^31 with a window edge p + right past it gave rows of zeros); the same values as
+    the Python launcher's FeatureArgs.kernel_args (sources/window_sides.cpp, Tq < Tk and
+    Tq > Tk)."""
+    softcap = 30.0 if "softcap" in spec.features else 0.0
+    (tmp_path / "window.cpp").write_text(
+        fill("window_sides.cpp", SYM=symbol(spec), D=spec.d, EB=spec.dtype_info.itemsize,
+             SOFTCAP=softcap)
+    )  # fmt: skip
+    compile_all(
+        [[tool("g++"), "-std=c++17", f"-I{stand_ins.root}", *cuda_includes(), "window.cpp",
+          *stand_ins.objects, "-o", "window"]],
+        tmp_path,
+    )  # fmt: skip
+    out = run_program(tmp_path / "window")
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = rows(out.stdout, "side")
+    assert len(found) == 2 * 10
+    for row in found:
+        tq, tk, left, right, err, got_left, got_right = (int(x) for x in row)
+        assert err == 0, row
+        window = None if (left, right) == (-1, -1) else (left, right)
+        want = FeatureArgs(window=window).kernel_args(tq, tk)[:2]
+        assert (got_left, got_right) == want, (row, want)
+    # both boundaries were crossed on each side: a bounded side just below, -1 from it on
+    sides = {(int(r[0]), int(r[1]), int(r[5]), int(r[6])) for r in found}
+    assert {(5, 7, 6, 4), (5, 7, -1, -1), (7, 5, 4, 6), (7, 5, -1, 6), (7, 5, 4, -1)} <= sides

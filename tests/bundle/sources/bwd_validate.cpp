@@ -49,7 +49,12 @@ int main(void) {
   CASE("ok", (void)0);
   report("null_params", NULL);
   CASE("null_q", p.q = NULL);
+  CASE("null_k", p.k = NULL);
+  CASE("null_v", p.v = NULL);
+  CASE("null_o", p.o = NULL);
   CASE("null_dout", p.dout = NULL);
+  CASE("null_dq", p.dq = NULL);
+  CASE("null_dk", p.dk = NULL);
   CASE("null_lse", p.lse = NULL);
   CASE("null_dv", p.dv = NULL);
   CASE("null_workspace", p.workspace = NULL);

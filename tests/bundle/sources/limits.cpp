@@ -11,9 +11,11 @@ typedef cudaError_t (*fwd_fn)(const flashgen_fwd_params*, cudaStream_t);
 static void one(const char* v, const char* label, check_fn check, fwd_fn fwd, int tq, int tk,
                 int d) {
   flashgen_fwd_params p = {};
-  flashgen_fwd_params_contiguous(&p, (const void*)0x10000, (const void*)0x20000,
-                                 (const void*)0x30000, (void*)0x40000, (float*)0x50000,
-                                 1, 1, tq, tk, d);
+  // fake addresses 2^40 bytes apart: a tensor of 2^31 rows spans up to 2^38 bytes here, and
+  // the outputs may not overlap an input
+  flashgen_fwd_params_contiguous(&p, (const void*)(1ULL << 40), (const void*)(2ULL << 40),
+                                 (const void*)(3ULL << 40), (void*)(4ULL << 40),
+                                 (float*)(5ULL << 40), 1, 1, tq, tk, d);
   const char* why = "unset";
   const cudaError_t c = check(&p, &why);
   // never launch an accepted problem this long: the CPU stand-in would compute it

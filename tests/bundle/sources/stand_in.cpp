@@ -45,6 +45,8 @@ static const char* g_last_kernel = "";
 static int g_fail_in, g_fail_code;
 static cudaError_t g_pending = cudaSuccess;
 static int g_bwd_phase;
+// the window sides the last forward kernel was launched with
+static int g_window[2] = {-9, -9};
 
 extern "C" {
 int stand_in_calls(void) { return g_launches + g_opt_ins; }
@@ -52,12 +54,13 @@ int stand_in_launches(void) { return g_launches; }
 int stand_in_opt_ins(void) { return g_opt_ins; }
 int stand_in_encodes(void) { return g_encoded; }
 const char* stand_in_last_kernel(void) { return g_last_kernel; }
+void stand_in_window(int* left, int* right) { *left = g_window[0], *right = g_window[1]; }
 // the n-th launch from now is refused with `code` (cudaGetLastError returns it once, the
 // kernel does not run); the backward sequence starts afresh
 void stand_in_fail_launch(int n, int code) { g_fail_in = n, g_fail_code = code; }
 void stand_in_reset(void) {
   g_fail_in = 0, g_pending = cudaSuccess, g_bwd_phase = 0, g_configured = false;
-  g_last_kernel = "";
+  g_last_kernel = "", g_window[0] = g_window[1] = -9;
 }
 }
 
@@ -226,7 +229,9 @@ static void attend(const char* name, const void* self, const T* q, const T* k, c
     std::fclose(f);
   }
   if (kv_group < 1) die("kv_group < 1");
-  if (wl < -1 || wr < -1 || wl > tq + tk || wr > tq + tk) die("window sides out of range");
+  // a side reaching every key (left >= Tk, right >= Tq) comes as -1 (unbounded)
+  if (wl < -1 || wr < -1 || wl >= tk || wr >= tq) die("window sides out of range");
+  g_window[0] = wl, g_window[1] = wr;
   if (!(cap >= 0.0f)) die("softcap < 0");
   // a block per (query tile, head, batch), or for wgmma one-dimensional: a block per tile or,
   // with more tiles than the 132 SMs, persistent blocks (one per SM)
