@@ -114,7 +114,8 @@ def attention(
         check_spec_type(spec)
         check_spec_fits_call(spec, problem, causal)
         check_spec(spec, problem, check_pointers=False)
-        check_fits(spec, FeatureArgs(win, cap, None if slopes is None else 1))
+        uses = FeatureArgs(window=win, softcap=cap, alibi=None if slopes is None else 1)
+        check_fits(spec, uses)
 
     # Validation is done; from here on the GPU is needed.
     dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
@@ -237,7 +238,7 @@ def _prepare(
         if not slopes.flags.c_contiguous:
             raise ValueError("alibi_slopes: must be contiguous; copy it first")
         check_alibi_pointer(ptr)
-    features = FeatureArgs(win, cap, ptr)
+    features = FeatureArgs(window=win, softcap=cap, alibi=ptr)
     if spec is not None:
         check_spec_type(spec)
         check_spec_fits_call(spec, problem, causal)

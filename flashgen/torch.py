@@ -243,7 +243,7 @@ def _feature_args(problem: Problem, left: int, right: int, cap: float, slopes: A
             raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
         ptr = int(slopes.data_ptr())
         check_alibi_pointer(ptr)
-    return FeatureArgs(check_window((left, right)), check_softcap(cap), ptr)
+    return FeatureArgs(window=check_window((left, right)), softcap=check_softcap(cap), alibi=ptr)
 
 
 def _prepare(

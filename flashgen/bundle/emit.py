@@ -49,6 +49,7 @@ from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, sc
 from flashgen.generator.cache import atomic_write
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, PERSISTENT_MAX_KEY_TILES
+from flashgen.generator.features import RUNTIME_FEATURES, TOKENS
 from flashgen.generator.numerics import LOG2E as LOG2E_FLOAT
 from flashgen.generator.render import environment, render
 from flashgen.generator.select import select
@@ -339,11 +340,12 @@ def _check_unique(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
     return list(by_key.values())
 
 
-# A feature's bit in the launcher's dispatch (flashgen_launch.cu.j2: feature_bits)
-FEATURE_BITS = {"window": 1, "softcap": 2, "alibi": 4}
+# A feature's bit in the launcher's dispatch (flashgen_launch.cu.j2: feature_bits): by its
+# place in the registry (window 1, softcap 2, alibi 4)
+FEATURE_BITS = {f.token: 1 << i for i, f in enumerate(RUNTIME_FEATURES)}
 # The run-time features whose backward variants bundles refuse for now: the backward launcher
 # passes every feature off (window -1, -1; softcap 0; no ALiBi slopes)
-BWD_FEATURES_LATER = ("window", "softcap", "alibi")
+BWD_FEATURES_LATER = TOKENS
 
 
 def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:

@@ -13,36 +13,9 @@ substitutes the C type a template or launcher uses for it (`elem_t` in the kerne
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-ROLES = ("tensor", "size", "stride", "scalar", "feature", "tensor_map")
-
-
-@dataclass(frozen=True)
-class Param:
-    """One kernel argument: its name, C type, struct code and role.
-
-    `code` is the `struct` code of the packed value (P a pointer, i an int32, q an int64, f a
-    float32; "" for a by-value blob such as a 128-byte tensor map, packed by its builder).
-    `role`: `tensor` (a device pointer that changes per call), `size`, `stride` (elements),
-    `scalar`, `feature` (a run-time feature value), `tensor_map`. `note` is printed beside the
-    declaration in the generated source.
-    """
-
-    name: str
-    ctype: str
-    code: str
-    role: str
-    note: str = ""
-
-    def declaration(self, elem: str, restrict: bool = True) -> str:
-        """`const elem_t* __restrict__ q`: the parameter as a C declaration."""
-        ctype = {"T*": f"{elem}*", "const T*": f"const {elem}*"}.get(self.ctype, self.ctype)
-        if ctype.endswith("*"):
-            return f"{ctype} __restrict__ {self.name}" if restrict else f"{ctype} {self.name}"
-        if self.role == "tensor_map":
-            return f"const __grid_constant__ {ctype} {self.name}"
-        return f"const {ctype} {self.name}" if restrict else f"{ctype} {self.name}"
+from flashgen.generator.features import RUNTIME_FEATURES
+from flashgen.generator.param import ROLES, Param
 
 
 def _strides(*tensors: str) -> tuple[Param, ...]:
@@ -52,12 +25,8 @@ def _strides(*tensors: str) -> tuple[Param, ...]:
     )
 
 
-_FEATURES = (
-    Param("window_left", "int", "i", "feature", "WINDOW: keys p - left .. p + right"),
-    Param("window_right", "int", "i", "feature"),
-    Param("softcap", "float", "f", "feature", "SOFTCAP: c"),
-    Param("alibi_slopes", "const float*", "P", "feature", "ALIBI: fp32 slope per query head"),
-)
+# every run-time feature's arguments, in registry order (generator/features)
+_FEATURES = tuple(p for f in RUNTIME_FEATURES for p in f.params)
 
 FWD: tuple[Param, ...] = (
     Param("q", "const T*", "P", "tensor"),
@@ -73,7 +42,7 @@ FWD: tuple[Param, ...] = (
     *_FEATURES,
 )
 """The forward: q, k, v, o, lse; Tq, Tk; strides of q, k, v, o; scale_log2, kv_group; the
-four feature values (window sides -1 when unbounded, softcap 0 and a NULL pointer when off)."""
+features' values (window sides -1 when unbounded, softcap 0 and a NULL pointer when off)."""
 
 BWD: tuple[Param, ...] = (
     Param("q", "const T*", "P", "tensor"),
@@ -117,3 +86,8 @@ def struct_format(params: Sequence[Param]) -> str:
 def pointers(params: Sequence[Param]) -> tuple[str, ...]:
     """The names of the per-call device pointers (role `tensor`), in order."""
     return tuple(p.name for p in params if p.role == "tensor")
+
+
+__all__ = [
+    "BWD", "FWD", "ROLES", "Param", "declarations", "pointers", "struct_format", "tensor_map",
+]  # fmt: skip

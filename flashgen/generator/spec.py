@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from flashgen.generator.dtypes import DTYPES, DTypeInfo
+from flashgen.generator.features import RUNTIME_FEATURES
 
 if TYPE_CHECKING:
     from flashgen.generator.families import Family
@@ -233,9 +234,7 @@ DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
 """The passes flashgen generates: the forward, and the backward (dQ, dK, dV)."""
 
 FEATURES: dict[str, str] = {
-    "window": "sliding-window mask (left, right) with the tiles outside the window skipped",
-    "softcap": "logit softcapping: scores s -> c * tanh(s / c) before the softmax",
-    "alibi": "ALiBi: logits - slope[head] * |i - j| (per-head fp32 slopes)",
+    **{f.token: f.summary for f in RUNTIME_FEATURES},
     "gqapack": "grouped-query heads packed into one tile: K/V read once per group (short queries)",
     "deterministic": "backward only: dQ by a kernel per query tile instead of fp32 atomics, so "
     "gradients are bit-identical run to run",

@@ -306,8 +306,7 @@ class Prepared:
         from flashgen.runtime import launch as _launch
 
         check_fits(spec, features)
-        if features.alibi is not None:
-            check_alibi_pointer(features.alibi)
+        features.check()  # each value by its feature's rule (ALiBi: an aligned pointer)
         self.plan, self.spec, self.features = plan, spec, features
         self.launches = list(
             zip(kernel_names(spec), _functions(plan, spec), problem.grids(spec), smems(spec),
@@ -404,7 +403,8 @@ def backward_features(
         if ptr and not isinstance(alibi_slopes, np.ndarray):
             check_alibi_pointer(ptr)
     try:  # the variant against the call, before any pointer is required
-        check_fits(spec, FeatureArgs(win, cap, None if alibi_slopes is None else 1))
+        uses = FeatureArgs(window=win, softcap=cap, alibi=None if alibi_slopes is None else 1)
+        check_fits(spec, uses)
     except ValueError as exc:  # launch_backward always names its variant: no spec=None here
         raise ValueError(str(exc).replace(" (or spec=None to let flashgen choose)", "")) from None
     if alibi_slopes is not None and (isinstance(alibi_slopes, np.ndarray) or not ptr):
@@ -412,7 +412,7 @@ def backward_features(
             f"alibi_slopes={type(alibi_slopes).__name__}: the kernels read the slopes on the "
             "GPU; pass them as a device array (a GPUArray) like q"
         )
-    return FeatureArgs(win, cap, ptr)
+    return FeatureArgs(window=win, softcap=cap, alibi=ptr)
 
 
 def launch_backward(

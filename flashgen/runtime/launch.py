@@ -55,7 +55,7 @@ from typing import Any
 from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.families import FAMILIES, family_of
-from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_alibi_pointer, check_fits
+from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.prefix import PrefixRegistry
 from flashgen.runtime.validate import Problem
@@ -316,8 +316,7 @@ class LaunchPlan:
         """The launch of this plan on `problem`'s signature (its pointers are ignored) with
         the call's feature values; ValueError when the variant lacks a feature the call uses."""
         check_fits(self.spec, features)
-        if features.alibi is not None:
-            check_alibi_pointer(features.alibi)
+        features.check()  # each value by its feature's rule (ALiBi: an aligned pointer)
         if "gqapack" in self.spec.features and problem.tq * problem.kv_group >= 2**31:
             raise ValueError(
                 f"tq={problem.tq} x kv_group={problem.kv_group}: a gqapack variant packs them "

@@ -5,7 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from flashgen.generator.features import BY_TOKEN, RUNTIME_FEATURES
+
+FeaturePairs = tuple[tuple[str, Any], ...]
+
+
+def feature_pairs(**values: Any) -> FeaturePairs:
+    """A `Case`'s features from token=value keywords (None: off), in registry order:
+    `feature_pairs(window=(64, 0), softcap=30.0)`. TypeError on an unknown token."""
+    unknown = sorted(set(values) - set(BY_TOKEN))
+    if unknown:
+        raise TypeError(
+            f"unknown feature {', '.join(unknown)}; the features are {', '.join(BY_TOKEN)}"
+        )
+    return tuple(
+        (f.token, values[f.token]) for f in RUNTIME_FEATURES if values.get(f.token) is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -31,27 +46,24 @@ class Case:
     v_dof: float | None = None
     # K/V heads (grouped-query attention: H a multiple of it); 0 means H (multi-head)
     h_kv: int = 0
-    # features (used by variants compiled with them): a sliding window (left, right), -1 for
-    # unbounded; a softcap c; ALiBi with slopes alibi * 2^(-8 (i + 1) / H) for head i
-    window: tuple[int, int] | None = None
-    softcap: float | None = None
-    alibi: float | None = None
+    # features (used by variants compiled with them): (token, value) pairs (`feature_pairs`),
+    # each value as its feature's `Case` value: a window (left, right), -1 unbounded; a
+    # softcap c; ALiBi's scale s of slopes s * 2^(-8 (i + 1) / H) for head i
+    features: FeaturePairs = ()
 
-    def alibi_slopes(self) -> np.ndarray | None:
-        """The case's per-head ALiBi slopes (float32, as the kernel reads them), or None."""
-        if self.alibi is None:
-            return None
-        heads = np.arange(self.h, dtype=np.float64)
-        return (self.alibi * 2.0 ** (-8.0 * (heads + 1) / self.h)).astype(np.float32)
+    def feature(self, token: str) -> Any:
+        """The case's value of feature `token`, or None when off."""
+        return dict(self.features).get(token)
 
     def feature_kwargs(self) -> dict[str, Any]:
-        """window / softcap / alibi_slopes as `reference` and `check_outputs` take them."""
-        return {"window": self.window, "softcap": self.softcap, "alibi_slopes": self.alibi_slopes()}
+        """The features' oracle values by keyword, as `reference` and `check_outputs` take
+        them (`window`, `softcap`, `alibi_slopes`: the slopes as the kernel reads them)."""
+        return {f.keyword: f.case_value(self.feature(f.token), self.h) for f in RUNTIME_FEATURES}
 
     @property
     def has_features(self) -> bool:
         """Whether the case uses any feature (its variant must be compiled with them)."""
-        return self.window is not None or self.softcap is not None or self.alibi is not None
+        return bool(self.features)
 
     @property
     def kv_heads(self) -> int:

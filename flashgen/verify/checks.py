@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 
 from flashgen.generator.compile import CompiledKernel, compile_kernel
-from flashgen.generator.features import FeatureArgs, check_softcap, check_window
+from flashgen.generator.features import RUNTIME_FEATURES, FeatureArgs
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.gpu import GpuUnavailable
 from flashgen.runtime.validate import check_scale
-from flashgen.verify.cases import LAYOUTS, Case
-from flashgen.verify.oracle import check_outputs, error_ratio, max_abs_logit
+from flashgen.verify.cases import LAYOUTS, Case, feature_pairs
+from flashgen.verify.oracle import check_outputs, error_ratio, feature_values, max_abs_logit
 
 __all__ = [
     "LAYOUTS",
@@ -169,16 +169,14 @@ def gpu_execute(
     v: np.ndarray,
     scale: float,
     layouts: tuple[str, str, str, str] | None = None,
-    *,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run `spec` on the GPU with NaN-poisoned outputs; return host (O, LSE).
 
     `layouts` (q, k, v, o; see LAYOUTS) places each tensor in its own memory layout; O's
     whole buffer is poisoned, so a write outside O's view (into padding) is reported.
-    The features' values (window, softcap, ALiBi slopes) go to a variant compiled with them.
+    The features' oracle values by keyword (`window=`, `softcap=`, `alibi_slopes=`) go to a
+    variant compiled with them; an array-valued one (ALiBi's slopes) is copied to the GPU.
     """
     b, h, tq, _ = q.shape
     d = v.shape[3]  # o has v's head dim
@@ -190,15 +188,14 @@ def gpu_execute(
     o = _gpu_view(o_buf, layout_view(o_host, lo, d))
     lse = runtime.empty((b, h, tq), np.float32)
     runtime.poison(int(lse.gpudata), b * h * tq, "fp32")
-    slopes = (
-        None if alibi_slopes is None else runtime.to_device(np.asarray(alibi_slopes, np.float32))
-    )
-    feats = FeatureArgs(
-        window=check_window(window),
-        softcap=check_softcap(softcap),
-        alibi=None if slopes is None else int(slopes.gpudata),
-    )
-    runtime.launch(spec, dq, dk, dv, o, lse, scale, features=feats)  # waits: slopes outlive it
+    values, arrays = {}, []
+    for feature, value in feature_values(features):
+        if value is not None and feature.array:
+            arrays.append(runtime.to_device(np.asarray(value, np.float32)))
+            value = int(arrays[-1].gpudata)
+        values[feature.token] = feature.check(value)
+    feats = FeatureArgs(**values)
+    runtime.launch(spec, dq, dk, dv, o, lse, scale, features=feats)  # waits: arrays outlive it
     backing = runtime.to_host(o_buf)
     out = np.array(layout_view(backing, lo, d))
     if lo == "pad" and not np.isnan(backing[..., d:].astype(np.float32)).all():
@@ -241,11 +238,6 @@ def run_case(spec: KernelSpec, case: Case, execute: Execute | None = None) -> Ch
     )  # fmt: skip
 
 
-# The feature values `check_variant` (`flashgen check`) runs a feature variant with: a window
-# of 64 keys back and 16 ahead, a softcap of 30, ALiBi slopes 0.5 * 2^(-8 (h + 1) / H)
-CHECK_FEATURE_VALUES: dict[str, Any] = {"window": (64, 16), "softcap": 30.0, "alibi": 0.5}
-
-
 def check_problem(
     spec: KernelSpec, *, b: int, h: int, tq: int, tk: int, seed: int, scale: float | None
 ) -> float:
@@ -281,13 +273,14 @@ def check_variant(
     execute: Execute | None = None,
 ) -> CheckResult:
     """Run one variant on one random problem (standard normal inputs unless `logit_max`); a
-    feature variant runs with CHECK_FEATURE_VALUES.
+    feature variant runs with each feature's `check_value` (a window of 64 keys back and 16
+    ahead, a softcap of 30, ALiBi slopes 0.5 * 2^(-8 (h + 1) / H)).
 
     The request is validated first (`check_problem`: ValueError before any allocation).
     """
     check_problem(spec, b=b, h=h, tq=tq, tk=tk, seed=seed, scale=scale)
-    feats = {k: v for k, v in CHECK_FEATURE_VALUES.items() if k in spec.features}
-    case = Case(b, h, tq, tk, scale, logit_max, seed, **feats)
+    feats = {f.token: f.check_value for f in RUNTIME_FEATURES if f.token in spec.features}
+    case = Case(b, h, tq, tk, scale, logit_max, seed, features=feature_pairs(**feats))
     return run_case(spec, case, execute)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.features import BY_KEYWORD, RUNTIME_FEATURES, Feature
 
 F64 = npt.NDArray[np.float64]
 
@@ -98,37 +99,47 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         )
 
 
-def visible(
-    tq: int, tk: int, *, causal: bool, window: tuple[int, int] | None = None
-) -> npt.NDArray[np.bool_]:
+FeatureValues = tuple[tuple[Feature, Any], ...]
+
+
+def feature_values(features: dict[str, Any]) -> FeatureValues:
+    """The oracle's feature keywords (`window=`, `softcap=`, `alibi_slopes=`: each feature's
+    `keyword`) as (feature, value) in registry order; None: off. TypeError on an unknown one."""
+    unknown = sorted(set(features) - set(BY_KEYWORD))
+    if unknown:
+        raise TypeError(
+            f"unknown feature keyword {', '.join(unknown)}; the features take "
+            f"{', '.join(BY_KEYWORD)}"
+        )
+    return tuple((f, features.get(f.keyword)) for f in RUNTIME_FEATURES)
+
+
+def visible(tq: int, tk: int, *, causal: bool, **features: Any) -> npt.NDArray[np.bool_]:
     """(Tq, Tk) mask of the keys each query sees. Query i sits at key position
-    p = i + Tk - Tq (bottom-right alignment); causal keeps j <= p, and a sliding window
-    (left, right) keeps p - left <= j <= p + right (a negative side is unbounded)."""
+    p = i + Tk - Tq (bottom-right alignment); causal keeps j <= p, and each feature its own
+    keys (`Feature.visible`: a sliding window (left, right) keeps p - left <= j <= p + right,
+    a negative side unbounded)."""
     i = np.arange(tq)[:, None] + (tk - tq)
     j = np.arange(tk)[None, :]
     ok = np.ones((tq, tk), np.bool_)
     if causal:
         ok &= j <= i
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            ok &= j >= i - left
-        if right >= 0:
-            ok &= j <= i + right
+    for feature, value in feature_values(features):
+        keep = feature.visible(value, tq, tk)
+        if keep is not None:
+            ok &= keep
     return ok
 
 
-def score_bias(
-    tq: int, tk: int, heads: npt.NDArray[np.int_], alibi_slopes: np.ndarray | None
-) -> npt.NDArray[np.float64] | None:
-    """ALiBi's additive bias -slope[h] * |p - j| for the given heads, (len(heads), Tq, Tk);
-    None without slopes. p = i + Tk - Tq is query i's key position (bottom-right alignment)."""
-    if alibi_slopes is None:
+def _mask(tq: int, tk: int, causal: bool, feats: FeatureValues) -> npt.NDArray[np.bool_] | None:
+    """`visible`, or None when nothing is masked (no causal mask, no masking feature)."""
+    masks = [m for f, v in feats if (m := f.visible(v, tq, tk)) is not None]
+    if not causal and not masks:
         return None
-    dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :]).astype(np.float64)
-    slopes = np.asarray(alibi_slopes, np.float64)[heads]
-    bias: npt.NDArray[np.float64] = -slopes[:, None, None] * dist[None]
-    return bias
+    ok = visible(tq, tk, causal=causal)
+    for m in masks:
+        ok &= m
+    return ok
 
 
 def _finish_scores(
@@ -136,19 +147,16 @@ def _finish_scores(
     rows: slice,
     h: int,
     mask: npt.NDArray[np.bool_] | None,
-    softcap: float | None,
-    alibi_slopes: np.ndarray | None,
+    feats: FeatureValues,
 ) -> np.ndarray:
-    """Scaled scores s of the (batch*head) `rows` -> the logits the softmax sees: softcap,
-    ALiBi bias, then the mask (-inf); in s's own float type (float64 or float32)."""
-    t = s.dtype.type
-    if softcap is not None:
-        s = t(softcap) * np.tanh(s / t(softcap))
-    bias = score_bias(s.shape[1], s.shape[2], np.arange(rows.start, rows.stop) % h, alibi_slopes)
-    if bias is not None:
-        s = (s + bias.astype(s.dtype)).astype(s.dtype)
+    """Scaled scores s of the (batch*head) `rows` -> the logits the softmax sees: each
+    feature's logit term in registry order (softcap, then ALiBi's bias), then the mask
+    (-inf); in s's own float type (float64 or float32)."""
+    heads = np.arange(rows.start, rows.stop) % h
+    for feature, value in feats:
+        s = feature.logits(value, s, heads)
     if mask is not None:
-        s = np.where(mask, s, t(-np.inf))
+        s = np.where(mask, s, s.dtype.type(-np.inf))
     return s
 
 
@@ -188,8 +196,7 @@ def lse_bound(
     *,
     scale: float,
     causal: bool = False,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> float:
     """The largest |LSE - LSE64| that fp32 arithmetic allows a correct kernel (natural log).
 
@@ -217,7 +224,7 @@ def lse_bound(
     1e-4 (tests/verify/test_oracle.py injects diagonal, dropped-key, scale and swapped-V bugs).
 
     Features add what their fp32 evaluation can miss on one logit (LSE moves by at most the
-    largest logit error):
+    largest logit error; each feature's `lse_terms`, in registry order):
       softcap c   8 * U32 * c + 4 * U32 * M   tanh on the SFU (a few 1e-7 absolute, times c)
                                               and the roundings of s * scale / c and c * log2 e;
                                               the logits shrink to |.| <= c, so M = min(M, c)
@@ -237,14 +244,10 @@ def lse_bound(
     big_m = min(max_abs_logit(q, k, scale), big_s)
     n = tk  # the last query row sees every key, causal or not (bottom-right alignment)
     groups = math.ceil(d / SCORE_GROUP)
-    features = 0.0
-    if softcap is not None:
-        features += 8 * U32 * softcap + 4 * U32 * big_m
-        big_m = min(big_m, softcap)
-    if alibi_slopes is not None and len(alibi_slopes):
-        bias = float(np.max(np.abs(np.asarray(alibi_slopes, np.float64)))) * (tq + tk)
-        features += 2 * U32 * (bias + big_m)
-        big_m += bias
+    terms = 0.0
+    for feature, value in feature_values(features):
+        term, big_m = feature.lse_terms(value, big_m, tq, tk)
+        terms += term
     lse_max = big_m + math.log(max(n, 1))
     return float(
         groups * SCORE_GROUP_ULPS * ulp32(big_s)
@@ -252,7 +255,7 @@ def lse_bound(
         + 4 * U32 * (2 * big_m + 1)
         + n * U32
         + 2 * ulp32(lse_max)
-        + features
+        + terms
         + LSE_FLOOR
     )
 
@@ -271,9 +274,7 @@ def reference(
     *,
     causal: bool,
     scale: float,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> tuple[F64, F64]:
     """Float64 attention of (B, H, T, d) inputs: returns (O64 (B,H,Tq,dv), LSE64 (B,H,Tq)).
 
@@ -291,12 +292,13 @@ def reference(
     q3 = q.reshape(b * h, tq, d).astype(np.float64)
     k3 = k.reshape(b * h, tk, d).astype(np.float64)
     v3 = v.reshape(b * h, tk, dv).astype(np.float64)
-    mask = visible(tq, tk, causal=causal, window=window) if causal or window else None
+    feats = feature_values(features)
+    mask = _mask(tq, tk, causal, feats)
     o = np.zeros((b * h, tq, dv), np.float64)
     lse = np.full((b * h, tq), -np.inf, np.float64)
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * scale
-        s = _finish_scores(s, c, h, mask, softcap, alibi_slopes)
+        s = _finish_scores(s, c, h, mask, feats)
         m = s.max(axis=-1, keepdims=True)
         # rows with a logit above -inf; a NaN or +inf max is kept, so such rows come out NaN
         # (IEEE propagation) instead of passing for rows that see no key
@@ -317,9 +319,7 @@ def rounded_reference(
     causal: bool,
     scale: float,
     dtype: str,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> F64:
     """FlashAttention's "reference in the low dtype": its error is the yardstick for a kernel.
 
@@ -334,11 +334,12 @@ def rounded_reference(
     q3 = q.reshape(b * h, tq, d).astype(np.float32)
     k3 = k.reshape(b * h, tk, d).astype(np.float32)
     v3 = v.reshape(b * h, tk, dv).astype(np.float32)
-    mask = visible(tq, tk, causal=causal, window=window) if causal or window else None
+    feats = feature_values(features)
+    mask = _mask(tq, tk, causal, feats)
     o = np.zeros((b * h, tq, dv), np.float64)
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * np.float32(scale)
-        s = _finish_scores(s, c, h, mask, softcap, alibi_slopes)
+        s = _finish_scores(s, c, h, mask, feats)
         m = s.max(axis=-1, keepdims=True)
         seen = ~np.isneginf(m)
         p = np.exp(s - np.where(seen, m, np.float32(0.0)))
@@ -359,9 +360,7 @@ def check_outputs(
     causal: bool,
     scale: float,
     dtype: str,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> CheckOutcome:
     """Judge a kernel's (O, LSE) with the correctness rule of docs/design.md (features as in
     `reference`).
@@ -373,8 +372,8 @@ def check_outputs(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
-    feats: dict[str, Any] = {"window": window, "softcap": softcap, "alibi_slopes": alibi_slopes}
-    o64, lse64 = reference(q, k, v, causal=causal, scale=scale, **feats)
+    feature_values(features)  # unknown keywords fail before any work
+    o64, lse64 = reference(q, k, v, causal=causal, scale=scale, **features)
     if o.shape != o64.shape or lse.shape != lse64.shape:
         raise ValueError(
             f"o{o.shape} lse{lse.shape}: expected o{o64.shape} and lse{lse64.shape}; "
@@ -386,7 +385,7 @@ def check_outputs(
 
     diff = np.abs(of - o64)
     if DTYPES[dtype].tensor_core:  # the two low-precision storage types
-        o_ref = rounded_reference(q, k, v, causal=causal, scale=scale, dtype=dtype, **feats)
+        o_ref = rounded_reference(q, k, v, causal=causal, scale=scale, dtype=dtype, **features)
         o_err = _max(diff)
         o_bound = LOW_PRECISION_FACTOR * _max(np.abs(o_ref - o64)) + LOW_PRECISION_ATOL
     else:
@@ -397,9 +396,7 @@ def check_outputs(
         o_bound = FP32_RTOL
 
     lse_err = _lse_error(lf, lse64)
-    l_bound = lse_bound(
-        q, k, scale=scale, causal=causal, softcap=softcap, alibi_slopes=alibi_slopes
-    )
+    l_bound = lse_bound(q, k, scale=scale, causal=causal, **features)
     passed = (not has_nan) and o_err <= o_bound and lse_err <= l_bound
     return CheckOutcome(o_err, o_bound, lse_err, l_bound, has_nan, passed)
 

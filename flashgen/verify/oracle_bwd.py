@@ -34,11 +34,12 @@ from flashgen.verify.oracle import (
     _check_shapes,
     _finish_scores,
     _head_chunks,
+    _mask,
     _max,
     default_scale,
     error_ratio,
     expand_kv,
-    visible,
+    feature_values,
 )
 
 # The gradient rule: max|g - g64| <= GRAD_FACTOR * max|g_ref - g64| + eps, per gradient, with
@@ -103,10 +104,8 @@ def _backward(
     *,
     scale: float | None,
     causal: bool,
-    window: tuple[int, int] | None,
-    softcap: float | None,
-    alibi_slopes: np.ndarray | None,
     store: np.dtype | None,
+    **features: Any,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dQ, dK, dV) in float64 (store=None), or a low-precision kernel's (store = the storage
     dtype): inputs rounded to it, float32 math, P and dS rounded to it before the matmuls
@@ -134,13 +133,14 @@ def _backward(
     k3 = load(ke).reshape(b * h, tk, d)
     v3 = load(ve).reshape(b * h, tk, dv)
     do3 = load(do).reshape(b * h, tq, dv)
-    mask = visible(tq, tk, causal=causal, window=window) if causal or window else None
+    feats = feature_values(features)
+    mask = _mask(tq, tk, causal, feats)
     dq = np.zeros((b * h, tq, d), work)
     dk = np.zeros((b * h, tk, d), work)
     dvv = np.zeros((b * h, tk, dv), work)
     for c in _head_chunks(b * h, tq, tk):
         raw = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * t(scale)
-        s = _finish_scores(raw, c, h, mask, softcap, alibi_slopes)
+        s = _finish_scores(raw, c, h, mask, feats)
         m = s.max(axis=-1, keepdims=True)
         seen = ~np.isneginf(m)
         # A row that sees no key has every logit -inf: exp(-inf - 0) = 0 makes its P row
@@ -153,9 +153,10 @@ def _backward(
         dp = np.matmul(do3[c], v3[c].transpose(0, 2, 1))
         dd = (do3[c] * o).sum(axis=-1, keepdims=True)
         ds = p * (dp - dd)  # fp32 P here: a kernel keeps it in registers for dS
-        if softcap is not None:
-            th = np.tanh(raw / t(softcap))
-            ds = ds * (t(1.0) - th * th)
+        for feature, value in feats:  # the chain rule through each feature's logit term
+            factor = feature.dlogits(value, raw)
+            if factor is not None:
+                ds = ds * factor
         ds_op = rnd(ds)  # dS as the dS·K and dSᵀ·Q operand
         # the scale is applied to the accumulators at the end, as FlashAttention does
         dq[c] = np.matmul(ds_op, k3[c]) * t(scale)
@@ -179,9 +180,7 @@ def reference_grads(
     *,
     scale: float | None = None,
     causal: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> tuple[F64, F64, F64]:
     """Float64 gradients (dQ, dK, dV) of L = sum(O ∘ dO), O = `oracle.reference`'s output.
 
@@ -191,9 +190,8 @@ def reference_grads(
     contribute zero. Non-finite inputs follow IEEE arithmetic (NaN spreads).
     """
     return _backward(
-        q, k, v, do, scale=scale, causal=causal, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes, store=None,
-    )  # fmt: skip
+        q, k, v, do, scale=scale, causal=causal, store=None, **features
+    )
 
 
 def rounded_reference_grads(
@@ -205,9 +203,7 @@ def rounded_reference_grads(
     dtype: str,
     scale: float | None = None,
     causal: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> tuple[F64, F64, F64]:
     """FlashAttention's "reference in the low dtype" for gradients: the yardstick of the rule.
 
@@ -219,9 +215,8 @@ def rounded_reference_grads(
     as float64 holding exactly the storage-dtype values. Features as in `reference_grads`.
     """
     return _backward(
-        q, k, v, do, scale=scale, causal=causal, window=window, softcap=softcap,
-        alibi_slopes=alibi_slopes, store=_store_dtype(dtype),
-    )  # fmt: skip
+        q, k, v, do, scale=scale, causal=causal, store=_store_dtype(dtype), **features
+    )
 
 
 def grad_eps(g64: np.ndarray, dtype: str) -> float:
@@ -262,9 +257,7 @@ def check_grads(
     dtype: str,
     scale: float | None = None,
     causal: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: np.ndarray | None = None,
+    **features: Any,
 ) -> list[GradOutcome]:
     """Judge a kernel's (dQ, dK, dV) with FlashAttention's gradient rule, one outcome each.
 
@@ -275,10 +268,8 @@ def check_grads(
     reference is plain float32 arithmetic. Any NaN fails. Features as in `reference_grads`.
     """
     _store_dtype(dtype)  # an unknown dtype is refused before any work
-    feats: dict[str, Any] = {
-        "scale": scale, "causal": causal, "window": window, "softcap": softcap,
-        "alibi_slopes": alibi_slopes,
-    }  # fmt: skip
+    feature_values(features)  # unknown keywords fail before any work
+    feats: dict[str, Any] = {"scale": scale, "causal": causal, **features}
     g64 = reference_grads(q, k, v, do, **feats)
     if len(got) != 3 or any(np.shape(a) != b.shape for a, b in zip(got, g64, strict=False)):
         raise ValueError(

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from flashgen.generator.families import FAMILIES
+from flashgen.generator.features import RUNTIME_FEATURES
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.verify.cases import LAYOUTS, Case
+from flashgen.verify.cases import LAYOUTS, Case, feature_pairs
 
 PROFILE_ENV = "FLASHGEN_HYPOTHESIS_PROFILE"
 EXAMPLES_ENV = "FLASHGEN_GPU_EXAMPLES"
@@ -130,37 +131,15 @@ def cases(
         kv_choices = [n for n in range(h, 0, -1) if h % n == 0 and (n < h or h == 1 or
                       "gqapack" not in spec.features)]  # fmt: skip
         h_kv = draw(st.sampled_from(kv_choices), label="h_kv")
-        window = softcap = alibi = None
-        if "window" in spec.features:
-            window = draw(windows(tq, tk), label="window")
-        if "softcap" in spec.features:
-            softcap = draw(softcaps(), label="softcap")
-        if "alibi" in spec.features:
-            alibi = draw(st.floats(min_value=1e-3, max_value=1.0), label="alibi")
+        # every feature the variant is compiled with, drawn by the feature (`Feature.draw`)
+        features = tuple(
+            (f.token, f.draw(draw, tq, tk)) for f in RUNTIME_FEATURES if f.token in spec.features
+        )
         return Case(
-            b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof, h_kv,
-            window, softcap, alibi,
+            b, h, tq, tk, scale, logit_max, seed, layouts, v_mean, v_dof, h_kv, features
         )  # fmt: skip
 
     return draw_case()
-
-
-def windows(tq: int, tk: int) -> st.SearchStrategy[tuple[int, int]]:
-    """A sliding window (left, right): each side -1 (unbounded), 0 (empty side), a few keys,
-    anything up to past the whole sequence, exactly Tq + Tk, or either side of the lengths
-    from which the host passes a side as unbounded (left >= Tk, right >= Tq reach every key:
-    `FeatureArgs.kernel_args`)."""
-    reach = tq + tk
-    side = st.one_of(
-        st.sampled_from([-1, 0, 1, tq - 1, tq, tk - 1, tk, reach]),
-        st.integers(min_value=0, max_value=reach + 2),
-    )
-    return st.tuples(side, side)
-
-
-def softcaps() -> st.SearchStrategy[float]:
-    """A softcap c: models' values (Gemma 2: 50 and 30) and anything from 0.5 to 100."""
-    return st.one_of(st.sampled_from([1.0, 30.0, 50.0]), st.floats(min_value=0.5, max_value=100.0))
 
 
 def layout_tuples() -> st.SearchStrategy[tuple[str, str, str, str]]:
@@ -240,60 +219,50 @@ def head_dim_probes() -> list[KernelSpec]:
 
 def pinned_feature_cases(spec: KernelSpec) -> list[Case]:
     """The problems every variant compiled with features runs: windows that skip whole tiles,
-    leave rows with no key, or hold only the diagonal; the largest softcap and ALiBi values."""
+    leave rows with no key, or hold only the diagonal; each other feature at its
+    `Feature.pin_value` (the largest softcap and ALiBi values)."""
     br, bc = spec.br, spec.bc
-    cap = 30.0 if "softcap" in spec.features else None
-    alibi = 1.0 if "alibi" in spec.features else None
+    pins = {f.token: f.pin_value for f in RUNTIME_FEATURES if f.token in spec.features}
+    pins.pop("window", None)  # the window's pins are the problems below
+
+    def case(
+        b: int, h: int, tq: int, tk: int, scale: float | None, logit_max: float, seed: int,
+        window: tuple[int, int] | None = None, h_kv: int = 0,
+    ) -> Case:  # fmt: skip
+        return Case(
+            b, h, tq, tk, scale, logit_max, seed, h_kv=h_kv,
+            features=feature_pairs(window=window, **pins),
+        )  # fmt: skip
+
     if "window" not in spec.features:
         return [
-            Case(1, 2, br + 3, 3 * bc + 5, None, LOGIT_MAX, 21, softcap=cap, alibi=alibi),
-            Case(2, 4, 2 * br + 1, bc + 7, 0.3, 8.0, 22, softcap=cap, alibi=alibi, h_kv=2),
+            case(1, 2, br + 3, 3 * bc + 5, None, LOGIT_MAX, 21),
+            case(2, 4, 2 * br + 1, bc + 7, 0.3, 8.0, 22, h_kv=2),
         ]
     return [
         # a window of one tile behind the diagonal over many tiles: most tiles skipped
-        Case(
-            1,
-            2,
-            2 * br + 3,
-            4 * bc + 5,
-            None,
-            LOGIT_MAX,
-            23,
-            window=(bc, 0),
-            softcap=cap,
-            alibi=alibi,
-        ),
+        case(1, 2, 2 * br + 3, 4 * bc + 5, None, LOGIT_MAX, 23, window=(bc, 0)),
         # only the diagonal key; Tq > Tk, so the first rows see no key at all
-        Case(
-            1, 1, 2 * br + 9, br + 1, None, LOGIT_MAX, 24, window=(0, 0), softcap=cap, alibi=alibi
-        ),
+        case(1, 1, 2 * br + 9, br + 1, None, LOGIT_MAX, 24, window=(0, 0)),
         # both sides bounded, off the diagonal, with GQA
-        Case(
-            1,
-            4,
-            br + 17,
-            3 * bc + 1,
-            None,
-            8.0,
-            25,
-            window=(bc // 2 + 3, 5),
-            softcap=cap,
-            alibi=alibi,
-            h_kv=2,
-        ),
+        case(1, 4, br + 17, 3 * bc + 1, None, 8.0, 25, window=(bc // 2 + 3, 5), h_kv=2),
         # only ahead (right side): under causal every row sees just its diagonal key
-        Case(
-            2, 1, 37, 3 * bc + 5, None, LOGIT_MAX, 26, window=(-1, bc + 1), softcap=cap, alibi=alibi
-        ),
+        case(2, 1, 37, 3 * bc + 5, None, LOGIT_MAX, 26, window=(-1, bc + 1)),
     ]
 
 
-def _with_cap(spec: KernelSpec, cases: list[Case]) -> list[Case]:
-    """A softcap variant needs a cap on every problem (its tanh has no 'off'); window and
-    ALiBi variants also run the plain pins, with the feature off."""
-    if "softcap" not in spec.features:
-        return cases
-    return [c if c.softcap is not None else dataclasses.replace(c, softcap=50.0) for c in cases]
+def _with_required(spec: KernelSpec, cases: list[Case]) -> list[Case]:
+    """A variant compiled with a feature it cannot turn off (`Feature.required`: softcap, whose
+    tanh has no 'off') needs a value on every problem: the plain pins get its `check_value`.
+    Window and ALiBi variants also run the plain pins, with the feature off."""
+    needed = [f for f in RUNTIME_FEATURES if f.required and f.token in spec.features]
+    out = []
+    for c in cases:
+        values = dict(c.features)
+        for f in needed:
+            values.setdefault(f.token, f.check_value)
+        out.append(dataclasses.replace(c, features=feature_pairs(**values)))
+    return out
 
 
 def pinned_cases(spec: KernelSpec) -> list[Case]:
@@ -305,7 +274,7 @@ def pinned_cases(spec: KernelSpec) -> list[Case]:
     first; last, q, k, v and o each in its own layout, V of mean 30 with Student-t tails.
     """
     br, bc = spec.br, spec.bc
-    return _with_cap(
+    return _with_required(
         spec,
         [
             *PINNED_FAILURES,

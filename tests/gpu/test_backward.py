@@ -131,7 +131,9 @@ def _run_case(
     _, o = _poisoned((b, h, tq, spec.d), spec.dtype, lay[3])
     lse = runtime.empty((b, h, tq), np.float32)
     slopes = None if alibi_slopes is None else runtime.to_device(alibi_slopes.astype(np.float32))
-    feats = FeatureArgs(window, softcap, None if slopes is None else int(slopes.gpudata))
+    feats = FeatureArgs(
+        window=window, softcap=softcap, alibi=None if slopes is None else int(slopes.gpudata)
+    )
     runtime.launch(fwd, qd, kd, vd, o, lse, scale, features=feats)
     # the backward's feature keywords only where the call has features (plain calls unchanged)
     bwd_feats: dict[str, Any] = {}

@@ -196,15 +196,15 @@ def test_feature_variants_draw_their_values_and_plain_ones_none(data):
     assert not plain.has_features
     spec = MMA.replace(features=("window", "softcap", "alibi"))
     case = data.draw(strategies.cases(spec))
-    assert case.window is not None and case.softcap is not None and case.alibi is not None
-    left, right = case.window
+    assert [token for token, _ in case.features] == ["window", "softcap", "alibi"]
+    left, right = case.feature("window")
     assert -1 <= left <= case.tq + case.tk + 2 and -1 <= right <= case.tq + case.tk + 2
-    assert case.alibi_slopes().shape == (case.h,)
+    assert case.feature_kwargs()["alibi_slopes"].shape == (case.h,)
 
 
 def test_feature_variants_pin_windows_that_skip_tiles_and_empty_rows():
     spec = MMA.replace(features=("window",))
-    windows = [c.window for c in strategies.pinned_cases(spec) if c.window is not None]
+    windows = [c.feature("window") for c in strategies.pinned_cases(spec)]
     assert (0, 0) in windows and (spec.bc, 0) in windows
     assert not [c for c in strategies.pinned_cases(MMA) if c.has_features]
 

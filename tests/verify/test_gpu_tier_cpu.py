@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from flashgen.generator.features import SOFTCAP
 from flashgen.generator.space import shipped
 from flashgen.runtime import gpu as runtime
+from flashgen.verify.cases import feature_pairs
 from flashgen.verify.strategies import PINNED_FAILURES, pinned_cases
 
 GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
@@ -57,5 +59,6 @@ def test_every_variant_runs_the_pinned_thorough_failure() -> None:
     assert (case.b, case.h, case.tq, case.tk, case.scale, case.seed) == (1, 1, 1, 1, 0.5, 11242)
     for spec in shipped():
         # a softcap variant runs it with a cap (its tanh has no "off"); the problem is the same
-        want = dataclasses.replace(case, softcap=50.0) if "softcap" in spec.features else case
+        capped = dataclasses.replace(case, features=feature_pairs(softcap=SOFTCAP.check_value))
+        want = capped if "softcap" in spec.features else case
         assert want in pinned_cases(spec)

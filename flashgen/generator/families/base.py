@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flashgen.generator.abi import Param
 from flashgen.generator.arch import ARCHS
+from flashgen.generator.features import TOKENS
 
 if TYPE_CHECKING:
     from flashgen.generator.spec import KernelSpec
@@ -62,7 +63,8 @@ class Family:
     knobs: tuple[tuple[str, str], ...]
     axes: dict[str, tuple[Any, ...]]  # the shipped space: every axis of KernelSpec
     # the compile-time feature tokens it supports
-    features: frozenset[str] = frozenset({"window", "softcap", "alibi"})
+    # (every run-time feature: each family's templates carry every feature's hook)
+    features: frozenset[str] = frozenset(TOKENS)
     # the feature sets shipped (compiled ahead) at the default and tuned tiles; any other
     # combination is compiled on demand
     shipped_features: tuple[tuple[str, ...], ...] = (("window",), ("softcap",), ("alibi",))

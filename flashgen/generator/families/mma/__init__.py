@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from flashgen.generator.families.base import Family, Preference, _pick
 from flashgen.generator.families.mma import bwd
+from flashgen.generator.features import TOKENS
 
 if TYPE_CHECKING:
     from flashgen.generator.spec import KernelSpec
@@ -191,7 +192,7 @@ MMA = MmaFamily(
     preference=Preference(rank=1, br=128, bc=64, stages=2, min_major=8),
     bwd_template="mma_bwd.cu.j2",
     # the forward's run-time features, and dQ without atomics (backward.py)
-    bwd_features=frozenset({"deterministic", "window", "softcap", "alibi"}),
+    bwd_features=frozenset({"deterministic", *TOKENS}),
     # shipped: the head dims and dtypes training uses most, in the fast mode (dQ by fp32
     # atomics) and the deterministic one (bit-identical gradients)
     bwd_axes={
@@ -202,7 +203,7 @@ MMA = MmaFamily(
     },
     archs=("sm_80", "sm_90"),
     knobs=(("warps", "w"), ("stages", "s")),
-    features=frozenset({"window", "softcap", "alibi", "gqapack", "deterministic"}),
+    features=frozenset({*TOKENS, "gqapack", "deterministic"}),
     # Gemma 2's sliding window with softcap, beside each feature alone; GQA decoding
     shipped_features=(
         ("window",), ("softcap",), ("alibi",), ("window", "softcap"), ("gqapack",),

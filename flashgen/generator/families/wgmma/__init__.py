@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from flashgen.generator.abi import Param, tensor_map
 from flashgen.generator.families.base import Family, Preference, key_tiles
 from flashgen.generator.families.wgmma import bwd as wgmma_bwd
+from flashgen.generator.features import TOKENS
 
 if TYPE_CHECKING:
     from flashgen.generator.spec import KernelSpec
@@ -186,7 +187,7 @@ WGMMA = WgmmaFamily(
     # the forward's run-time features, no deterministic mode (bwd.py)
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
-    bwd_features=frozenset({"window", "softcap", "alibi"}),
+    bwd_features=frozenset(TOKENS),
     bwd_whole_tiles=True,
     # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
     # deterministic variant (the mma one serves that mode on every GPU)
