@@ -5,25 +5,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flashgen.generator.dtypes import DTYPES
-from flashgen.generator.features import (
-    FeatureArgs,
-    alibi_host,
-    check_alibi_pointer,
-    check_alibi_shape,
-    check_fits,
-    check_softcap,
-    check_window,
-)
+from flashgen.generator.features import RUNTIME_FEATURES, Feature, FeatureKeywords, check_fits
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import feature_values, launch
 from flashgen.runtime import gpu as runtime
-from flashgen.runtime import launch
 from flashgen.runtime.gpu import GpuUnavailable
 from flashgen.runtime.validate import (
     cai_stream,
@@ -34,6 +26,9 @@ from flashgen.runtime.validate import (
     check_spec_fits_call,
     check_spec_type,
 )
+
+if TYPE_CHECKING:  # Python 3.10 has no typing.Unpack; annotations are not evaluated
+    from typing_extensions import Unpack
 
 __all__ = ["GpuUnavailable", "attention"]
 
@@ -47,9 +42,7 @@ def attention(
     scale: float | None = None,
     spec: KernelSpec | None = None,
     return_lse: bool = False,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
+    **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V with a generated kernel; O (and LSE) like the inputs.
 
@@ -70,7 +63,8 @@ def attention(
     (d, dtype, causal, this GPU); a given spec must match the call's d, dtype and causal.
     With `return_lse`, returns (O, LSE) where LSE is float32 (B, H, Tq), natural log.
 
-    Features (each runs a variant compiled with it; one variant serves every value):
+    Features, by keyword (each runs a variant compiled with it; one variant serves every
+    value; `flashgen.generator.features` lists them):
     `window=(left, right)` lets query i see keys p - left .. p + right around its position
     p = i + Tk - Tq (-1: unbounded on that side; with causal, right is 0 in effect), tiles
     outside the window are skipped; `softcap=c` turns the logits s into c * tanh(s / c);
@@ -95,13 +89,12 @@ def attention(
         from flashgen import torch as fg_torch
 
         return fg_torch.attention(
-            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec,
-            window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec, **features
         )  # fmt: skip
-    win, cap = check_window(window), check_softcap(softcap)
+    values = feature_values.from_keywords(features, "flashgen.attention")
     host = _is_host(q, k, v)
     if not host:
-        o, lse = _on_device(q, k, v, causal, scale, spec, (win, cap, alibi_slopes))
+        o, lse = _on_device(q, k, v, causal, scale, spec, values)
         return (o, lse) if return_lse else o
     # copied anyway: make the copies contiguous so any NumPy view is accepted
     q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
@@ -109,19 +102,24 @@ def attention(
     check_head_dims(problem)  # selection (after the GPU is found) would say it too late
     check_scale(scale, problem.d)
     _check_causal(causal)
-    slopes = alibi_host(alibi_slopes, problem.h)
+    # array features (ALiBi's slopes) from the host: checked, contiguous float32, then copied
+    hosted = tuple(
+        f.host_array(v, problem.h) if f.array and v is not None else None
+        for f, v in zip(RUNTIME_FEATURES, values, strict=True)
+    )
     if spec is not None:
         check_spec_type(spec)
         check_spec_fits_call(spec, problem, causal)
         check_spec(spec, problem, check_pointers=False)
-        uses = FeatureArgs(window=win, softcap=cap, alibi=None if slopes is None else 1)
-        check_fits(spec, uses)
+        check_fits(spec, feature_values.uses(values))
 
     # Validation is done; from here on the GPU is needed.
     dq, dk, dv = (runtime.to_device(x) for x in (q, k, v))
-    dslopes = None if slopes is None else runtime.to_device(slopes)
-    # the slopes' copy is new each call: its signature is not worth remembering
-    o, lse = _on_device(dq, dk, dv, causal, scale, spec, (win, cap, dslopes), dslopes is None)
+    pairs = zip(values, hosted, strict=True)
+    on_gpu = tuple(v if a is None else runtime.to_device(a) for v, a in pairs)
+    # an array's copy is new each call: its signature is not worth remembering
+    remember = all(a is None for a in hosted)
+    o, lse = _on_device(dq, dk, dv, causal, scale, spec, on_gpu, remember)
     runtime.gpu().drv.Context.synchronize()  # to_host would wait anyway; this names a failure
     o, lse = runtime.to_host(o), runtime.to_host(lse)
     return (o, lse) if return_lse else o
@@ -137,15 +135,11 @@ class _Entry:
     dtype: np.dtype[Any]
 
 
-# (shapes, strides, dtypes, pointer alignment, causal, scale, spec, feature values, the ALiBi
-# slopes' pointer, shape, strides and dtype) -> entry, for GPUArrays; at most
+# (shapes, strides, dtypes, pointer alignment, causal, scale, spec, feature values, each array
+# feature's pointer, shape, strides and dtype) -> entry, for GPUArrays; at most
 # launch.MAX_SIGNATURES entries (then it starts over), like flashgen.torch's
 _entries: dict[tuple[Any, ...], _Entry] = {}
 _entries_lock = threading.Lock()
-
-
-# a call's (window, softcap, ALiBi slopes as a device array or None), window and softcap checked
-_Feats = tuple[tuple[int, int] | None, float | None, Any]
 
 
 def _on_device(
@@ -155,7 +149,7 @@ def _on_device(
     causal: Any,
     scale: Any,
     spec: Any,
-    feats: _Feats,
+    feats: feature_values.Values,
     remember: bool = True,
 ) -> tuple[Any, Any]:
     """Launch on device arrays (GPUArrays or CUDA-array-interface objects); new GPUArrays out.
@@ -171,8 +165,8 @@ def _on_device(
         ptrs = (int(q.gpudata), int(k.gpudata), int(v.gpudata))
         key = (
             q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
-            v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec, feats[0],
-            feats[1], _slopes_key(feats[2]),
+            v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec,
+            feature_values.signature(feats, _array_key),
         )  # fmt: skip
         try:
             e = _entries.get(key) if causal is True or causal is False else None
@@ -203,42 +197,42 @@ def _remember(key: tuple[Any, ...], entry: _Entry) -> None:
         _entries[key] = entry
 
 
-def _pointer(slopes: Any) -> int:
-    """The device pointer of ALiBi slopes given as a GPUArray; ValueError otherwise."""
-    if not hasattr(slopes, "gpudata"):
+def _pointer(feature: Feature, array: Any) -> int:
+    """The device pointer of an array feature's value given as a GPUArray; ValueError
+    otherwise."""
+    if not hasattr(array, "gpudata"):
         raise ValueError(
-            f"alibi_slopes={type(slopes).__name__}: with device inputs pass the slopes as a "
-            "GPUArray too (or all of q, k, v and the slopes as NumPy arrays)"
+            f"{feature.keyword}={type(array).__name__}: with device inputs pass it as a "
+            "GPUArray too (or all of q, k, v and it as NumPy arrays)"
         )
-    return int(slopes.gpudata)
+    return int(array.gpudata)
 
 
-def _slopes_key(slopes: Any) -> tuple[Any, ...] | None:
-    """What a remembered signature must match of the ALiBi slopes: pointer, shape, strides and
-    dtype. The pointer alone let a view at the same address (s[::2], s[:1], a float64 array)
-    skip validation: the kernel then read H fp32 values from memory laid out otherwise."""
-    if slopes is None:
-        return None
-    return (_pointer(slopes), tuple(slopes.shape), tuple(slopes.strides), np.dtype(slopes.dtype))
+def _array_key(array: Any) -> tuple[Any, ...]:
+    """What a remembered signature must match of an array feature's value: pointer, shape,
+    strides and dtype (`feature_values.signature`)."""
+    ptr = int(array.gpudata) if hasattr(array, "gpudata") else None  # else refused on binding
+    return (ptr, tuple(array.shape), tuple(array.strides), np.dtype(array.dtype))
 
 
 def _prepare(
-    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any, feats: _Feats
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any, feats: feature_values.Values
 ) -> tuple[_Entry, tuple[int, int, int]]:
     """Validate device arrays, select the variant, load its plan, bind the signature."""
     problem = check_layout(q, k, v)
     check_head_dims(problem)
     value = check_scale(scale, problem.d)
     _check_causal(causal)
-    win, cap, slopes = feats
-    ptr = None
-    if slopes is not None:
-        ptr = _pointer(slopes)
-        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
-        if not slopes.flags.c_contiguous:
-            raise ValueError("alibi_slopes: must be contiguous; copy it first")
-        check_alibi_pointer(ptr)
-    features = FeatureArgs(window=win, softcap=cap, alibi=ptr)
+
+    def pointer(feature: Feature, array: Any) -> int:
+        ptr = _pointer(feature, array)
+        feature.check_array(tuple(array.shape), array.dtype, problem.h)
+        if not array.flags.c_contiguous:
+            raise ValueError(f"{feature.keyword}: must be contiguous; copy it first")
+        feature.check(ptr)  # aligned as the kernels load it
+        return ptr
+
+    features = feature_values.bind(feats, pointer)
     if spec is not None:
         check_spec_type(spec)
         check_spec_fits_call(spec, problem, causal)

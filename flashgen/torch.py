@@ -1,8 +1,8 @@
 """`flashgen.torch`: generated FlashAttention kernels as a PyTorch operator.
 
-`attention(q, k, v, *, causal=False, scale=None, return_lse=False, spec=None, window=None,
-softcap=None, alibi_slopes=None, deterministic=False)` runs on CUDA tensors and returns torch
-tensors. It is registered as the custom op
+`attention(q, k, v, *, causal=False, scale=None, return_lse=False, spec=None,
+deterministic=False, **features)` (features by keyword: `window`, `softcap`, `alibi_slopes`)
+runs on CUDA tensors and returns torch tensors. It is registered as the custom op
 `torch.ops.flashgen.attention` (schema below) with a fake implementation, so
 `torch.compile(..., fullgraph=True)` traces it as one graph node, and it can be captured in a
 CUDA graph: outputs come from torch's caching allocator on q's device, the kernel is launched on
@@ -41,7 +41,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import torch
@@ -57,17 +57,16 @@ from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import (
+    RUNTIME_FEATURES,
+    Feature,
     FeatureArgs,
-    check_alibi_pointer,
-    check_alibi_shape,
-    check_softcap,
-    check_window,
+    FeatureKeywords,
 )
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import packs_gqa, select
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import feature_values, launch
 from flashgen.runtime import gpu as runtime
-from flashgen.runtime import launch
 from flashgen.runtime.validate import (
     Problem,
     check_head_dims,
@@ -78,12 +77,75 @@ from flashgen.runtime.validate import (
     check_spec_type,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
+
 __all__ = ["SCHEMA", "attention"]
+
+
+# ---- the features as op arguments --------------------------------------------------------------
+# Each feature's kernel arguments are op arguments, in registry order, after the fixed ones
+# (an array feature's as the tensor itself): window_left, window_right, softcap, alibi_slopes.
+def _schema_arg(feature: Feature, name: str, ctype: str, off: Any) -> str:
+    if feature.array:
+        return f"Tensor? {name}=None"
+    kind = {"int": "int", "float": "float"}[ctype]
+    return f"{kind} {name}={off!r}" if kind == "int" else f"{kind} {name}={float(off)!r}"
+
+
+FEATURE_SCHEMA = ", ".join(
+    _schema_arg(f, p.name, p.ctype, off)
+    for f in RUNTIME_FEATURES
+    for p, off in zip(f.params, f.encode(None), strict=True)
+).replace("=0.0", "=0.")  # the schema parser's spelling of a float default
+"""The features' op arguments: `int window_left=-1, ..., Tensor? alibi_slopes=None`."""
+
+
+def _op_args(values: feature_values.Values) -> tuple[Any, ...]:
+    """A call's feature values (registry order) as op arguments: each feature's `encode`, an
+    array feature's value (a tensor or None) as it is."""
+    return tuple(
+        a
+        for f, v in zip(RUNTIME_FEATURES, values, strict=True)
+        for a in ((v,) if f.array else f.encode(v))
+    )
+
+
+_OFF = _op_args((None,) * len(RUNTIME_FEATURES))  # every feature off, as op arguments
+
+
+def _values(args: tuple[Any, ...]) -> feature_values.Values:
+    """`_op_args`' inverse: the feature values (scalar ones decoded and checked)."""
+    args = _full(args)
+    out, i = [], 0
+    for f in RUNTIME_FEATURES:
+        n = len(f.params)
+        out.append(args[i] if f.array else f.decode(tuple(args[i : i + n])))
+        i += n
+    return tuple(out)
+
+
+def _arrays_of(args: tuple[Any, ...]) -> list[tuple[Feature, Any]]:
+    """(feature, tensor) of each array feature the op arguments carry (not None)."""
+    args = _full(args)
+    out, i = [], 0
+    for f in RUNTIME_FEATURES:
+        if f.array and args[i] is not None:
+            out.append((f, args[i]))
+        i += len(f.params)
+    return out
+
+
+N_FEATURE_ARGS = sum(len(f.params) for f in RUNTIME_FEATURES)
+
+
+def _full(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The feature arguments with the defaults the caller left out (the schema's: off)."""
+    return args if len(args) == N_FEATURE_ARGS else (*args, *_OFF[len(args) :])
 
 SCHEMA = (
     "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
-    "str? variant=None, int window_left=-1, int window_right=-1, float softcap=0., "
-    "Tensor? alibi_slopes=None, bool deterministic=False) -> (Tensor, Tensor)"
+    f"str? variant=None, bool deterministic=False, {FEATURE_SCHEMA}) -> (Tensor, Tensor)"
 )
 
 _library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
@@ -148,12 +210,10 @@ def _fake_checks(q: Any, k: Any, v: Any, causal: bool, scale: float | None) -> N
 # ---- the op's implementations ----------------------------------------------------------------
 def _fake(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
+    variant: str | None = None, deterministic: bool = False, *feature_args: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     _fake_checks(q, k, v, causal, scale)
-    check_window((window_left, window_right))
-    check_softcap(softcap)
+    _values(feature_args)  # the scalar features' checks
     if variant is not None:
         KernelSpec.from_name(variant)
     o_shape = (*tuple(q.shape)[:3], v.shape[3])  # v's head dim (dv)
@@ -179,15 +239,17 @@ _entries_lock = threading.Lock()
 MAX_SIGNATURES = launch.MAX_SIGNATURES  # validated signatures kept; past this the dict starts over
 
 
-def _slopes_key(slopes: Any) -> tuple[Any, ...] | None:
-    """What a remembered signature must match of the ALiBi slopes: pointer, shape, strides,
-    dtype and device. The pointer alone let another view at the same address (s[::2], s[:1],
-    a float64 tensor) skip validation: the kernel then read H fp32 values from memory laid
-    out otherwise, or past the tensor's end."""
-    if slopes is None:
-        return None
-    return (slopes.data_ptr(), tuple(slopes.shape), tuple(slopes.stride()), slopes.dtype,
-            slopes.device)  # fmt: skip
+def _feature_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a remembered signature must match of the feature arguments: the scalar ones, and
+    of an array feature's tensor its pointer, shape, strides, dtype and device. The pointer
+    alone let another view at the same address (s[::2], s[:1], a float64 tensor) skip
+    validation: the kernel then read H fp32 values from memory laid out otherwise, or past
+    the tensor's end."""
+    return tuple(
+        (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype, a.device)
+        if isinstance(a, _Tensor) else a
+        for a in args
+    )  # fmt: skip
 
 
 def _raw_stream_fn() -> Callable[[int], int]:
@@ -199,8 +261,7 @@ def _raw_stream_fn() -> Callable[[int], int]:
 
 def _run(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
+    variant: str | None = None, deterministic: bool = False, *feature_args: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The CUDA implementation: signature lookup, allocate, launch on the current stream.
     `deterministic` only rides along to the backward (setup_context reads it): the forward
@@ -210,15 +271,14 @@ def _run(
     key = (
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
         dev, k.get_device(), v.get_device(), (qp | kp | vp) & 15, causal, scale, variant,
-        window_left, window_right, softcap, _slopes_key(alibi_slopes),
+        _feature_key(feature_args),
     )  # fmt: skip
     try:
         e = _entries.get(key)
     except TypeError:  # an unhashable scale: validation names it
         e = None
     if e is None:
-        feats = (window_left, window_right, softcap, alibi_slopes)
-        e = _prepare(key, q, k, v, causal, scale, variant, feats)
+        e = _prepare(key, q, k, v, causal, scale, variant, feature_args)
     o = torch.empty_strided(e.o_shape, e.o_stride, dtype=e.dtype, device=e.device)
     lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
     e.bound(qp, kp, vp, o.data_ptr(), lse.data_ptr(), _raw_stream(dev))
@@ -233,22 +293,32 @@ def _device_arch(dev: int) -> str:
     return f"sm_{major}{minor}"
 
 
-def _feature_args(problem: Problem, left: int, right: int, cap: float, slopes: Any) -> FeatureArgs:
-    """A call's feature values, validated (the forward's and the backward's): the window, the
-    softcap, and the ALiBi slopes' shape, dtype and layout (their device is the caller's check)."""
-    ptr = None
-    if slopes is not None:
-        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
-        if not slopes.is_contiguous():
-            raise ValueError("alibi_slopes: must be contiguous; pass alibi_slopes.contiguous()")
-        ptr = int(slopes.data_ptr())
-        check_alibi_pointer(ptr)
-    return FeatureArgs(window=check_window((left, right)), softcap=check_softcap(cap), alibi=ptr)
+def _feature_args(problem: Problem, args: tuple[Any, ...], q: Any) -> FeatureArgs:
+    """A call's feature values from its op arguments, validated (the forward's and the
+    backward's): scalar ones by their feature, array ones' shape, dtype, layout and device
+    (q's)."""
+
+    def pointer(feature: Feature, tensor: Any) -> int:
+        feature.check_array(tuple(tensor.shape), tensor.dtype, problem.h)
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"{feature.keyword}: must be contiguous; pass {feature.keyword}.contiguous()"
+            )
+        if tensor.device != q.device:
+            raise ValueError(
+                f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one "
+                "device; move them with .to(q.device)"
+            )
+        ptr = int(tensor.data_ptr())
+        feature.check(ptr)
+        return ptr
+
+    return feature_values.bind(_values(args), pointer)
 
 
 def _prepare(
     key: tuple[Any, ...], q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: Any,
-    feats: tuple[int, int, float, Any],
+    feature_args: tuple[Any, ...],
 ) -> _Entry:  # fmt: skip
     """First call of a signature: validate, select, compile, load, bind (then cached)."""
     if causal is not True and causal is not False:
@@ -256,14 +326,15 @@ def _prepare(
     problem = check_layout(q, k, v)  # CPU tensors, shapes, dtypes, strides: ValueError
     check_head_dims(problem)
     value = check_scale(scale, problem.d)
-    slopes = feats[3]
-    devices = [t.device for t in (q, k, v, *(() if slopes is None else (slopes,)))]
-    features = _feature_args(problem, *feats)
+    arrays = _arrays_of(feature_args)
+    devices = [t.device for t in (q, k, v, *(a for _, a in arrays))]
     if len(set(devices)) > 1:
+        names = "".join(f", {f.keyword}" for f, _ in arrays)
         raise ValueError(
-            f"q, k, v{', alibi_slopes' if slopes is not None else ''} on "
-            f"{', '.join(map(str, devices))}: must be on one device; move them with .to(q.device)"
+            f"q, k, v{names} on {', '.join(map(str, devices))}: must be on one device; move "
+            "them with .to(q.device)"
         )
+    features = _feature_args(problem, feature_args, q)
     dev = int(q.get_device())
     chosen = _variant_for(problem, bool(causal), variant, dev, features)
     shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))  # O: q's rows, v's head dim
@@ -337,8 +408,7 @@ def _without_pointers(p: Problem) -> Problem:
 
 def _cpu(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None, deterministic: bool = False,
+    variant: str | None = None, deterministic: bool = False, *feature_args: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """CPU tensors: the validation error that says what to do (the kernels run on CUDA)."""
     check_layout(q, k, v)  # raises "q: a CPU tensor; move it to the GPU"
@@ -348,8 +418,7 @@ def _cpu(
 # ---- the backward pass: dQ, dK, dV from Q, K, V, O, LSE and dO (families mma and wgmma) -------
 BWD_SCHEMA = (
     "attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
-    "bool causal, float? scale, bool deterministic=False, int window_left=-1, "
-    "int window_right=-1, float softcap=0., Tensor? alibi_slopes=None) "
+    f"bool causal, float? scale, bool deterministic=False, {FEATURE_SCHEMA}) "
     "-> (Tensor, Tensor, Tensor)"
 )
 _LIB.define(BWD_SCHEMA)
@@ -404,15 +473,14 @@ def _bwd_plan(
 
 def _run_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
-    deterministic: bool = False, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None,
+    deterministic: bool = False, *feature_args: Any,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """The CUDA backward: fp32 scratch from torch's allocator, three kernels on the current
     stream, nothing synchronized (CUDA-graph safe like the forward). `deterministic`: the
     variant without atomics (bit-identical gradients; no fp32 dQ accumulator allocated).
-    The feature values are the forward's (window sides -1: unbounded, softcap 0.0: off, the
-    ALiBi slopes a float32 (H,) tensor on q's device or None); the variant is compiled with
-    the features they use."""
+    The feature arguments are the forward's (`_op_args`: window sides -1 unbounded, softcap
+    0.0 off, the ALiBi slopes a float32 (H,) tensor on q's device or None); the variant is
+    compiled with the features they use."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # dO arrives in whatever layout autograd made; the kernels want O's kind of strides (and
     # the wgmma backward's TMA positive strides: an expanded dO, stride 0, is copied too)
@@ -422,15 +490,14 @@ def _run_backward(
     key = (
         *((t.shape, t.stride(), t.dtype) for t in tensors), q.get_device(),
         tuple(t.data_ptr() & 15 for t in tensors), bool(causal), scale, det,
-        window_left, window_right, softcap, _slopes_key(alibi_slopes),
+        _feature_key(feature_args),
     )  # fmt: skip
     try:
         hit = _bwd_entries.get(key)
     except TypeError:  # an unhashable argument: validation names it
         hit = None
     if hit is None:  # first call of this signature: validate everything, then reuse
-        feats = (window_left, window_right, softcap, alibi_slopes)
-        hit = _bwd_prepare(key, (*tensors, dq, dk, dv), bool(causal), scale, det, feats)
+        hit = _bwd_prepare(key, (*tensors, dq, dk, dv), bool(causal), scale, det, feature_args)
     prepared, dev = hit
     b, h, tq, d = (int(n) for n in q.shape)
     d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
@@ -449,7 +516,7 @@ def _run_backward(
 
 def _bwd_prepare(
     key: tuple[Any, ...], tensors: tuple[Any, ...], causal: bool, scale: Any, det: bool,
-    feats: tuple[int, int, float, Any],
+    feature_args: tuple[Any, ...],
 ) -> tuple[Any, int]:  # fmt: skip
     """First backward call of a signature: validate (q, k, v, o, lse, do, dq, dk, dv and the
     feature values), choose and load the variant, prepare its launches (then cached)."""
@@ -458,7 +525,7 @@ def _bwd_prepare(
     q, k, v, o, lse, do, dq, dk, dv = tensors
     problem = check_layout(q, k, v)
     dev = int(q.get_device())
-    features = _bwd_features(problem, *feats, q)
+    features = _feature_args(problem, feature_args, q)
     family = _bwd_family(dev, problem, det, (q, k, v, o, do))
     spec, plan = _bwd_plan(
         dev, problem.d, problem.dtype, causal, det, family, features=features.tokens
@@ -473,21 +540,6 @@ def _bwd_prepare(
     return hit
 
 
-def _bwd_features(
-    problem: Problem, left: int, right: int, cap: float, slopes: Any, q: Any
-) -> FeatureArgs:
-    """The backward call's feature values, validated as the forward's are (`_feature_args`),
-    the slopes on q's device."""
-    if slopes is not None:
-        check_alibi_shape(tuple(slopes.shape), slopes.dtype, problem.h)
-        if slopes.device != q.device:
-            raise ValueError(
-                f"alibi_slopes on {slopes.device}, q on {q.device}: must be on one device; move "
-                "them with .to(q.device)"
-            )
-    return _feature_args(problem, left, right, cap, slopes)
-
-
 # backward signature (shapes, strides, dtypes, device, pointer alignment, causal, scale, mode,
 # feature values and the ALiBi slopes' pointer) -> (prepared launches, device): later calls of
 # a signature skip validation
@@ -496,11 +548,9 @@ _bwd_entries: dict[tuple[Any, ...], tuple[Any, int]] = {}
 
 def _fake_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
-    deterministic: bool = False, window_left: int = -1, window_right: int = -1,
-    softcap: float = 0.0, alibi_slopes: Any = None,
+    deterministic: bool = False, *feature_args: Any,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    check_window((window_left, window_right))
-    check_softcap(softcap)
+    _values(feature_args)  # the scalar features' checks
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -509,10 +559,13 @@ _library.register_fake("flashgen::attention_backward", _fake_backward, lib=_LIB)
 
 
 def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-    q, k, v, causal, scale, variant, left, right, cap, slopes, deterministic = inputs
+    q, k, v, causal, scale, variant, deterministic, *feature_args = inputs
     o, lse = output
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-    ctx.window, ctx.softcap = (left, right), cap  # window, softcap and ALiBi: passed on
+    # the features are passed on: the scalar arguments in ctx, the tensors (ALiBi's slopes)
+    # saved with the inputs
+    tensors = [a if isinstance(a, _Tensor) else None for a in feature_args]
+    ctx.feature_args = tuple(None if isinstance(a, _Tensor) else a for a in feature_args)
     # what the backward kernels cannot serve: say so when gradients are asked
     ctx.unsupported = ["dv != d"] if v.shape[-1] != q.shape[-1] else []
     if q.dtype not in (torch.float16, torch.bfloat16):
@@ -522,8 +575,8 @@ def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
             f"head dim {q.shape[-1]} (the backward kernels take d <= {BWD_MAX_D})"
         )
     ctx.mark_non_differentiable(lse)  # gradients flow through O only
-    # only O and LSE besides the inputs (and the ALiBi slopes, or None): no P, no S
-    ctx.save_for_backward(q, k, v, o, lse, slopes)
+    # only O and LSE besides the inputs (and the features' tensors, or None): no P, no S
+    ctx.save_for_backward(q, k, v, o, lse, *tensors)
 
 
 def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
@@ -532,15 +585,17 @@ def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
             f"flashgen.torch.attention: no backward pass yet with {', '.join(ctx.unsupported)}; "
             "call it under torch.no_grad() for inference, or train without them"
         )
-    q, k, v, o, lse, slopes = ctx.saved_tensors
+    q, k, v, o, lse, *tensors = ctx.saved_tensors
+    none = (None,) * (4 + N_FEATURE_ARGS)  # causal, scale, variant, deterministic, features
     if grad_o is None:
-        return None, None, None, None, None, None, None, None, None, None, None
-    (left, right), cap = ctx.window, ctx.softcap
+        return (None, None, None, *none)
+    feature_args = tuple(
+        t if a is None else a for a, t in zip(ctx.feature_args, tensors, strict=True)
+    )
     dq, dk, dv = _BWD_OP(
-        q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, left, right, cap,
-        slopes,
+        q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, *feature_args
     )  # fmt: skip
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return (dq, dk, dv, *none)
 
 
 _LIB.impl("attention", _run, "CUDA")
@@ -593,10 +648,8 @@ def attention(
     scale: float | None = None,
     return_lse: bool = False,
     spec: KernelSpec | None = None,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
     deterministic: bool = False,
+    **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
 
@@ -635,19 +688,15 @@ def attention(
         raise ValueError(f"deterministic={deterministic!r}: must be True or False")
     if scale is not None:
         scale = check_scale(scale, 1)
-    win = check_window(window)
-    left, right = win if win is not None else (-1, -1)
-    cap = check_softcap(softcap) or 0.0
+    args = _op_args(feature_values.from_keywords(features, "flashgen.torch.attention"))
     variant = None
     if spec is not None:
         check_spec_type(spec)
         variant = _variant_name(spec)
     if _direct(q, k, v):
-        o, lse = _run(q, k, v, causal, scale, variant, left, right, cap, alibi_slopes)
+        o, lse = _run(q, k, v, causal, scale, variant, deterministic, *args)
     else:
-        o, lse = _OP(
-            q, k, v, causal, scale, variant, left, right, cap, alibi_slopes, deterministic
-        )
+        o, lse = _OP(q, k, v, causal, scale, variant, deterministic, *args)
     return (o, lse) if return_lse else o
 
 

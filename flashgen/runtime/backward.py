@@ -64,14 +64,13 @@ from flashgen.generator.backward import (
 from flashgen.generator.families import FAMILIES
 from flashgen.generator.features import (
     NO_FEATURES,
+    Feature,
     FeatureArgs,
-    check_alibi_pointer,
-    check_alibi_shape,
+    FeatureKeywords,
     check_fits,
-    check_softcap,
-    check_window,
 )
 from flashgen.generator.numerics import LOG2E
+from flashgen.runtime import feature_values
 from flashgen.runtime.prefix import PrefixRegistry
 from flashgen.runtime.validate import (
     Problem,
@@ -85,6 +84,8 @@ from flashgen.runtime.validate import (
 from flashgen.runtime.validate import check_spec as _check_spec
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
+
     from flashgen.generator.spec import KernelSpec
     from flashgen.runtime.launch import LaunchPlan
 
@@ -384,35 +385,38 @@ def issue(
 
 
 def backward_features(
-    spec: KernelSpec, problem: BackwardProblem, window: Any = None, softcap: Any = None,
-    alibi_slopes: Any = None,
-) -> FeatureArgs:  # fmt: skip
-    """A call's feature values, validated as the forward's (`flashgen.attention`) are, and
-    fitted to backward variant `spec` (`features.check_fits`: a call may not use a feature the
-    variant lacks, and a softcap variant needs softcap > 0); ValueError naming value, rule and
-    fix. `alibi_slopes` is a contiguous float32 (H,) device array (GPUArray, CUDA-array-
-    interface object or torch tensor): its pointer is what the kernels read."""
-    win, cap = check_window(window), check_softcap(softcap)
-    ptr: int | None = None
-    if alibi_slopes is not None:
-        info = describe("alibi_slopes", alibi_slopes)
-        check_alibi_shape(info.shape, info.dtype, problem.fwd.h)
+    spec: KernelSpec, problem: BackwardProblem, values: feature_values.Values
+) -> FeatureArgs:
+    """A call's feature values (`feature_values.from_keywords`), validated as the forward's
+    (`flashgen.attention`) are, and fitted to backward variant `spec` (`features.check_fits`:
+    a call may not use a feature the variant lacks, and a softcap variant needs softcap > 0);
+    ValueError naming value, rule and fix. An array feature's value (ALiBi's slopes) is a
+    contiguous float32 device array (GPUArray, CUDA-array-interface object or torch tensor):
+    its pointer is what the kernels read."""
+    infos = {}
+    for feature, array in feature_values.arrays(values):
+        info = describe(feature.keyword, array)
+        feature.check_array(info.shape, info.dtype, problem.fwd.h)
         if info.shape[0] > 1 and info.strides[0] != info.dtype.itemsize:
-            raise ValueError("alibi_slopes: must be contiguous; copy it first")
-        ptr = info.ptr
-        if ptr and not isinstance(alibi_slopes, np.ndarray):
-            check_alibi_pointer(ptr)
+            raise ValueError(f"{feature.keyword}: must be contiguous; copy it first")
+        if info.ptr and not isinstance(array, np.ndarray):
+            feature.check(info.ptr)
+        infos[feature.token] = info
     try:  # the variant against the call, before any pointer is required
-        uses = FeatureArgs(window=win, softcap=cap, alibi=None if alibi_slopes is None else 1)
-        check_fits(spec, uses)
+        check_fits(spec, feature_values.uses(values))
     except ValueError as exc:  # launch_backward always names its variant: no spec=None here
         raise ValueError(str(exc).replace(" (or spec=None to let flashgen choose)", "")) from None
-    if alibi_slopes is not None and (isinstance(alibi_slopes, np.ndarray) or not ptr):
-        raise ValueError(
-            f"alibi_slopes={type(alibi_slopes).__name__}: the kernels read the slopes on the "
-            "GPU; pass them as a device array (a GPUArray) like q"
-        )
-    return FeatureArgs(window=win, softcap=cap, alibi=ptr)
+
+    def pointer(feature: Feature, array: Any) -> int:
+        ptr = infos[feature.token].ptr
+        if isinstance(array, np.ndarray) or not ptr:
+            raise ValueError(
+                f"{feature.keyword}={type(array).__name__}: the kernels read it on the GPU; "
+                "pass it as a device array (a GPUArray) like q"
+            )
+        return ptr
+
+    return feature_values.bind(values, pointer)
 
 
 def launch_backward(
@@ -430,9 +434,7 @@ def launch_backward(
     stream: Any = None,
     *,
     sync: bool = True,
-    window: tuple[int, int] | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Any = None,
+    **features: Unpack[FeatureKeywords],
 ) -> BackwardLaunch:
     """Compute dq, dk, dv of attention on device arrays (PyCUDA GPUArrays or CUDA-array-
     interface objects) with backward variant `spec`.
@@ -454,7 +456,8 @@ def launch_backward(
 
     problem = validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
     value = check_scale(scale, spec.d)
-    features = backward_features(spec, problem, window, softcap, alibi_slopes)
+    values = feature_values.from_keywords(features, "launch_backward")
+    feats = backward_features(spec, problem, values)
     f = problem.fwd
     ptrs = (f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, problem.dq_ptr,
             problem.dk_ptr, problem.dv_ptr)  # fmt: skip
@@ -474,7 +477,7 @@ def launch_backward(
         0 if dq_accum is None else int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr,
         problem.dv_ptr,
     )  # fmt: skip
-    issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream), features)
+    issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream), feats)
     if sync:
         runtime.wait(stream, f"backward kernels of {spec.name} failed")
     return BackwardLaunch(problem, d_buf, dq_accum)

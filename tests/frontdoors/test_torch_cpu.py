@@ -202,7 +202,11 @@ def test_the_backward_op_schema_takes_deterministic_and_the_features_with_defaul
         "int window_right=-1, float softcap=0., Tensor? alibi_slopes=None) "
         "-> (Tensor, Tensor, Tensor)"
     )
-    assert str(OP._schema).endswith("bool deterministic=False) -> (Tensor, Tensor)")
+    assert str(OP._schema) == (
+        "flashgen::attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? "
+        "scale=None, str? variant=None, bool deterministic=False, int window_left=-1, "
+        "int window_right=-1, float softcap=0., Tensor? alibi_slopes=None) -> (Tensor, Tensor)"
+    )
     for key in ("CUDA", "Meta"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             "flashgen::attention_backward", key
@@ -286,21 +290,21 @@ def test_the_backward_features_are_validated_as_the_forwards():
     q = torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16)
     st = (4 * 3 * 64, 3 * 64, 64)
     problem = Problem(1, 4, 3, 3, 64, "bf16", st, st, st, st)
-    got = fgt._bwd_features(problem, 8, 0, 30.0, torch.ones(4), q)
+    got = fgt._feature_args(problem, (8, 0, 30.0, torch.ones(4)), q)
     assert (got.window, got.softcap) == ((8, 0), 30.0) and got.alibi
     assert got.tokens == ("window", "softcap", "alibi")
-    off = fgt._bwd_features(problem, -1, -1, 0.0, None, q)
+    off = fgt._feature_args(problem, (-1, -1, 0.0, None), q)
     assert off.tokens == () and off.kernel_args(3, 3) == (-1, -1, 0.0, 0)
     with pytest.raises(ValueError, match=r"alibi_slopes.shape=\(2,\): must be \(4,\)"):
-        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(2), q)
+        fgt._feature_args(problem, (-1, -1, 0.0, torch.ones(2)), q)
     with pytest.raises(ValueError, match=r"alibi_slopes.dtype=torch.float16: must be float32"):
-        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(4, dtype=torch.float16), q)
+        fgt._feature_args(problem, (-1, -1, 0.0, torch.ones(4, dtype=torch.float16)), q)
     with pytest.raises(ValueError, match=r"must be contiguous"):
-        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(8)[::2], q)
+        fgt._feature_args(problem, (-1, -1, 0.0, torch.ones(8)[::2]), q)
     with pytest.raises(ValueError, match=r"alibi_slopes on meta, q on cpu: must be on one"):
-        fgt._bwd_features(problem, -1, -1, 0.0, torch.ones(4, device="meta"), q)
+        fgt._feature_args(problem, (-1, -1, 0.0, torch.ones(4, device="meta")), q)
     with pytest.raises(ValueError, match=r"window=\(5, -7\): each side must be >= 0"):
-        fgt._bwd_features(problem, 5, -7, 0.0, None, q)
+        fgt._feature_args(problem, (5, -7, 0.0, None), q)
 
 
 def test_torch_compile_traces_the_backward_op_with_the_feature_values():
@@ -426,7 +430,7 @@ def keyed(monkeypatch):
     validated: list[str] = []
 
     def prepare(key, q, k, v, causal, scale, variant, feats):
-        fgt._feature_args(problem, *feats)  # raises as a CUDA call's first call would
+        fgt._feature_args(problem, feats, q)  # raises as a CUDA call's first call would
         validated.append("fwd")
         entry = fgt._Entry(lambda *a: None, q.device, q.dtype, tuple(q.shape), q.stride(),
                            tuple(q.shape[:3]))  # fmt: skip
@@ -440,7 +444,7 @@ def keyed(monkeypatch):
             pass
 
     def bwd_prepare(key, tensors, causal, scale, det, feats):
-        fgt._bwd_features(problem, *feats, tensors[0])
+        fgt._feature_args(problem, feats, tensors[0])
         validated.append("bwd")
         fgt._bwd_entries[key] = hit = (Prepared(), -1)
         return hit
@@ -468,13 +472,13 @@ def _views_at_one_pointer():
 def test_a_slopes_view_at_a_remembered_pointer_is_validated_again(keyed):
     q, validated = keyed
     good, bad = _views_at_one_pointer()
-    fgt._run(q, q, q, alibi_slopes=good)
-    fgt._run(q, q, q, alibi_slopes=good)
+    fgt._run(q, q, q, False, None, None, False, -1, -1, 0.0, good)
+    fgt._run(q, q, q, False, None, None, False, -1, -1, 0.0, good)
     assert validated == ["fwd"]  # the second call skipped validation: same signature
     for name, (view, message) in bad.items():
         assert view.data_ptr() == good.data_ptr(), name
         with pytest.raises(ValueError, match=message):
-            fgt._run(q, q, q, alibi_slopes=view)
+            fgt._run(q, q, q, False, None, None, False, -1, -1, 0.0, view)
 
 
 def test_a_backward_slopes_view_at_a_remembered_pointer_is_validated_again(keyed):
@@ -482,11 +486,11 @@ def test_a_backward_slopes_view_at_a_remembered_pointer_is_validated_again(keyed
     good, bad = _views_at_one_pointer()
     o, lse = torch.zeros_like(q), torch.zeros(1, 4, 3)
     for _ in range(2):
-        fgt._run_backward(q, q, q, o, lse, o, False, None, alibi_slopes=good)
+        fgt._run_backward(q, q, q, o, lse, o, False, None, False, -1, -1, 0.0, good)
     assert validated == ["bwd"]
     for view, message in bad.values():
         with pytest.raises(ValueError, match=message):
-            fgt._run_backward(q, q, q, o, lse, o, False, None, alibi_slopes=view)
+            fgt._run_backward(q, q, q, o, lse, o, False, None, False, -1, -1, 0.0, view)
 
 
 def test_slopes_must_be_4_byte_aligned():
@@ -495,8 +499,10 @@ def test_slopes_must_be_4_byte_aligned():
     st = (4 * 3 * 64, 3 * 64, 64)
     problem = Problem(1, 4, 3, 3, 64, "bf16", st, st, st, st)
 
+    q = torch.zeros(1, 4, 3, 64, dtype=torch.bfloat16)
+
     class Misaligned:  # a float32 (4,) tensor 2 bytes into its allocation (torch makes none)
-        shape, dtype = (4,), torch.float32
+        shape, dtype, device = (4,), torch.float32, q.device
 
         def is_contiguous(self):
             return True
@@ -505,7 +511,7 @@ def test_slopes_must_be_4_byte_aligned():
             return 0x10002
 
     with pytest.raises(ValueError, match=r"alibi_slopes pointer 0x10002: must be 4-byte aligned"):
-        fgt._feature_args(problem, -1, -1, 0.0, Misaligned())
+        fgt._feature_args(problem, (-1, -1, 0.0, Misaligned()), q)
 
 
 def test_fake_tensors_with_a_head_dim_no_family_takes_raise_the_numpy_paths_error():

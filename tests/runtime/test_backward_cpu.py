@@ -536,7 +536,7 @@ def no_gpu(monkeypatch):
             ("alibi",),
             {"alibi_slopes": np.ones(4, np.float32)},
             r"alibi_slopes=ndarray: the "
-            r"kernels read the slopes on the GPU; pass them as a device array",
+            r"kernels read it on the GPU; pass it as a device array",
         ),
     ],
 )
@@ -574,6 +574,6 @@ def test_backward_features_reads_the_slopes_pointer():
     spec = KernelSpec(family="mma", d=64, direction="bwd", features=("window", "alibi"))
     _, q, k, v, o, lse, do, dq, dk, dv = _host_call(spec)
     problem = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
-    got = backward.backward_features(spec, problem, (4, 4), None, _DeviceSlopes(4, ptr=0x9100))
+    got = backward.backward_features(spec, problem, ((4, 4), None, _DeviceSlopes(4, ptr=0x9100)))
     assert (got.window, got.softcap, got.alibi) == ((4, 4), None, 0x9100)
     assert got.tokens == ("window", "alibi")

@@ -9,7 +9,7 @@ call's values, as the launchers take them; it says which tokens a variant needs 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from flashgen.generator.features.alibi import (
     ALIBI,
@@ -31,6 +31,17 @@ RUNTIME_FEATURES: tuple[Feature, ...] = (
     ALIBI,
 )
 """Every run-time feature, in canonical order."""
+
+
+
+class FeatureKeywords(TypedDict, total=False):
+    """The front doors' feature keywords (`flashgen.attention(..., **features)`), one per
+    feature: its `keyword` and the value type a user passes."""
+
+    window: tuple[int, int] | None
+    softcap: float | None
+    alibi_slopes: Any  # a float32 (H,) array: NumPy, GPUArray, CUDA-array object, torch tensor
+
 
 BY_TOKEN: dict[str, Feature] = {f.token: f for f in RUNTIME_FEATURES}
 BY_KEYWORD: dict[str, Feature] = {f.keyword: f for f in RUNTIME_FEATURES}
@@ -132,6 +143,7 @@ __all__ = [
     "WINDOW",
     "Feature",
     "FeatureArgs",
+    "FeatureKeywords",
     "alibi_host",
     "check_alibi_pointer",
     "check_alibi_shape",

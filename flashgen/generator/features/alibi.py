@@ -35,8 +35,19 @@ class Alibi(Feature):
         check_alibi_pointer(value)
         return int(value)
 
-    def kernel_args(self, value: Any, tq: int, tk: int) -> tuple[int]:
+    def encode(self, value: Any) -> tuple[int]:
         return (int(value or 0),)
+
+    def decode(self, args: tuple[Any, ...]) -> int | None:
+        return int(args[0]) or None
+
+    def check_array(self, shape: tuple[int, ...], dtype: Any, heads: int) -> None:
+        check_alibi_shape(shape, dtype, heads)
+
+    def host_array(self, value: Any, heads: int) -> np.ndarray:
+        out = alibi_host(value, heads)
+        assert out is not None  # value is not None here
+        return out
 
     def logits(self, value: Any, s: np.ndarray, heads: npt.NDArray[np.int_]) -> np.ndarray:
         """s - slope[h] * |p - j|, with p = i + Tk - Tq (bottom-right alignment)."""

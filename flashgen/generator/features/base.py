@@ -51,8 +51,28 @@ class Feature:
         return value
 
     def kernel_args(self, value: Any, tq: int, tk: int) -> tuple[Any, ...]:
-        """Its kernel arguments for launcher value `value` (None: off), one per `params`."""
+        """Its kernel arguments for launcher value `value` (None: off), one per `params`, for a
+        problem of Tq queries and Tk keys (the default: `encode`)."""
+        return self.encode(value)
+
+    def encode(self, value: Any) -> tuple[Any, ...]:
+        """A checked value as its `params`' values, whatever the problem (None: the values
+        that mean off). The torch op passes a feature as these (an array as the tensor)."""
         raise NotImplementedError
+
+    def decode(self, args: tuple[Any, ...]) -> Any:
+        """`encode`'s inverse: the value its params' values stand for (None: off)."""
+        raise NotImplementedError
+
+    # ---- the front doors (an array feature's value is a float32 array) -------------------------
+    def check_array(self, shape: tuple[int, ...], dtype: Any, heads: int) -> None:
+        """ValueError unless an array value has the shape and dtype the kernels read."""
+
+    def host_array(self, value: Any, heads: int) -> np.ndarray:
+        """A host array value checked and made contiguous float32, ready to copy to the GPU."""
+        arr = np.asarray(value)
+        self.check_array(arr.shape, arr.dtype, heads)
+        return np.ascontiguousarray(arr, np.float32)
 
     # ---- the float64 oracle (verify/oracle.py, oracle_bwd.py) ------------------------------
     def visible(self, value: Any, tq: int, tk: int) -> npt.NDArray[np.bool_] | None:

@@ -47,8 +47,11 @@ class Softcap(Feature):
             )
         return c
 
-    def kernel_args(self, value: Any, tq: int, tk: int) -> tuple[float]:
+    def encode(self, value: Any) -> tuple[float]:
         return (float(value or 0.0),)
+
+    def decode(self, args: tuple[Any, ...]) -> float | None:
+        return self.check(args[0])
 
     def logits(self, value: Any, s: np.ndarray, heads: npt.NDArray[np.int_]) -> np.ndarray:
         if value is None:

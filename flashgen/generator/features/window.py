@@ -49,6 +49,12 @@ class Window(Feature):
             return None
         return left, right
 
+    def encode(self, value: Any) -> tuple[int, int]:
+        return value if value is not None else (-1, -1)  # type: ignore[no-any-return]
+
+    def decode(self, args: tuple[Any, ...]) -> tuple[int, int] | None:
+        return self.check((int(args[0]), int(args[1])))
+
     def kernel_args(self, value: Any, tq: int, tk: int) -> tuple[int, int]:
         """A side that reaches every key of every row is passed as -1 (unbounded): a left side
         of Tk keys or more (query positions p < Tk: p - left < 0), a right side of Tq or more
