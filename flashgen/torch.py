@@ -145,7 +145,7 @@ def _full(args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 SCHEMA = (
     "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "
-    f"str? variant=None, bool deterministic=False, {FEATURE_SCHEMA}) -> (Tensor, Tensor)"
+    f"str? variant=None, {FEATURE_SCHEMA}, bool deterministic=False) -> (Tensor, Tensor)"
 )
 
 _library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
@@ -210,10 +210,10 @@ def _fake_checks(q: Any, k: Any, v: Any, causal: bool, scale: float | None) -> N
 # ---- the op's implementations ----------------------------------------------------------------
 def _fake(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None, deterministic: bool = False, *feature_args: Any,
+    variant: str | None = None, *rest: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     _fake_checks(q, k, v, causal, scale)
-    _values(feature_args)  # the scalar features' checks
+    _values(rest[:N_FEATURE_ARGS])  # the scalar features' checks
     if variant is not None:
         KernelSpec.from_name(variant)
     o_shape = (*tuple(q.shape)[:3], v.shape[3])  # v's head dim (dv)
@@ -261,11 +261,13 @@ def _raw_stream_fn() -> Callable[[int], int]:
 
 def _run(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None, deterministic: bool = False, *feature_args: Any,
+    variant: str | None = None, *rest: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The CUDA implementation: signature lookup, allocate, launch on the current stream.
-    `deterministic` only rides along to the backward (setup_context reads it): the forward
-    has no atomics and computes the same either way."""
+    `rest`: the feature arguments, then `deterministic`, which only rides along to the
+    backward (setup_context reads it): the forward has no atomics and computes the same
+    either way."""
+    feature_args = rest[:N_FEATURE_ARGS]
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     dev = q.get_device()
     key = (
@@ -408,7 +410,7 @@ def _without_pointers(p: Problem) -> Problem:
 
 def _cpu(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
-    variant: str | None = None, deterministic: bool = False, *feature_args: Any,
+    variant: str | None = None, *rest: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """CPU tensors: the validation error that says what to do (the kernels run on CUDA)."""
     check_layout(q, k, v)  # raises "q: a CPU tensor; move it to the GPU"
@@ -559,7 +561,9 @@ _library.register_fake("flashgen::attention_backward", _fake_backward, lib=_LIB)
 
 
 def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-    q, k, v, causal, scale, variant, deterministic, *feature_args = inputs
+    q, k, v, causal, scale, variant, *rest = inputs
+    feature_args = rest[:N_FEATURE_ARGS]
+    deterministic = rest[N_FEATURE_ARGS] if len(rest) > N_FEATURE_ARGS else False
     o, lse = output
     ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
     # the features are passed on: the scalar arguments in ctx, the tensors (ALiBi's slopes)
@@ -586,7 +590,7 @@ def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
             "call it under torch.no_grad() for inference, or train without them"
         )
     q, k, v, o, lse, *tensors = ctx.saved_tensors
-    none = (None,) * (4 + N_FEATURE_ARGS)  # causal, scale, variant, deterministic, features
+    none = (None,) * (4 + N_FEATURE_ARGS)  # causal, scale, variant, features, deterministic
     if grad_o is None:
         return (None, None, None, *none)
     feature_args = tuple(
@@ -694,9 +698,9 @@ def attention(
         check_spec_type(spec)
         variant = _variant_name(spec)
     if _direct(q, k, v):
-        o, lse = _run(q, k, v, causal, scale, variant, deterministic, *args)
+        o, lse = _run(q, k, v, causal, scale, variant, *args)
     else:
-        o, lse = _OP(q, k, v, causal, scale, variant, deterministic, *args)
+        o, lse = _OP(q, k, v, causal, scale, variant, *args, deterministic)
     return (o, lse) if return_lse else o
 
 

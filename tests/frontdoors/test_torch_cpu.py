@@ -204,8 +204,9 @@ def test_the_backward_op_schema_takes_deterministic_and_the_features_with_defaul
     )
     assert str(OP._schema) == (
         "flashgen::attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? "
-        "scale=None, str? variant=None, bool deterministic=False, int window_left=-1, "
-        "int window_right=-1, float softcap=0., Tensor? alibi_slopes=None) -> (Tensor, Tensor)"
+        "scale=None, str? variant=None, int window_left=-1, int window_right=-1, "
+        "float softcap=0., Tensor? alibi_slopes=None, bool deterministic=False) "
+        "-> (Tensor, Tensor)"
     )
     for key in ("CUDA", "Meta"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -472,13 +473,13 @@ def _views_at_one_pointer():
 def test_a_slopes_view_at_a_remembered_pointer_is_validated_again(keyed):
     q, validated = keyed
     good, bad = _views_at_one_pointer()
-    fgt._run(q, q, q, False, None, None, False, -1, -1, 0.0, good)
-    fgt._run(q, q, q, False, None, None, False, -1, -1, 0.0, good)
+    fgt._run(q, q, q, False, None, None, -1, -1, 0.0, good)
+    fgt._run(q, q, q, False, None, None, -1, -1, 0.0, good)
     assert validated == ["fwd"]  # the second call skipped validation: same signature
     for name, (view, message) in bad.items():
         assert view.data_ptr() == good.data_ptr(), name
         with pytest.raises(ValueError, match=message):
-            fgt._run(q, q, q, False, None, None, False, -1, -1, 0.0, view)
+            fgt._run(q, q, q, False, None, None, -1, -1, 0.0, view)
 
 
 def test_a_backward_slopes_view_at_a_remembered_pointer_is_validated_again(keyed):
