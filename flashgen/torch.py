@@ -63,7 +63,7 @@ from flashgen.generator.features import (
     FeatureKeywords,
 )
 from flashgen.generator.numerics import LOG2E
-from flashgen.generator.select import packs_gqa, select
+from flashgen.generator.select import backward_family, packs_gqa, select
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, launch
 from flashgen.runtime import gpu as runtime
@@ -428,31 +428,26 @@ BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for
 
 # "0": family mma's backward on sm_90 GPUs too (the default there: wgmma's, where the call fits)
 WGMMA_BWD_ENV = "FLASHGEN_WGMMA_BWD"
-WGMMA_BWD_ARCH = "sm_90"  # the GPUs it runs on (compiled for sm_90a)
 
 # (device, d, dtype, causal, deterministic, family, feature tokens) -> the backward plan
 _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
 def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[Any, ...]) -> str:
-    """The backward's family for a call: "wgmma" when the GPU is sm_90 and the call fits the
-    wgmma backward's rules (d 64/128, fp16/bf16, dv = d, not deterministic, every stride of an
-    axis longer than 1 non-zero: the TMA steps them), unless FLASHGEN_WGMMA_BWD=0; else "mma".
-    Window, softcap and ALiBi do not enter the choice: both families' backwards take them."""
-    from flashgen.generator.families.wgmma.bwd import HEAD_DIMS
-
-    if os.environ.get(WGMMA_BWD_ENV) == "0" or deterministic:
-        return "mma"
-    fits = (
-        problem.d in HEAD_DIMS and problem.value_dim == problem.d
-        and problem.dtype in ("fp16", "bf16")
-        and all(s != 0 or n == 1 for t in tensors for n, s in zip(t.shape, t.stride(), strict=True))
+    """The backward's family for a call (`select.backward_family`: on sm_90 wgmma's where the
+    call fits its rules, else mma's); FLASHGEN_WGMMA_BWD=0 leaves out the TMA family."""
+    strided = all(
+        s != 0 or n == 1 for t in tensors for n, s in zip(t.shape, t.stride(), strict=True)
+    )
+    return backward_family(
+        _device_arch(dev), problem.d, problem.value_dim, problem.dtype,
+        deterministic=deterministic, strided=strided,
+        tensor_maps=os.environ.get(WGMMA_BWD_ENV) != "0",
     )  # fmt: skip
-    return "wgmma" if fits and _device_arch(dev) == WGMMA_BWD_ARCH else "mma"
 
 
 def _bwd_plan(
-    dev: int, d: int, dtype: str, causal: bool, deterministic: bool = False, family: str = "mma",
+    dev: int, d: int, dtype: str, causal: bool, deterministic: bool, family: str,
     features: tuple[str, ...] = (),
 ) -> tuple[KernelSpec, launch.LaunchPlan]:  # fmt: skip
     """The backward variant (the family's default tile) for a call, compiled and loaded:

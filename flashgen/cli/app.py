@@ -51,7 +51,7 @@ from flashgen.generator.nvcc import NvccNotFound, NvccSettingError
 from flashgen.generator.render import render
 from flashgen.generator.select import default_fields, family_defaults
 from flashgen.generator.space import pruned, shipped
-from flashgen.generator.spec import DIRECTIONS, FEATURES, KernelSpec, SpecError
+from flashgen.generator.spec import DEFAULT_FAMILY, DIRECTIONS, FEATURES, KernelSpec, SpecError
 from flashgen.perf.occupancy import occupancy, register_split
 from flashgen.perf.sass import INSTALL_HINT as SASS_HINT
 from flashgen.perf.sass import (
@@ -356,7 +356,7 @@ def spec_from_options(
         raise CliError(
             "--d is required (the head dimension, e.g. --d 64), or name a kernel with --name"
         )
-    fam = family or "simt"
+    fam = family or DEFAULT_FAMILY
     if direction == "bwd":  # nothing of the backward ships per tile yet: the spec's defaults
         return KernelSpec(
             family=fam, d=d, direction="bwd", causal=bool(causal), features=feats, dv=dv or 0,

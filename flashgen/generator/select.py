@@ -142,6 +142,28 @@ def _select_plain(
     )
 
 
+def backward_family(
+    arch: str, d: int, dv: int, dtype: str, *, deterministic: bool = False,
+    strided: bool = True, tensor_maps: bool = True,
+) -> str:  # fmt: skip
+    """The family whose backward a call runs on GPU `arch`: the best-ranked family
+    (`Preference.rank`) whose backward takes it (`Family.serves_backward`); `tensor_maps=False`
+    leaves out the families whose kernels take TMA descriptors (FLASHGEN_WGMMA_BWD=0).
+    Window, softcap and ALiBi do not enter the choice: every backward takes them."""
+    major = arch_major(arch)
+    fits = [
+        f for f in FAMILIES.values()
+        if f.serves_backward(major, d, dv, dtype, deterministic, strided)
+        and (tensor_maps or not f.tensor_maps)
+    ]  # fmt: skip
+    if not fits:
+        raise ValueError(
+            f"arch={arch} d={d} dv={dv} dtype={dtype} deterministic={deterministic}: no family's "
+            "backward takes this call; see docs/usage.md (training) for what the backward serves"
+        )
+    return min(fits, key=lambda f: f.preference.rank).name
+
+
 def lookup(gpu_name: str, d: int, dtype: str, causal: bool) -> KernelSpec | None:
     """The tuned variant for this GPU and call shape, if its table has a valid, shipped one."""
     entry = load_table(gpu_name).get(entry_key(d, dtype, causal))
@@ -226,6 +248,6 @@ def default_fields(
 
 
 __all__ = [
-    "arch_major", "default_fields", "family_defaults", "feature_variant", "lookup", "packs_gqa",
-    "select",
+    "arch_major", "backward_family", "default_fields", "family_defaults", "feature_variant",
+    "lookup", "packs_gqa", "select",
 ]

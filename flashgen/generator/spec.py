@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from flashgen.generator.families import Family
 
 
+DEFAULT_FAMILY = "simt"
+"""The family of a spec that names none (every GPU runs it; the CLI's default too)."""
+
+
 class SpecError(ValueError):
     """A configuration broke one or more rules; `problems` lists each as value, rule and fix."""
 
@@ -47,7 +51,7 @@ class KernelSpec:
     where the knob tokens are the family's own (`Family.knobs`, e.g. `w4_s1` for mma).
     """
 
-    family: str = "simt"
+    family: str = DEFAULT_FAMILY
     d: int = 64
     br: int = 0
     bc: int = 0

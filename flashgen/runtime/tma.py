@@ -24,6 +24,7 @@ from collections import OrderedDict
 from functools import cache
 from typing import Any, TypeVar
 
+from flashgen.generator.families.wgmma import WGMMA
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import backward
 from flashgen.runtime.launch import register_prefix_args
@@ -161,7 +162,7 @@ def prefix_args(spec: KernelSpec, problem: Problem) -> list[Any]:
     return [*tensor_maps(spec, problem), ctypes.c_int(problem.h), ctypes.c_int(problem.b)]
 
 
-register_prefix_args("wgmma", prefix_args, uses=("q", "k", "v"))
+register_prefix_args(WGMMA.name, prefix_args, uses=("q", "k", "v"))
 
 
 _bwd_maps: OrderedDict[tuple[Any, ...], tuple[TensorMap, TensorMap, TensorMap, TensorMap]] = (
@@ -199,4 +200,6 @@ def backward_prefix_args(
     return list(backward_tensor_maps(spec, bp, at["q"], at["k"], at["v"], at["dout"]))
 
 
-backward.register_prefix_args("wgmma", backward_prefix_args, uses=("q", "k", "v", "dout"))
+backward.register_prefix_args(
+    WGMMA.name, backward_prefix_args, uses=("q", "k", "v", "dout")
+)

@@ -458,7 +458,7 @@ def test_torch_builds_the_plan_of_the_chosen_family(
     monkeypatch.setattr(fgt, "_bwd_plans", {})
     spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False, "wgmma")
     assert spec.name == NAME
-    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False)
+    spec, _ = fgt._bwd_plan(0, 128, "bf16", True, False, "mma")
     assert spec.family == "mma"
     assert made == [(NAME, "sm_90a"), (spec.name, "sm_90")]
     fgt.clear_cache()

@@ -145,6 +145,20 @@ class Family:
             return (-(-tq * kv_group // spec.br), heads // kv_group, batch)
         return spec.grid(batch, heads, tq)
 
+    def serves_backward(
+        self, major: int, d: int, dv: int, dtype: str, deterministic: bool, strided: bool
+    ) -> bool:
+        """Whether this family's backward takes a call on a GPU of compute capability `major`
+        (`select.backward_family`): it has one, runs on that generation, and has a
+        deterministic mode when asked. `strided`: every axis longer than 1 has a non-zero
+        stride (what a TMA can step)."""
+        pref = self.preference
+        return (
+            bool(self.bwd_template)
+            and pref.min_major <= major <= pref.max_major
+            and (not deterministic or "deterministic" in self.bwd_features)
+        )
+
     def check(self, spec: KernelSpec) -> list[str]:
         """Every broken rule as 'value: rule; fix' (empty when the spec is valid)."""
         raise NotImplementedError

@@ -99,6 +99,16 @@ class WgmmaFamily(Family):
             return (sms, 1, 1)
         return (tiles, 1, 1)
 
+    def serves_backward(
+        self, major: int, d: int, dv: int, dtype: str, deterministic: bool, strided: bool
+    ) -> bool:
+        # its backward's rules (bwd.py): d 64 or 128, dv = d, 16-bit storage, no deterministic
+        # mode, and TMA-loadable strides
+        return (
+            super().serves_backward(major, d, dv, dtype, deterministic, strided)
+            and d in wgmma_bwd.HEAD_DIMS and dv == d and dtype in ("fp16", "bf16") and strided
+        )  # fmt: skip
+
     def check(self, spec: KernelSpec) -> list[str]:
         if spec.direction == "bwd":
             return wgmma_bwd.check(self, spec)
