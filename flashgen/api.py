@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -139,7 +138,6 @@ class _Entry:
 # feature's pointer, shape, strides and dtype) -> entry, for GPUArrays; at most
 # launch.MAX_SIGNATURES entries (then it starts over), like flashgen.torch's
 _entries: dict[tuple[Any, ...], _Entry] = {}
-_entries_lock = threading.Lock()
 
 
 def _on_device(
@@ -189,12 +187,9 @@ def _on_device(
 
 
 def _remember(key: tuple[Any, ...], entry: _Entry) -> None:
-    """Keep a validated signature; start over past launch.MAX_SIGNATURES (a decode loop whose
-    Tk grows every step makes a new signature per step: 20,001 steps kept 20,001 entries)."""
-    with _entries_lock:
-        if len(_entries) >= launch.MAX_SIGNATURES:
-            _entries.clear()
-        _entries[key] = entry
+    """Keep a validated signature (`launch.remember`: bounded, as a decode loop whose Tk grows
+    every step makes a new signature per step: 20,001 steps kept 20,001 entries)."""
+    launch.remember(_entries, key, entry)
 
 
 def _pointer(feature: Feature, array: Any) -> int:

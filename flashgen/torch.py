@@ -236,7 +236,6 @@ class _Entry:
 
 _entries: dict[tuple[Any, ...], _Entry] = {}
 _entries_lock = threading.Lock()
-MAX_SIGNATURES = launch.MAX_SIGNATURES  # validated signatures kept; past this the dict starts over
 
 
 def _feature_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -347,10 +346,7 @@ def _prepare(
     check_spec(chosen.spec, full, check_pointers=True)
     bound = chosen.bind(_without_pointers(full), value * LOG2E, features)
     entry = _Entry(bound, q.device, q.dtype, shape, o_stride, (shape[0], shape[1], shape[2]))
-    with _entries_lock:
-        if len(_entries) >= MAX_SIGNATURES:  # e.g. a decode loop whose Tk grows every step
-            _entries.clear()
-        _entries[key] = entry
+    launch.remember(_entries, key, entry)  # bounded: a decode loop's Tk grows every step
     return entry
 
 
@@ -530,10 +526,7 @@ def _bwd_prepare(
     bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
     value = check_scale(scale, problem.d)
     hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features), dev)
-    with _entries_lock:
-        if len(_bwd_entries) >= MAX_SIGNATURES:
-            _bwd_entries.clear()
-        _bwd_entries[key] = hit
+    launch.remember(_bwd_entries, key, hit)
     return hit
 
 

@@ -82,6 +82,17 @@ INSTALL_HINT = (
 # and backward); past this the dict starts over (a decode loop whose Tk grows every step would
 # otherwise keep one entry per step, forever).
 MAX_SIGNATURES = 4096
+_signatures_lock = threading.Lock()
+
+
+def remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Keep a validated call signature in a front door's `cache` (its later calls skip
+    validation); past MAX_SIGNATURES entries the cache starts over. The one bounded store of
+    flashgen.attention's device path and flashgen.torch's forward and backward."""
+    with _signatures_lock:
+        if len(cache) >= MAX_SIGNATURES:
+            cache.clear()
+        cache[key] = value
 
 
 class GpuUnavailable(RuntimeError):
