@@ -48,7 +48,7 @@ from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
 from flashgen.generator.cache import atomic_write
 from flashgen.generator.dtypes import DTYPES
-from flashgen.generator.families import FAMILIES, PERSISTENT_MAX_KEY_TILES
+from flashgen.generator.families import FAMILIES
 from flashgen.generator.features import RUNTIME_FEATURES, TOKENS
 from flashgen.generator.numerics import LOG2E as LOG2E_FLOAT
 from flashgen.generator.render import environment, render
@@ -190,6 +190,8 @@ class Variant:
             "tensor_cores": info.tensor_core and s.fam.tensor_cores,
             "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
+            # the grid: its tile scheduler's C (templates/_scheduler.cuh.j2, generator/schedulers)
+            "launch_grid_macro": s.fam.scheduler(s).launch_macro,
             # the kernel's parameters (generator/abi.py after the family's prefix)
             "kernel_params": abi.declarations(
                 (*s.fam.fwd_prefix, *abi.FWD), elem=info.ctype, restrict=False
@@ -389,7 +391,15 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "version": __version__,
         "header": HEADER,
         "launcher": LAUNCHER,
-        "persistent_max_key_tiles": PERSISTENT_MAX_KEY_TILES,
+        # the C constants of the forward variants' tile schedulers (their grid code reads them)
+        "scheduler_constants": sorted(
+            {
+                c
+                for s in unique
+                if s.direction == "fwd"
+                for c in s.fam.scheduler(s).launch_constants()
+            }
+        ),
         # forward variants (the templates' `variants`), backward ones apart
         "variants": contexts,
         "bwd_variants": bwd_contexts,

@@ -86,6 +86,8 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "is_bf16": spec.dtype == "bf16",
     }
     ctx["abi_params"] = abi_params(spec)
+    if spec.direction == "fwd":  # which work item each block takes: templates/_scheduler.cuh.j2
+        ctx["scheduler_macro"] = spec.fam.scheduler(spec).macro
     ctx.update(spec.fam.context(spec))
     return ctx
 

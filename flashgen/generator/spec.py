@@ -221,10 +221,6 @@ class KernelSpec:
         """Base pointers and strides (q, k, v, o) must be multiples of this many elements."""
         return int(self.fam.align_elems(self))
 
-    def grid(self, batch: int, heads: int, tq: int) -> tuple[int, int, int]:
-        """Launch grid for a problem: (query tiles, heads, batch)."""
-        return (-(-tq // self.br), heads, batch)
-
     def replace(self, **changes: object) -> KernelSpec:
         """A copy with some fields changed (validated again)."""
         data = asdict(self)

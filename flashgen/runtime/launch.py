@@ -314,9 +314,9 @@ class LaunchPlan:
     sms: int = 0  # the device's SM count (persistent families size their grid by it)
 
     def grid(self, problem: Problem, window: tuple[int, int] = (-1, -1)) -> tuple[int, int, int]:
-        """The launch grid for `problem` (the family's: a block per query tile, or persistent)
-        with the kernel's window sides."""
-        return family_of(self.spec.family).grid(
+        """The launch grid for `problem` (the family's tile scheduler's: a block per query tile,
+        or persistent) with the kernel's window sides."""
+        return family_of(self.spec.family).scheduler(self.spec).grid(
             self.spec, problem.b, problem.h, problem.tq, problem.tk, self.sms, window,
             problem.kv_group,
         )

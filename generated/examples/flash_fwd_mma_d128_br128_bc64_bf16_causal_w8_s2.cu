@@ -215,6 +215,32 @@ __device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, 
   return x;
 }
 
+
+// ---- the tile scheduler: single_tile (generator/schedulers.py) ----------------------------
+// A block per work item: the grid is (query tiles, heads, batch); GQAPACK variants (tiles of
+// packed rows, K/V heads, batch), whose item's head is a K/V head. Query tiles are handed out
+// last-first (query_tile()).
+struct Work {
+  int q0, head, batch;  // the item: its first (packed) query row, its head and batch
+};
+// This block's one item.
+__device__ __forceinline__ Work block_work() {
+  Work w;
+  w.head = blockIdx.y;
+  w.batch = blockIdx.z;
+  w.q0 = query_tile() * BR;
+  return w;
+}
+// The same as a list (kernels that loop over their items): round 0 is the block's one item.
+struct WorkList {
+  __device__ __forceinline__ WorkList(int /*tq*/, int /*n_heads*/, int /*n_batch*/) {}
+  __device__ __forceinline__ bool next(int round, Work& w) const {
+    if (round > 0) return false;
+    w = block_work();
+    return true;
+  }
+};
+
 // ---- PTX wrappers (sm_80+) -------------------------------------------------------------
 // Shared-memory address of a generic pointer, as the 32-bit value PTX wants.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -355,13 +381,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_mma_
   elem_t* Ks = Qs + BR * LDS;                          // [STAGES][BC][LDS]
   elem_t* Vs = Ks + STAGES * BC * LDS;                 // [STAGES][BC][LDV]
 
-  // GQAPACK: blockIdx.y is a K/V head, and the block's rows are packed rows pr = q0 + r over
-  // its kv_group query heads: pr is token pr / kv_group of query head
+  // GQAPACK: the item's head is a K/V head, and the block's rows are packed rows pr = q0 + r
+  // over its kv_group query heads: pr is token pr / kv_group of query head
   // kv_head * kv_group + pr % kv_group, so K and V are read once for all those heads (short
-  // queries: decoding). Otherwise row r is token q0 + r of query head blockIdx.y.
-  const int head = blockIdx.y, batch = blockIdx.z;
+  // queries: decoding). Otherwise row r is token q0 + r of query head `head`.
+  const Work work = block_work();  // this block's (query tile, head, batch)
+  const int head = work.head, batch = work.batch, q0 = work.q0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int q0 = query_tile() * BR;
   const int warp_row0 = warp * ROWS_PER_WARP;  // first row of this warp within the tile
   const int n_rows = GQAPACK ? tq * kv_group : tq;  // rows of this (batch, head) (host: < 2^31)
 

@@ -194,6 +194,32 @@ __device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, 
 }
 
 
+// ---- the tile scheduler: single_tile (generator/schedulers.py) ----------------------------
+// A block per work item: the grid is (query tiles, heads, batch); GQAPACK variants (tiles of
+// packed rows, K/V heads, batch), whose item's head is a K/V head. Query tiles are handed out
+// last-first (query_tile()).
+struct Work {
+  int q0, head, batch;  // the item: its first (packed) query row, its head and batch
+};
+// This block's one item.
+__device__ __forceinline__ Work block_work() {
+  Work w;
+  w.head = blockIdx.y;
+  w.batch = blockIdx.z;
+  w.q0 = query_tile() * BR;
+  return w;
+}
+// The same as a list (kernels that loop over their items): round 0 is the block's one item.
+struct WorkList {
+  __device__ __forceinline__ WorkList(int /*tq*/, int /*n_heads*/, int /*n_batch*/) {}
+  __device__ __forceinline__ bool next(int round, Work& w) const {
+    if (round > 0) return false;
+    w = block_work();
+    return true;
+  }
+};
+
+
 // Reduce over the LANES lanes of one row (they are consecutive lanes of one warp).
 __device__ __forceinline__ float row_max(float x) {
 #pragma unroll
@@ -253,8 +279,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_simt
   float* Vs = Ks + BC * LD;         // [BC][LDV]
   float* Ps = Vs + BC * LDV;        // [BR][LDP] this tile's probabilities
 
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int q0 = query_tile() * BR;
+  const Work work = block_work();  // this block's (query tile, head, batch)
+  const int head = work.head, batch = work.batch, q0 = work.q0;
   const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);  // used when SCORE_MOD
   const int r = threadIdx.x / LANES;   // this thread's query row within the tile
   const int j = threadIdx.x % LANES;   // its lane within the row

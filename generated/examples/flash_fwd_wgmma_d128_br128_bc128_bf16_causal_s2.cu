@@ -228,6 +228,35 @@ __device__ __forceinline__ float mod_logit(const ScoreMod& m, float s, int row, 
 }
 
 
+// ---- the tile scheduler: static_persistent (generator/schedulers.py) ----------------------
+// Work: every (batch, head, query tile), listed by batch, head, then query tile last first
+// (causal: the longest first). Round r of block x takes item r * gridDim.x + x, snaking (odd
+// rounds right to left) to even out causal lengths. The host picks the one-dimensional grid:
+// a block per item (gridDim.x = n_work, one round), or one persistent block per SM when there
+// are more items than SMs and each is short (generator/schedulers.py: StaticPersistent).
+struct Work {
+  int q0, head, batch;  // the item: its first query row, its head and batch
+};
+struct WorkList {
+  int n_qtiles;  // query tiles per (batch, head)
+  int n_heads;
+  long long n_work;  // items
+  __device__ __forceinline__ WorkList(int tq, int heads, int batch)
+      : n_qtiles((tq + BR - 1) / BR), n_heads(heads), n_work((long long)n_qtiles * heads * batch) {}
+  // Round `round`'s item of this block into w; false: this block is done.
+  __device__ __forceinline__ bool next(int round, Work& w) const {
+    const long long g = gridDim.x, x = blockIdx.x;
+    const long long idx = round * g + ((round & 1) ? g - 1 - x : x);
+    if (idx >= n_work) return false;
+    const long long bh = idx / n_qtiles;
+    w.q0 = (n_qtiles - 1 - (int)(idx - bh * n_qtiles)) * BR;
+    w.head = (int)(bh % n_heads);
+    w.batch = (int)(bh / n_heads);
+    return true;
+  }
+};
+
+
 // ---- PTX wrappers (sm_90a) ---------------------------------------------------------------
 // Shared-memory address of a generic pointer, as the 32-bit value PTX wants.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -402,30 +431,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
   uint64_t* v_full = k_empty + STAGES;
   uint64_t* v_empty = v_full + STAGES;
 
-  // Work: every (batch, head, query tile), listed by batch, head, then query tile last first
-  // (causal: the longest first). Round r of block x takes item r * gridDim.x + x, snaking (odd
-  // rounds right to left) to even out causal lengths. The host picks the grid (generator/families/wgmma):
-  //   a block per item (gridDim.x = n_work, one round): the hardware starts blocks in list
-  //     order and fills the tail with the short causal tiles;
-  //   persistent (one block per SM, when each item is short): blocks running at once work on
-  //     neighbouring items of few heads (K and V stay in L2), and while the consumers finish
-  //     one item the producer already loads the next one's Q, K and V, so only a block's
-  //     first item waits for its loads.
-  const int n_qtiles = (tq + BR - 1) / BR;
-  const long long n_work = (long long)n_qtiles * n_heads * n_batch;
-  struct Work {
-    int q0, head, batch;
-  };
-  auto work_of = [&](int round, Work& w) -> bool {  // false: this block is done
-    const long long g = gridDim.x, x = blockIdx.x;
-    const long long idx = round * g + ((round & 1) ? g - 1 - x : x);
-    if (idx >= n_work) return false;
-    const long long bh = idx / n_qtiles;
-    w.q0 = (n_qtiles - 1 - (int)(idx - bh * n_qtiles)) * BR;
-    w.head = (int)(bh % n_heads);
-    w.batch = (int)(bh / n_heads);
-    return true;
-  };
+  // This block's items (the tile scheduler, templates/_scheduler.cuh.j2). Persistent (one block
+  // per SM, when each item is short): blocks running at once work on neighbouring items of few
+  // heads (K and V stay in L2), and while the consumers finish one item the producer already
+  // loads the next one's Q, K and V, so only a block's first item waits for its loads. A block
+  // per item: the hardware starts blocks in list order and fills the tail with the short
+  // causal tiles.
+  const WorkList work(tq, n_heads, n_batch);
   // 0: producer, 1..CONSUMERS: consumers. Broadcast from lane 0 so that the compiler knows it
   // is warp-uniform: the consumers' shared-memory descriptors then live in uniform registers.
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
@@ -452,7 +464,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       // ring steps and Q loads of the earlier tiles: the slot and phase of every barrier
       int steps = 0, q_loads = 0;
       Work w;
-      for (int round = 0; work_of(round, w); ++round) {
+      for (int round = 0; work.next(round, w); ++round) {
         const int q0 = w.q0, head = w.head, batch = w.batch;
         const int kv_head = head / kv_group;  // grouped-query attention: query heads share K/V
         // key tiles [span.first, span.end) may be seen by these rows; step `it` handles the
@@ -565,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
 
     int steps = 0, q_loads = 0;  // as the producer counts them
     Work w;
-    for (int round = 0; work_of(round, w); ++round) {
+    for (int round = 0; work.next(round, w); ++round) {
       const int q0 = w.q0, head = w.head, batch = w.batch;
       // SOFTCAP / ALIBI: the constants that turn raw scores into base-2 logits
       const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);

@@ -7,7 +7,7 @@ IMPL is a flashgen variant name or a peer (`fa4`, `sdpa-cudnn`, `sdpa-flash`), o
 `@bshd`: then it reads q, k and v from (B, T, H, d) memory (the layout a model's projections
 leave, and FA4's own; seen as a (B, H, T, d) view) instead of contiguous (B, H, T, d); a wgmma
 variant may add `#tiles` or `#persistent` to force its grid (a block per query tile, or one
-block per SM) instead of the host's choice (families.PERSISTENT_MAX_KEY_TILES). Each IMPL runs
+block per SM) instead of the host's choice (schedulers.PERSISTENT_MAX_KEY_TILES). Each IMPL runs
 back to back for `--seconds` (after a warm-up), round after round (interleaved), while
 `nvidia-smi` samples the SM clock and the power draw every 50 ms; the JSON and the table give
 each burst's TFLOP/s, median clock and median power. The H200 caps board power at 700 W, so
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flashgen.generator import families
+from flashgen.generator import schedulers
 from flashgen.generator.features import FeatureArgs
 from flashgen.generator.spec import KernelSpec
 from flashgen.perf import bench
@@ -44,16 +44,16 @@ def runner(impl: str, case: bench.Case, q: Any, k: Any, v: Any) -> Any:
     elif layout:
         raise SystemExit(f"layout {layout!r} in {impl}@{layout}: use @bshd or nothing")
     if impl.startswith("flash_"):
-        # the grid is chosen when the launch is bound (families.WgmmaFamily.grid reads it)
-        keep = families.PERSISTENT_MAX_KEY_TILES
-        families.PERSISTENT_MAX_KEY_TILES = {"tiles": -1, "persistent": 1 << 30, "": keep}[grid]
+        # the grid is chosen when the launch is bound (schedulers.StaticPersistent.grid reads it)
+        keep = schedulers.PERSISTENT_MAX_KEY_TILES
+        schedulers.PERSISTENT_MAX_KEY_TILES = {"tiles": -1, "persistent": 1 << 30, "": keep}[grid]
         try:
             spec = KernelSpec.from_name(impl)
             # a window variant runs the bench's sliding window (4096 keys back)
             feats = FeatureArgs(window=WINDOW if "window" in spec.features else None)
             run, _ = bench.flashgen_runner(spec, q, k, v, feats)
         finally:
-            families.PERSISTENT_MAX_KEY_TILES = keep
+            schedulers.PERSISTENT_MAX_KEY_TILES = keep
         return run
     return bench.peer_runner(impl, q, k, v, case.causal)
 

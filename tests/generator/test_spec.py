@@ -293,14 +293,6 @@ def test_explicit_knobs_are_kept() -> None:
 
 
 # ---- derived values ------------------------------------------------------------------------
-def test_grid_is_ceil_query_tiles_heads_batch() -> None:
-    spec = KernelSpec(br=32)
-    assert spec.grid(3, 5, 1) == (1, 5, 3)
-    assert spec.grid(3, 5, 32) == (1, 5, 3)
-    assert spec.grid(3, 5, 33) == (2, 5, 3)
-    assert spec.grid(1, 1, 1000) == (32, 1, 1)
-
-
 def test_alignment_is_one_element_for_simt_and_sixteen_bytes_for_mma() -> None:
     assert KernelSpec(family="simt", dtype="bf16").align_elems == 1
     assert KernelSpec(family="mma", br=64, dtype="fp16").align_elems == 8

@@ -291,10 +291,17 @@ def test_check_runs_a_feature_variant_with_its_values():
 
 # ---- the wgmma grid: a block per query tile, or persistent blocks --------------------------------
 def test_wgmma_grid_is_persistent_only_for_many_short_tiles():
-    from flashgen.generator.families import FAMILIES, PERSISTENT_MAX_KEY_TILES, key_tiles
+    from flashgen.generator.families import FAMILIES
+    from flashgen.generator.schedulers import (
+        PERSISTENT_MAX_KEY_TILES,
+        SINGLE_TILE,
+        STATIC_PERSISTENT,
+        key_tiles,
+    )
 
-    wg = FAMILIES["wgmma"]
     spec = KernelSpec(family="wgmma", d=128, causal=False)  # br = bc = 128
+    wg = FAMILIES["wgmma"].scheduler(spec)
+    assert wg is STATIC_PERSISTENT
     assert wg.grid(spec, 16, 16, 1024, 1024, 132) == (132, 1, 1)  # 2048 tiles of 8 key tiles
     assert wg.grid(spec, 1, 16, 16384, 16384, 132) == (2048, 1, 1)  # 128 key tiles each
     assert wg.grid(spec, 1, 2, 1024, 1024, 132) == (16, 1, 1)  # fewer tiles than SMs
@@ -307,7 +314,8 @@ def test_wgmma_grid_is_persistent_only_for_many_short_tiles():
     assert key_tiles(causal, 8192, 8192, (-1, -1)) <= PERSISTENT_MAX_KEY_TILES
     # the other families keep (query tiles, heads, batch)
     mma = KernelSpec(family="mma", d=64)
-    assert FAMILIES["mma"].grid(mma, 3, 5, 1000, 1000, 132) == (-(-1000 // mma.br), 5, 3)
+    assert FAMILIES["mma"].scheduler(mma) is SINGLE_TILE
+    assert SINGLE_TILE.grid(mma, 3, 5, 1000, 1000, 132) == (-(-1000 // mma.br), 5, 3)
 
 
 # ---- GQA packing --------------------------------------------------------------------------------
@@ -341,8 +349,9 @@ def test_gqapack_refuses_alibi_and_takes_a_grid_per_kv_head():
         KernelSpec(family="wgmma", d=64, features=("gqapack",))
     spec = KernelSpec(family="mma", d=64, br=64, features=("gqapack",))
     # 5 tokens x 4 query heads = 20 packed rows: one 64-row tile per (K/V head, batch)
-    assert FAMILIES["mma"].grid(spec, 3, 8, 5, 100, 132, kv_group=4) == (1, 2, 3)
-    assert FAMILIES["mma"].grid(spec, 3, 8, 17, 100, 132, kv_group=4) == (2, 2, 3)
+    grid = FAMILIES["mma"].scheduler(spec).grid
+    assert grid(spec, 3, 8, 5, 100, 132, kv_group=4) == (1, 2, 3)
+    assert grid(spec, 3, 8, 17, 100, 132, kv_group=4) == (2, 2, 3)
 
 
 def test_wgmma_br192_takes_no_score_mod_and_select_moves_it_to_the_default_tile():

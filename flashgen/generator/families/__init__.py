@@ -5,15 +5,10 @@ The registry: one line per family (its folder holds the rest). Nothing else name
 
 from __future__ import annotations
 
-from flashgen.generator.families.base import Family, Preference, key_tiles
+from flashgen.generator.families.base import Family, Preference
 from flashgen.generator.families.mma import MMA, MmaFamily
 from flashgen.generator.families.simt import SIMT, SimtFamily
-from flashgen.generator.families.wgmma import (
-    PERSISTENT_MAX_KEY_TILES,
-    WGMMA,
-    WGMMA_REGS,
-    WgmmaFamily,
-)
+from flashgen.generator.families.wgmma import WGMMA, WGMMA_REGS, WgmmaFamily
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (SIMT, MMA, WGMMA)}
 """Every family by name, in preference-neutral order (simt, mma, wgmma)."""
@@ -30,7 +25,6 @@ def family_of(name: str) -> Family:
 
 
 __all__ = [
-    "FAMILIES", "PERSISTENT_MAX_KEY_TILES", "WGMMA_REGS", "Family", "MmaFamily", "Preference",
-    "SimtFamily",
-    "WgmmaFamily", "family_of", "key_tiles",
+    "FAMILIES", "WGMMA_REGS", "Family", "MmaFamily", "Preference", "SimtFamily", "WgmmaFamily",
+    "family_of",
 ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from flashgen.generator.abi import Param
 from flashgen.generator.arch import ARCHS
 from flashgen.generator.features import TOKENS
+from flashgen.generator.schedulers import SINGLE_TILE, Scheduler
 
 if TYPE_CHECKING:
     from flashgen.generator.spec import KernelSpec
@@ -22,20 +23,6 @@ if TYPE_CHECKING:
 def _pick(values: list[int], ok: Any) -> str:
     good = [str(v) for v in values if ok(v)]
     return " or ".join(good[:3]) if good else "another value"
-
-
-
-def key_tiles(spec: KernelSpec, tq: int, tk: int, window: tuple[int, int]) -> float:
-    """Average key tiles of BC a query row sees (bottom-right causal, window sides)."""
-    keys = float(tk)
-    if spec.causal:  # row i sees i + tk - tq + 1 keys
-        keys = max(0.0, tk - tq / 2) if tk >= tq else tk / 2
-    left, right = window
-    if left >= 0 or right >= 0:
-        reach = (left if left >= 0 else tk) + 1
-        reach += 0 if spec.causal else (right if right >= 0 else tk)
-        keys = min(keys, float(reach))
-    return keys / spec.bc
 
 
 @dataclass(frozen=True)
@@ -134,16 +121,12 @@ class Family:
         """The pipeline stages a spec gets when it does not name them."""
         raise NotImplementedError
 
-    def grid(
-        self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
-        window: tuple[int, int] = (-1, -1), kv_group: int = 1,
-    ) -> tuple[int, int, int]:
-        """Launch grid for a problem on a GPU with `sms` SMs (window: the kernel's sides,
-        -1 unbounded; kv_group: query heads per K/V head). Here (query tiles, heads, batch), a
-        block per query tile; GQAPACK variants (packed-row tiles, K/V heads, batch)."""
-        if "gqapack" in spec.features:
-            return (-(-tq * kv_group // spec.br), heads // kv_group, batch)
-        return spec.grid(batch, heads, tq)
+    def scheduler(self, spec: KernelSpec) -> Scheduler:
+        """The forward's tile scheduler (generator/schedulers.py): which work item each block
+        takes, its launch grid and the device code the template includes. Here a block per
+        (query tile, head, batch); GQAPACK variants a block per tile of packed rows of one
+        K/V head. (The backward's grids are runtime/backward.py's.)"""
+        return SINGLE_TILE
 
     def serves_backward(
         self, major: int, d: int, dv: int, dtype: str, deterministic: bool, strided: bool

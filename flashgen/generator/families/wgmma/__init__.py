@@ -7,20 +7,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flashgen.generator.abi import Param, tensor_map
-from flashgen.generator.families.base import Family, Preference, key_tiles
+from flashgen.generator.families.base import Family, Preference
 from flashgen.generator.families.wgmma import bwd as wgmma_bwd
 from flashgen.generator.features import TOKENS
+from flashgen.generator.schedulers import STATIC_PERSISTENT, Scheduler
 
 if TYPE_CHECKING:
     from flashgen.generator.spec import KernelSpec
-
-PERSISTENT_MAX_KEY_TILES = 32
-"""wgmma: query tiles seeing at most this many key tiles on average take persistent blocks.
-H200, bf16, B*T = 16k (bench/NOTES.md): persistent vs a block per tile was +11/+7/+3/-1% at
-4/8/32/128 key tiles (d = 128, full) and +15/+10/+5% at 2.5/4.5/16.5 (causal), but slower at
-33 (causal window 4096) and 64.5 (causal T = 16k)."""
-
-
 
 # wgmma: registers per thread after setmaxnreg, by consumer warpgroups. The 65,536 registers
 # of an SM go to one block: 128 * (producer + consumers * consumer) must fit.
@@ -86,18 +79,9 @@ class WgmmaFamily(Family):
         )
         return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages)
 
-    def grid(
-        self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
-        window: tuple[int, int] = (-1, -1), kv_group: int = 1,
-    ) -> tuple[int, int, int]:
-        # One-dimensional (wgmma.cu.j2 decodes the work): persistent blocks, one per SM, when
-        # there are more query tiles than SMs and each sees few key tiles (its load latency
-        # and epilogue then weigh: measured on the H200, bench/NOTES.md), else a block per
-        # query tile.
-        tiles = -(-tq // spec.br) * heads * batch
-        if 0 < sms < tiles and key_tiles(spec, tq, tk, window) <= PERSISTENT_MAX_KEY_TILES:
-            return (sms, 1, 1)
-        return (tiles, 1, 1)
+    def scheduler(self, spec: KernelSpec) -> Scheduler:
+        # persistent blocks over a one-dimensional grid (the kernel takes the heads and batch)
+        return STATIC_PERSISTENT
 
     def serves_backward(
         self, major: int, d: int, dv: int, dtype: str, deterministic: bool, strided: bool
