@@ -82,6 +82,22 @@ def arch_number(name: str) -> int:
     return int(name.removeprefix("sm_").rstrip("a"))
 
 
+def smem_per_block(name: str) -> int:
+    """Shared memory one block may use on GPU arch `name` (an `sm_XY[a]` name). An arch not in
+    ARCHS (sm_101, sm_121, ...) takes the limit of the newest known arch of its generation at
+    or below it, or the smallest limit of any known arch: never more than it may have."""
+    if name in ARCHS:
+        return ARCHS[name].smem_per_block
+    try:
+        num = arch_number(name)
+    except ValueError:
+        return min(a.smem_per_block for a in ARCHS.values())
+    same = [a for a in ARCHS.values() if a.major == num // 10 and arch_number(a.name) <= num]
+    if same:
+        return max(same, key=lambda a: arch_number(a.name)).smem_per_block
+    return min(a.smem_per_block for a in ARCHS.values())
+
+
 def runs_on(family_archs: tuple[str, ...], target: str) -> bool:
     """Whether a family shipped for `family_archs` can be compiled for and run on `target`.
 

@@ -38,7 +38,8 @@ def arch_major(arch: str) -> int:
     return int(m.group(1)) // 10
 
 
-def _distance(spec: KernelSpec, pref: Preference) -> float:
+def distance(spec: KernelSpec, pref: Preference) -> float:
+    """How far a tile is from a family's preferred one (log2 of the tile ratios + stages/2)."""
     return (
         abs(math.log2(spec.br / pref.br))
         + abs(math.log2(spec.bc / pref.bc))
@@ -67,19 +68,31 @@ def choose(
         ]  # fmt: skip
         fits = [s for s in same_d if s.dv == dv]
         if fits:
-            return min(fits, key=lambda s: _distance(s, pref))  # min keeps the first of ties
+            return min(fits, key=lambda s: distance(s, pref))  # min keeps the first of ties
         if not on_demand:
             continue
         if same_d:  # a dv nothing ships: d's tile with v's head dim, compiled on demand
-            best = _with(min(same_d, key=lambda s: _distance(s, pref)), dv=dv)
+            best = _with(min(same_d, key=lambda s: distance(s, pref)), dv=dv)
             if best is not None:
                 return best
         try:  # a head dim nothing ships: the family's default tile for it, compiled on demand
-            fresh = KernelSpec(family=fam.name, d=d, dv=dv, dtype=dtype, causal=causal)
+            fresh: KernelSpec | None = KernelSpec(
+                family=fam.name, d=d, dv=dv, dtype=dtype, causal=causal
+            )
         except ValueError:
-            continue
-        if aligned(fresh):
+            fresh = None
+        if fresh is not None and aligned(fresh):
             return fresh
+        # the default tile does not take this d (simt fp32 at d >= 200) or does not fit the
+        # GPU: the shipped tiles of the nearest head dims, retried at this one
+        near = [
+            s for s in pool
+            if s.family == fam.name and s.dtype == dtype and s.causal == causal and not s.features
+        ]  # fmt: skip
+        for s in sorted(near, key=lambda s: (abs(s.d - d), distance(s, pref))):
+            tile = _with(s, d=d, dv=dv)
+            if tile is not None and aligned(tile):
+                return tile
     return None
 
 

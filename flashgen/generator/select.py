@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from flashgen.generator.arch import smem_per_block
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, family_of
-from flashgen.generator.policy import _with, arch_major, choose, feature_variant
+from flashgen.generator.policy import _with, arch_major, choose, distance, feature_variant
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.generator.tables import entry_key, load_table
@@ -59,6 +60,8 @@ def select(
     if not feats:
         return plain
     want = feature_variant(plain, feats)
+    if want is not None and candidates is None and want.smem_bytes > smem_per_block(arch):
+        want = _fitting_feature_variant(plain, feats, arch, alignment)
     if want is None or (candidates is not None and want not in candidates):
         raise ValueError(
             f"d={d}, dtype={dtype}, causal={causal}, features={','.join(feats)}, arch={arch}: "
@@ -70,6 +73,29 @@ def select(
             )
         )
     return want
+
+
+def _fitting_feature_variant(
+    plain: KernelSpec, feats: tuple[str, ...], arch: str, alignment: int | None
+) -> KernelSpec | None:
+    """Where `feature_variant` falls back to a tile the GPU's shared memory cannot hold (its
+    family default on sm_86/89/120), the shipped tile of the same key nearest the family's
+    preference that takes the features and fits; None if none does."""
+    room = smem_per_block(arch)
+    pref = family_of(plain.family).preference
+    same = [
+        s for s in shipped()
+        if s.family == plain.family and (s.d, s.dv, s.dtype, s.causal)
+        == (plain.d, plain.dv, plain.dtype, plain.causal) and not s.features
+    ]  # fmt: skip
+    for s in sorted(same, key=lambda s: distance(s, pref)):
+        v = _with(s, features=feats)
+        if (
+            v is not None and v.smem_bytes <= room
+            and (alignment is None or alignment % v.align_elems == 0)
+        ):  # fmt: skip
+            return v
+    return None
 
 
 GQAPACK_MAX_TQ = 16
@@ -121,9 +147,12 @@ def _select_plain(
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
     major = arch_major(arch)
+    room = smem_per_block(arch)
 
     def aligned(s: KernelSpec) -> bool:
-        return alignment is None or alignment % s.align_elems == 0
+        # the call's alignment, and the GPU's shared memory per block: sm_86/89/120 give a
+        # block 99 KiB where the families' shipped tiles may take up to sm_80's 163 KiB
+        return (alignment is None or alignment % s.align_elems == 0) and s.smem_bytes <= room
 
     if gpu_name is not None and candidates is None:
         tuned = _with(lookup(gpu_name, d, dtype, causal), dv=dv)
@@ -134,11 +163,19 @@ def _select_plain(
     if found is not None:
         return found
     dims = sorted({s.d for s in pool if s.dtype == dtype})
+    why = ""
+    if candidates is None and d % 8 == 0 and 8 <= d <= 256:
+        # a head dim the families' rules refuse for this dtype (simt fp32 holds d <= 224 in
+        # registers): say which rule, not "pad d"
+        try:
+            KernelSpec(d=d, dv=dv, dtype=dtype, causal=causal)
+        except ValueError as exc:
+            why = f" ({exc}); fp16 or bf16 run every d up to 256"
     raise ValueError(
-        f"d={d}, dtype={dtype}, causal={causal}, arch={arch}: no variant fits; "
+        f"d={d}, dtype={dtype}, causal={causal}, arch={arch}: no variant fits{why}; "
         f"shipped head dims for {dtype} are {dims} (any multiple of 8 up to 256 is generated "
-        "on demand): pad d to a multiple of 8, or generate one with `flashgen build` and pass "
-        "it as spec="
+        "on demand for fp16/bf16): pad d to a multiple of 8, or generate one with `flashgen "
+        "build` and pass it as spec="
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from flashgen.generator.arch import ARCHS
 from flashgen.generator.select import arch_major, select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
@@ -145,3 +146,39 @@ def test_no_tuning_table_falls_back_to_the_default(monkeypatch):
     monkeypatch.setattr("flashgen.generator.select.lookup", lambda *a: None)
     spec = select(64, "bf16", False, "sm_90", gpu_name="Some GPU")
     assert (spec.family, spec.br, spec.bc, spec.stages) == ("wgmma", 128, 128, 2)
+
+
+# ---- every arch's shared memory (issue 30: sm_86/89/120 give a block 99 KiB) -------------------
+SELECT_FEATURE_SETS = ((), ("window",), ("window", "softcap"), ("alibi",))
+
+
+@pytest.mark.parametrize("arch", [*ARCHS, "sm_101", "sm_121"])
+def test_selection_fits_every_archs_shared_memory(arch: str) -> None:
+    """Every shipped (d, dtype, causal), plain and with features, selects a variant whose block
+    fits the arch's shared memory (the mma d=128 bf16 br128/bc64/s2 tile needs 104,448 B where
+    sm_89 gives 101,376 B) and whose family runs there."""
+    from flashgen.generator.arch import smem_per_block
+    from flashgen.generator.families import family_of
+
+    keys = sorted({(s.d, s.dtype, s.causal) for s in shipped()})
+    room = smem_per_block(arch)
+    for d, dtype, causal in keys:
+        for feats in SELECT_FEATURE_SETS:
+            spec = select(d, dtype, causal, arch, features=feats)
+            assert spec.smem_bytes <= room, (arch, spec.name, spec.smem_bytes, room)
+            pref = family_of(spec.family).preference
+            assert pref.min_major <= int(arch[3:].rstrip("a")) // 10 <= pref.max_major
+
+
+def test_an_unknown_arch_takes_its_generations_limit_or_the_smallest() -> None:
+    from flashgen.generator.arch import smem_per_block
+
+    assert smem_per_block("sm_121") == ARCHS["sm_120"].smem_per_block
+    assert smem_per_block("sm_101") == ARCHS["sm_100"].smem_per_block
+    assert smem_per_block("sm_75") == min(a.smem_per_block for a in ARCHS.values())
+
+
+def test_fp32_head_dims_past_simts_registers_say_why() -> None:
+    assert select(200, "fp32", False, "sm_80").d == 200  # a shipped tile retried at d = 200
+    with pytest.raises(ValueError, match=r"exceed 64 and would spill.*fp16 or bf16 run every d"):
+        select(256, "fp32", True, "sm_86")
