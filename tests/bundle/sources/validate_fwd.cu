@@ -85,11 +85,14 @@ static void cases(const char* v, int d, long long eb, check_fn check, fwd_fn fwd
   CASE("k_head_stride_zero", p.k_head_stride = 0);
   // (v and k moved past o and lse: their byte ranges reach 2^40 bytes and more)
   CASE("v_batch_stride_2_40_bytes", (p.v = (const void*)0x7000000, p.v_batch_stride = 1LL << 39));
-  CASE("q_strides_zero_B1_H1", (p.B = 1, p.H = 1, p.q_batch_stride = 0, p.q_head_stride = 0));
+  // (the helper set H_kv = H: a case that changes H changes H_kv with it)
+  CASE("q_strides_zero_B1_H1",
+       (p.B = 1, p.H = p.H_kv = 1, p.q_batch_stride = 0, p.q_head_stride = 0));
   CASE("k_token_stride_zero_Tk1", (p.Tk = 1, p.k_token_stride = 0, p.v_token_stride = 0));
-  CASE("q_head_stride_2_40_bytes_H1", (p.H = 1, p.q_head_stride = 1LL << 39));
+  CASE("q_head_stride_2_40_bytes_H1", (p.H = p.H_kv = 1, p.q_head_stride = 1LL << 39));
   CASE("packed_k_batch_stride_too_big_B1_H1",
-       (p.k = (const void*)0x7000000, p.B = 1, p.H = 1, p.k_token_stride = 1LL << 30, p.Tk = 1024));
+       (p.k = (const void*)0x7000000, p.B = 1, p.H = p.H_kv = 1, p.k_token_stride = 1LL << 30,
+        p.Tk = 1024));
 }
 
 int main(void) {
