@@ -44,7 +44,7 @@ import numpy as np
 
 from flashgen._version import __version__
 from flashgen.generator import abi
-from flashgen.generator.arch import STATIC_SMEM_LIMIT
+from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT
 from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
 from flashgen.generator.cache import atomic_write
 from flashgen.generator.dtypes import DTYPES
@@ -155,6 +155,9 @@ class Variant:
             "threads": s.threads,
             "smem_bytes": s.smem_bytes,
             "needs_opt_in": s.smem_bytes > STATIC_SMEM_LIMIT,
+            # more than the smallest GPU of a shipped arch lets a block use (sm_86/89/120: 99
+            # KiB): the launcher checks the device before it opts in
+            "over_small_gpus": s.smem_bytes > min(a.smem_per_block for a in ARCHS.values()),
             "dtype": s.dtype,
             "dtype_enum": dtype_enum(s.dtype),
             "ctype": info.ctype,

@@ -18,6 +18,7 @@ from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.tma import L2_PROMOTION_128B, SWIZZLE_128B, TMA_DTYPE
 
 from ._support import (
+    BIG,
     FEATURE_BITS,
     FEATURED,
     INVALID,
@@ -31,6 +32,7 @@ from ._support import (
     assert_declarations_match,
     compile_all,
     cuda_includes,
+    dtype_enum,
     fill,
     rows,
     run_program,
@@ -218,3 +220,34 @@ def test_the_launcher_passes_a_window_side_that_reaches_every_key_as_unbounded(
     # both boundaries were crossed on each side: a bounded side just below, -1 from it on
     sides = {(int(r[0]), int(r[1]), int(r[5]), int(r[6])) for r in found}
     assert {(5, 7, 6, 4), (5, 7, -1, -1), (7, 5, 4, 6), (7, 5, -1, 6), (7, 5, 4, -1)} <= sides
+
+
+# ---- the device's shared memory (issue 30: sm_86/89/120 give a block 99 KiB) ---------------------
+def test_a_variant_refuses_a_gpu_whose_shared_memory_it_exceeds(
+    stand_ins: StandIns, tmp_path: Path
+) -> None:
+    """`<symbol>_device_check` and `flashgen_fwd_supported` check the block's shared memory
+    against what the device lets one block opt in to, naming the rule; before, only the compute
+    capability was checked and the launch failed in cudaFuncSetAttribute on an RTX 4090."""
+    big = BIG  # 69,632 B of shared memory
+    (tmp_path / "smem.cpp").write_text(
+        fill("smem_rule.cpp", SYM=symbol(big), D=big.d, DTYPE=dtype_enum(big),
+             CAUSAL=int(big.causal))
+    )  # fmt: skip
+    compile_all(
+        [[tool("g++"), "-std=c++17", f"-I{stand_ins.root}", *cuda_includes(), "smem.cpp",
+          *stand_ins.objects, "-o", "smem"]],
+        tmp_path,
+    )  # fmt: skip
+    roomy = run_program(tmp_path / "smem")  # the stand-in plays an H200: 227 KiB
+    assert roomy.returncode == 0, roomy.stdout + roomy.stderr
+    assert rows(roomy.stdout, "check") == [["0", "NULL"]]
+    assert rows(roomy.stdout, "supported") == [["0", "NULL"]]
+    small = run_program(tmp_path / "smem", MOCK_SMEM=str(big.smem_bytes - 1))
+    assert small.returncode == 0, small.stdout + small.stderr
+    for kind in ("check", "supported"):
+        ((status, why),) = rows(small.stdout, kind)
+        assert int(status) == INVALID_DEVICE_FUNCTION, small.stdout
+        assert f"{big.name} needs {big.smem_bytes} B of shared memory per block" in why
+    exact = run_program(tmp_path / "smem", MOCK_SMEM=str(big.smem_bytes))
+    assert rows(exact.stdout, "check") == [["0", "NULL"]]

@@ -147,6 +147,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   if (attr == cudaDevAttrComputeCapabilityMajor) *value = n / 10;
   else if (attr == cudaDevAttrComputeCapabilityMinor) *value = n % 10;
   else if (attr == cudaDevAttrMultiProcessorCount) *value = 132;  // an H200's
+  else if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin) {  // MOCK_SMEM, else an H200's
+    const char* smem = std::getenv("MOCK_SMEM");
+    *value = smem ? std::atoi(smem) : 232448;
+  }
   else return cudaErrorInvalidValue;
   return cudaSuccess;
 }
