@@ -278,6 +278,7 @@ def test_the_deterministic_mode_has_no_atomics_in_its_ptx(arch: str) -> None:
 
 
 @requires_nvcc
+@pytest.mark.compile_all  # every backward variant through nvcc: with the compile-everything check
 def test_every_shipped_backward_variant_compiles_without_spills() -> None:
     """All three kernels of each shipped backward variant, for each arch it ships for."""
     jobs = [(s, a) for s in BWD for a in s.archs]
