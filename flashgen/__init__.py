@@ -1,7 +1,8 @@
 """flashgen: generate, compile, prove and benchmark specialized FlashAttention CUDA kernels.
 
-The public API. `import flashgen` needs no GPU, driver, PyCUDA or torch: `flashgen.attention`
-(which launches kernels through PyCUDA) is imported on first use. PyTorch users import
+The public API. `import flashgen` needs no GPU, driver, PyCUDA or torch, and imports none of
+its names until one is used: `flashgen.attention` (which launches kernels through PyCUDA) and
+the generator's names are imported on first access. PyTorch users import
 `flashgen.torch` (the custom op `torch.ops.flashgen.attention`, on torch's current stream).
 """
 
@@ -10,14 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flashgen._version import __version__
-from flashgen.generator.compile import CompiledKernel, CompileError, compile_kernel
-from flashgen.generator.render import RenderedKernel, render
-from flashgen.generator.space import pruned, shipped
-from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.runtime.launch import GpuUnavailable
 
 if TYPE_CHECKING:
     from flashgen.api import attention
+    from flashgen.generator.compile import CompiledKernel, CompileError, compile_kernel
+    from flashgen.generator.render import RenderedKernel, render
+    from flashgen.generator.space import pruned, shipped
+    from flashgen.generator.spec import KernelSpec, SpecError
+    from flashgen.runtime.launch import GpuUnavailable
 
 __all__ = [
     "CompileError",
@@ -34,12 +35,26 @@ __all__ = [
     "shipped",
 ]
 
-# Names served by `__getattr__`: importing them pulls in the runtime (PyCUDA), so only on use.
-_LAZY = {"attention": ".api"}
+# Names served by `__getattr__`, each imported on first use: the generator pulls in NumPy,
+# ml_dtypes and Jinja2 (about a second), `attention` the runtime (PyCUDA). So `import flashgen`
+# (and `flashgen --help`) costs only what it uses.
+_LAZY = {
+    "attention": ".api",
+    "CompiledKernel": ".generator.compile",
+    "CompileError": ".generator.compile",
+    "compile_kernel": ".generator.compile",
+    "RenderedKernel": ".generator.render",
+    "render": ".generator.render",
+    "pruned": ".generator.space",
+    "shipped": ".generator.space",
+    "KernelSpec": ".generator.spec",
+    "SpecError": ".generator.spec",
+    "GpuUnavailable": ".runtime.launch",
+}
 
 
 def __getattr__(name: str) -> Any:
-    """Import the runtime-backed parts of the API on first access."""
+    """Import a public name (the generator's, the runtime's) on first access."""
     if name in _LAZY:
         import importlib
 

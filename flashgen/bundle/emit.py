@@ -549,8 +549,10 @@ def select_variants(
 
     Either `names` (exact kernels) or filters: every d in `ds` x dtype in `dtypes` (default
     bf16) x causal (None: both), each served by the variant `select` prefers among the shipped
-    variants of `families` (default: all), or by the tuning table of `gpu_name` when it has
-    an entry in those families. Raises BundleError (or SpecError for a bad name).
+    variants of `families` (default: all), or where none of them serves the key (d=80) among
+    those families' default tiles, generated as flashgen.attention generates them; or by the
+    tuning table of `gpu_name` when it has an entry in those families. Raises BundleError (or
+    SpecError for a bad name).
     """
     if names:
         clash = [
@@ -588,7 +590,7 @@ def select_variants(
         spec = _tuned(gpu_name, d, dtype, mask, fams)
         if spec is None:
             try:
-                spec = select(d, dtype, mask, arch, candidates=pool)
+                spec = _select(d, dtype, mask, arch, fams, pool)
             except ValueError:
                 missing.append(f"d={d} {dtype} {'causal' if mask else 'non-causal'}")
                 continue
@@ -601,11 +603,53 @@ def select_variants(
     if missing:
         dims = sorted({s.d for s in pool})
         raise BundleError(
-            f"{', '.join(missing)}: no shipped variant of family {'/'.join(fams)} serves it; "
-            f"their head dims are {dims} (families mma and wgmma: fp16/bf16 only); change "
-            "--d, --dtype or --family"
+            f"{', '.join(missing)}: no shipped variant of family {'/'.join(fams)} serves it, "
+            f"nor one generated on demand; their head dims are {dims} (and any other multiple "
+            "of 8 up to 256, generated; families mma and wgmma: fp16/bf16 only); change --d, "
+            "--dtype or --family"
         )
     return _check_unique(picked)
+
+
+def _select(
+    d: int, dtype: str, causal: bool, arch: str, families: Sequence[str], pool: list[KernelSpec]
+) -> KernelSpec:
+    """`select` among the shipped variants of `families`; where none serves the key (a head
+    dim nothing ships: d=80), what flashgen.attention generates on demand when it is of those
+    families, else the best of their default tiles. ValueError when none serves."""
+    try:
+        return select(d, dtype, causal, arch, candidates=pool)
+    except ValueError:
+        pass
+    try:
+        spec = select(d, dtype, causal, arch)  # flashgen.attention's choice, on demand
+    except ValueError:
+        spec = None
+    if spec is not None and spec.family in families:
+        return spec
+    fresh = _on_demand(families, pool, d, dtype, causal)
+    return select(d, dtype, causal, arch, candidates=pool + fresh)
+
+
+def _on_demand(
+    families: Sequence[str], pool: Sequence[KernelSpec], d: int, dtype: str, causal: bool
+) -> list[KernelSpec]:
+    """The default tile of each family with no shipped variant for (d, dtype, causal): what
+    `select` generates on demand for a head dim nothing ships, for it to rank the families
+    over as it does for flashgen.attention."""
+    out = []
+    for fam in families:
+        if any(
+            s.family == fam and s.d == d and s.dtype == dtype and s.causal == causal
+            and not s.features
+            for s in pool
+        ):  # fmt: skip
+            continue
+        try:
+            out.append(KernelSpec(family=fam, d=d, dtype=dtype, causal=causal))
+        except ValueError:  # not a head dim or dtype this family takes
+            continue
+    return out
 
 
 def _family_arch_specific(name: str) -> bool:

@@ -1,9 +1,9 @@
 """The command line (`flashgen`, `python -m flashgen`): click commands that parse, call the
-layers below and print. `app` holds the group and the kernel commands (build, list, show,
-inspect, check, bundle, cache, ...); `perf` the timing commands (bench, tune), registered on the
-same group when this package is imported."""
+layers below and print. `group` holds the `flashgen` group, light enough that `flashgen --help`
+imports nothing heavy; `app` the kernel commands (build, list, show, inspect, check, bundle,
+cache, ...) and `perf` the timing commands (bench, tune), each module imported the first time
+one of its commands is looked up."""
 
-from flashgen.cli import perf as _perf  # noqa: F401  (registers bench and tune on `main`)
-from flashgen.cli.app import main
+from flashgen.cli.group import main
 
 __all__ = ["main"]

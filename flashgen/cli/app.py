@@ -1,5 +1,8 @@
 """The `flashgen` command line: thin click commands that parse, call generator/, and print.
 
+The commands register on the group of `flashgen.cli.group`, which imports this module the
+first time one of them is looked up (so `flashgen --help` stays light).
+
 Every failure a user can cause (a broken spec, a bad option, no nvcc, an nvcc error, no GPU)
 ends as ONE line `error: ...` on stderr and exit code 2 -- never a traceback. `check` and
 `fuzz` exit 1 when a kernel gives a wrong answer.
@@ -10,8 +13,9 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
+import re
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -21,7 +25,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import click
 import jinja2
 
-from flashgen._version import __version__
 from flashgen.bundle.emit import (
     BundleError,
     bundle_files,
@@ -29,10 +32,10 @@ from flashgen.bundle.emit import (
     stale_kernels,
     write_bundle,
 )
-from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info
+from flashgen.cli.group import USAGE_EXIT, main, one_line
+from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info, check_target
 from flashgen.generator.cache import (
     CubinCache,
-    FlashgenWarning,
     atomic_write,
     clear_fallback_cache,
     fallback_cache_dir,
@@ -43,11 +46,11 @@ from flashgen.generator.compile import (
     CompileError,
     clear_work_root,
     compile_kernel,
-    stop_nvcc_on_signals,
+    target_arch,
 )
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, WgmmaFamily, family_of
-from flashgen.generator.nvcc import NvccNotFound, NvccSettingError
+from flashgen.generator.nvcc import NvccNotFound, NvccSettingError, nvcc_timeout
 from flashgen.generator.render import render
 from flashgen.generator.select import default_fields, family_defaults
 from flashgen.generator.space import pruned, shipped
@@ -69,9 +72,8 @@ if TYPE_CHECKING:  # checks pulls in Hypothesis and the runtime: imported by the
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-USAGE_EXIT = 2  # bad input of any kind (click's own usage errors use 2 as well)
 FAIL_EXIT = 1  # a kernel gave a wrong answer
-INTERRUPTED_EXIT = 130  # Ctrl-C, as shells report SIGINT (128 + 2)
+ARCH_ENV = "FLASHGEN_ARCH"  # the arch when --arch is not given (generator.compile reads it)
 
 
 # Tile and dtype defaults when the user names only `--d`: the shipped, well-balanced choice of
@@ -87,18 +89,6 @@ class CliError(click.ClickException):
     """A user-facing failure: printed as one `error: ...` line, exit code 2."""
 
     exit_code = USAGE_EXIT
-
-
-def one_line(text: str) -> str:
-    """Collapse a message to one line (nvcc's log, click's wrapped help) for `error: ...`."""
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
-
-
-def _error_message(exc: click.ClickException) -> str:
-    msg = one_line(exc.format_message())
-    if isinstance(exc, click.UsageError) and exc.ctx is not None:
-        msg += f" (see: {exc.ctx.command_path} --help)"
-    return msg
 
 
 # Exceptions the generator raises for things the user can fix; anything else is a bug and
@@ -169,142 +159,64 @@ def friendly(fn: F) -> F:
     return cast(F, wrapper)
 
 
-# click >= 8.2 raises this for a bare group invocation; its message is the whole help text.
-_NO_ARGS_IS_HELP: tuple[type[click.ClickException], ...] = tuple(
-    t for t in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if t is not None
-)
-
-
-class FlashgenGroup(click.Group):
-    """A click group whose every error, click's usage errors included, is one stderr line."""
-
-    def main(  # type: ignore[override]
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> Any:
-        """Run the CLI; in standalone mode, print errors as `error: ...` and exit."""
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, False, **extra)
-        try:
-            # SIGTERM / SIGHUP (`timeout`, a closed terminal) stop nvcc like Ctrl-C does
-            with one_line_warnings(), stop_nvcc_on_signals():
-                rv = super().main(args, prog_name, complete_var, False, **extra)
-        except click.ClickException as exc:
-            if isinstance(exc, _NO_ARGS_IS_HELP):  # bare `flashgen`: the help text, not one line
-                exc.show()
-                sys.exit(exc.exit_code)
-            click.echo(f"error: {_error_message(exc)}", err=True)
-            sys.exit(exc.exit_code)
-        except (click.Abort, KeyboardInterrupt) as exc:
-            # click turns Ctrl-C into Abort (its cause); exit like an interrupted program
-            if isinstance(exc, KeyboardInterrupt) or isinstance(exc.__cause__, KeyboardInterrupt):
-                click.echo("interrupted", err=True)
-                sys.exit(INTERRUPTED_EXIT)
-            click.echo("aborted", err=True)
-            sys.exit(1)
-        # without standalone mode click returns the exit code of ctx.exit() / --help / --version
-        sys.exit(rv if isinstance(rv, int) else 0)
-
-
-@contextmanager
-def one_line_warnings() -> Iterator[None]:
-    """Show flashgen's own warnings as `warning: <message>` lines on stderr (each once)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("default", FlashgenWarning)
-        original = warnings.showwarning
-
-        def show(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
-            if issubclass(category, FlashgenWarning):
-                click.echo(f"warning: {one_line(str(message))}", err=True)
-            else:
-                original(message, category, *args, **kw)
-
-        warnings.showwarning = show
-        yield
-
-
-# ---- options given once -----------------------------------------------------------------------
-def _given_once(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """Callback of a `multiple=True` option that must be given at most once: its one value."""
-    if not isinstance(value, tuple):
-        return value
-    if len(value) > 1:
-        shown = ", ".join(str(v) for v in value)
-        raise click.BadParameter(
-            f"given {len(value)} times ({shown}); give it once", ctx=ctx, param=param
-        )
-    return value[0] if value else None
-
-
-def once(*decls: str, **attrs: Any) -> Callable[[F], F]:
-    """`click.option` that refuses to be repeated (click would silently keep the last value)."""
-    attrs.setdefault("default", None)
-    if attrs["default"] is None:
-        attrs["default"] = ()
-    else:
-        attrs["default"] = (attrs["default"],)
-    return click.option(*decls, multiple=True, callback=_given_once, **attrs)
-
-
 # ---- the spec options every kernel command shares ---------------------------------------------
 def spec_options(fn: F) -> F:
     """Add --family/--d/--br/--bc/--dtype/--causal/--warps/--stages/--name to a command."""
     options = [
-        once(
+        click.option(
             "--name",
             "name",
             metavar="KERNEL",
             help="A kernel name (from `flashgen list`) instead of the options below.",
         ),
-        once(
+        click.option(
             "--family",
             type=click.Choice(list(FAMILIES)),
             help="Kernel family (default: simt).",
         ),
-        once("--d", "d", type=int, help="Head dimension, e.g. 64."),
-        once(
+        click.option("--d", "d", type=int, help="Head dimension, e.g. 64."),
+        click.option(
             "--dv",
             "dv",
             type=int,
             help="Value head dim (of v and o) when it differs from d, e.g. --d 192 --dv 128.",
         ),
-        once(
+        click.option(
             "--br",
             type=int,
             help="Query rows per block (default: the family's shipped tile for this d).",
         ),
-        once("--bc", type=int, help="Keys per K/V tile (default: the family's shipped tile)."),
-        once(
+        click.option(
+            "--bc", type=int, help="Keys per K/V tile (default: the family's shipped tile)."
+        ),
+        click.option(
             "--dtype",
             type=click.Choice(list(DTYPES)),
             help="Storage dtype of Q, K, V, O (default: simt fp32, mma bf16).",
         ),
-        once(
+        click.option(
             "--causal/--no-causal",
+            default=None,
             help="Bottom-right aligned causal mask (default: off).",
         ),
-        once(
+        click.option(
             "--warps",
             type=click.IntRange(min=1),
             help="Warps per block (default: the family's).",
         ),
-        once(
+        click.option(
             "--stages",
             type=click.IntRange(min=1),
             help="K/V pipeline stages (families with a pipeline; default: the family's).",
         ),
-        once(
+        click.option(
             "--features",
             metavar="LIST",
             help="Compile-time features, comma-separated: "
             + ", ".join(FEATURES)
             + " (their values are call arguments).",
         ),
-        once(
+        click.option(
             "--direction",
             type=click.Choice(list(DIRECTIONS)),
             help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma, or wgmma "
@@ -385,6 +297,36 @@ def _spec(kw: dict[str, Any]) -> KernelSpec:
     return spec_from_options(*(kw.pop(k) for k in keys))
 
 
+# ---- the target arch: --arch, else FLASHGEN_ARCH, else the GPU's --------------------------------
+def env_arch(*, has_arch_option: bool = False) -> str | None:
+    """FLASHGEN_ARCH when set; CliError naming it when flashgen does not know that arch."""
+    env = os.environ.get(ARCH_ENV)
+    if env and env not in ARCHS:
+        raise CliError(
+            f"{ARCH_ENV}={env}: not a supported arch; set it to one of {', '.join(ARCHS)}, "
+            "or unset it" + (" (or pass --arch)" if has_arch_option else "")
+        )
+    return env or None
+
+
+def checked_target(spec: KernelSpec, arch: str | None) -> str:
+    """The arch `spec` is compiled for (what compile_kernel would pick), after checking that
+    it runs there: CliError naming FLASHGEN_ARCH when that variable chose the arch."""
+    env = env_arch(has_arch_option=True) if arch is None else None
+    target = target_arch(spec, arch)
+    try:
+        check_target(spec.name, spec.family, spec.archs, spec.smem_bytes, target)
+    except ArchError as exc:
+        if env is None:
+            raise
+        why = re.sub(r"^arch=\S+: ", "", one_line(str(exc)))
+        raise CliError(
+            f"{ARCH_ENV}={env} (the arch when --arch is not given): {why}; or set "
+            f"{ARCH_ENV} to another arch, or unset it"
+        ) from None
+    return target
+
+
 # ---- small printing helpers ---------------------------------------------------------------------
 def _fmt_bytes(n: int) -> str:
     return f"{n:,} B"
@@ -433,26 +375,6 @@ def _describe_compile(ck: CompiledKernel) -> str:
 
 
 # ---- the commands -------------------------------------------------------------------------------
-@click.group(
-    cls=FlashgenGroup,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-    epilog="""\b
-Examples:
-  flashgen build --d 64 --bc 32          write generated/<name>.cu and compile it
-  flashgen show --d 64 --dtype bf16      print the generated source
-  flashgen list --all                    the shipped variants, and why others are not
-  flashgen inspect --family mma --d 128  registers, shared memory, occupancy, SASS, traffic
-  flashgen bundle attn/ --d 64 --d 128   a CMake folder with a C ABI for C/C++/CUDA projects
-""",
-)
-@click.version_option(__version__, "-V", "--version", prog_name="flashgen")
-def main() -> None:
-    """flashgen: generate, compile and check specialized FlashAttention CUDA kernels.
-
-    A kernel is named by its spec: --family, --d, --br, --bc, --dtype, --causal (or --name).
-    """
-
-
 @main.command(
     epilog="""\b
 Examples:
@@ -463,19 +385,19 @@ Examples:
 """
 )
 @spec_options
-@once(
+@click.option(
     "--arch",
     type=click.Choice(list(ARCHS)),
     help="Target GPU arch (default: FLASHGEN_ARCH, else the local GPU's, else sm_90).",
 )
-@once(
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("generated"),
     show_default=True,
     help="Directory for <name>.cu (nothing is written anywhere else).",
 )
-@once(
+@click.option(
     "--bundle",
     "bundle_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -483,7 +405,9 @@ Examples:
     help="Instead of OUT/<name>.cu, write a self-contained CMake bundle with a C ABI to DIR "
     "(several variants: `flashgen bundle`).",
 )
-@once("--compile/--no-compile", "do_compile", default=True, help="Compile with nvcc (default: on).")
+@click.option(
+    "--compile/--no-compile", "do_compile", default=True, help="Compile with nvcc (default: on)."
+)
 @friendly
 def build(
     arch: str | None,
@@ -497,9 +421,19 @@ def build(
     The file is rewritten only when its content changes. Without nvcc the source is still
     written and the command succeeds with a note. With --bundle DIR, the kernel, a host
     launcher with a C ABI, its header, a CMakeLists.txt, an example and a README go to DIR.
+    A build the target arch refuses (an unknown arch, wgmma off sm_90a, too much shared
+    memory) writes nothing.
     """
     spec = _spec(kw)
+    if bundle_dir is not None:
+        source = click.get_current_context().get_parameter_source("out")
+        if source != click.core.ParameterSource.DEFAULT:
+            raise CliError("--out and --bundle both name where to write; drop one of them")
     rendered = render(spec)
+    # every refusal before anything is written: the arch (when it matters) and nvcc's settings
+    target = checked_target(spec, arch) if do_compile or arch is not None else None
+    if do_compile:
+        nvcc_timeout()
     if spec not in set(shipped(spec.family, direction=spec.direction)):
         click.echo(
             f"note: {spec.name} is not a shipped variant: the property suite has never run it "
@@ -507,9 +441,6 @@ def build(
             err=True,
         )
     if bundle_dir is not None:
-        source = click.get_current_context().get_parameter_source("out")
-        if source != click.core.ParameterSource.DEFAULT:
-            raise CliError("--out and --bundle both name where to write; drop one of them")
         _write_bundle([spec], bundle_dir)
     else:
         path = out / rendered.filename
@@ -521,7 +452,7 @@ def build(
     if not do_compile:
         return
     try:
-        ck = compile_kernel(rendered, arch)
+        ck = compile_kernel(rendered, target)
     except NvccNotFound as exc:
         click.echo(f"note: not compiled: {one_line(str(exc))}", err=True)
         click.echo(f"note: {NVCC_HINT}, then run the same command again", err=True)
@@ -652,14 +583,30 @@ def show(**kw: Any) -> None:
 Examples:
   flashgen list
   flashgen list --family mma --all
+  flashgen list --direction bwd
 """,
 )
 @click.option("--family", type=click.Choice(list(FAMILIES)), default=None, help="One family only.")
-@click.option("--all", "show_all", is_flag=True, help="Also the pruned points, with reasons.")
+@click.option(
+    "--direction",
+    type=click.Choice(list(DIRECTIONS)),
+    default="fwd",
+    show_default=True,
+    help="The forward variants, or the backward ones (dQ, dK, dV).",
+)
+@click.option(
+    "--all", "show_all", is_flag=True, help="Also the pruned points, with reasons (forward only)."
+)
 @friendly
-def list_(family: str | None, show_all: bool) -> None:
-    """Print the shipped variants as a table; --all adds every pruned point and its reasons."""
-    specs = shipped(family)
+def list_(family: str | None, direction: str, show_all: bool) -> None:
+    """Print the shipped variants as a table (forward, or backward with --direction bwd);
+    --all adds every pruned point and its reasons."""
+    if show_all and direction != "fwd":
+        raise CliError(
+            "--all lists the pruned points of the forward's axes; the backward has none: drop "
+            "--all or --direction bwd"
+        )
+    specs = shipped(family, direction=direction)
     headers = ["name", "d", "br", "bc", "dtype", "causal", "warps", "stages", "threads", "smem"]
     rows = [
         [
@@ -687,8 +634,9 @@ def list_(family: str | None, show_all: bool) -> None:
             click.echo(f"\npruned {fam} ({len(points)}):")
             for p in points:
                 click.echo(f"  {p.label}: {'; '.join(p.reasons)}")
-    per_family = ", ".join(f"{f} {len(shipped(f))}" for f in families)
-    count = f"\n{len(specs)} shipped variants ({per_family})"
+    per_family = ", ".join(f"{f} {len(shipped(f, direction=direction))}" for f in families)
+    which = "backward " if direction == "bwd" else ""
+    count = f"\n{len(specs)} shipped {which}variants ({per_family})"
     if show_all:
         count += f", {n_pruned} pruned"
     click.echo(count)
@@ -704,7 +652,7 @@ SASS needs cuobjdump + nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-n
 """
 )
 @spec_options
-@once(
+@click.option(
     "--arch",
     type=click.Choice(list(ARCHS)),
     help="Target GPU arch (default: FLASHGEN_ARCH, else the local GPU's, else sm_90).",
@@ -732,7 +680,7 @@ def inspect(arch: str | None, b: int, h: int, tq: int, tk: int, as_json: bool, *
     instruction mix (when cuobjdump is available) and the HBM traffic model against the
     seed's loop order."""
     spec = _spec(kw)
-    ck = compile_kernel(spec, arch)
+    ck = compile_kernel(spec, checked_target(spec, arch))
     report = inspect_report(ck, b=b, h=h, tq=tq, tk=tk)
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
@@ -833,10 +781,9 @@ def format_inspect(rep: dict[str, Any]) -> list[str]:
     if sass["available"]:
         lines += format_mix(_mix_from_dict(sass))
     else:
-        lines += [
-            f"  SASS           not available: {sass['reason']}",
-            f"    for the instruction mix: {sass['hint']}",
-        ]
+        lines.append(f"  SASS           not available: {sass['reason']}")
+        if sass["hint"] not in sass["reason"]:  # the reason may already say what to install
+            lines.append(f"    for the instruction mix: {sass['hint']}")
     if rep["traffic"] is None:
         return [*lines, "  traffic model  forward variants only (this is a backward variant: the "
                         "numbers above are its main kernel's, dK/dV per key tile)"]  # fmt: skip
@@ -944,6 +891,7 @@ def check(b: int, h: int, tq: int, tk: int, seed: int, scale: float | None, **kw
     rounded reference's; fp32: relative error), then PASS, or FAIL with exit code 1.
     """
     spec = _spec(kw)
+    env_arch()  # the kernel is compiled for FLASHGEN_ARCH when it is set
     from flashgen.verify import checks  # PyCUDA and the oracle load only when a GPU is used
 
     try:
@@ -997,7 +945,15 @@ def fuzz(family: str | None, examples: int | None, profile: str) -> None:
     Ends with one row per variant (examples run, worst error / bound, pass or fail); exit
     code 1 when any variant fails.
     """
+    env_arch()  # the kernels are compiled for FLASHGEN_ARCH when it is set
     from flashgen.verify import checks  # PyCUDA and Hypothesis load only when a GPU is used
+    from flashgen.verify.strategies import gpu_examples
+
+    if examples is None:
+        try:  # FLASHGEN_GPU_EXAMPLES, when set, is the count: a bad one is named, not a traceback
+            gpu_examples(profile)
+        except ValueError as exc:
+            raise CliError(one_line(str(exc))) from None
 
     try:
         with _progress(len(shipped(family))) as progress:
@@ -1061,4 +1017,3 @@ def _progress(total: int) -> Iterator[Callable[[VariantResult], None]]:
             bar.update(task, completed=done, description=f"{r.spec.name}{note}")
 
         yield update
-

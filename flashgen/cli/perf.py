@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from flashgen.cli.app import CliError, format_table, friendly, main
+from flashgen.cli.app import CliError, env_arch, format_table, friendly
+from flashgen.cli.group import main
 from flashgen.generator.spec import KernelSpec
 from flashgen.perf import bench as bench_mod
 
@@ -21,6 +22,7 @@ def _gpu_or_fail(command: str) -> tuple[str, str]:
     PyCUDA or a GPU is missing."""
     from flashgen.runtime import gpu as runtime
 
+    env_arch()  # kernels are compiled for FLASHGEN_ARCH when it is set
     try:
         torch = bench_mod._torch()
         return str(torch.cuda.get_device_name(0)), runtime.device_arch()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flashgen._version import __version__
-from flashgen.generator.arch import DEFAULT_ARCH, arch_number, check_target, runs_on
+from flashgen.generator.arch import ARCHS, DEFAULT_ARCH, arch_number, check_target, runs_on
 from flashgen.generator.cache import (
     CubinCache,
     FlashgenWarning,
@@ -462,16 +462,7 @@ def compile_kernel(
     """
     rendered = kernel if isinstance(kernel, RenderedKernel) else render(kernel)
     spec = rendered.spec
-    if arch is None:
-        local = local_arch()
-        arch = local or DEFAULT_ARCH
-        # an arch-specific family (wgmma: sm_90a) takes the `a` twin of the GPU's arch; with no
-        # GPU to ask, a family that cannot run on the default arch gets its own first arch
-        twin = [a for a in spec.archs if a.endswith("a") and arch_number(a) == arch_number(arch)]
-        if twin:
-            arch = twin[0]
-        elif local is None and not runs_on(spec.archs, arch):
-            arch = spec.archs[0]
+    arch = target_arch(spec, arch)
     info = check_target(spec.name, spec.family, spec.archs, spec.smem_bytes, arch)
     flags = cubin_flags(info.gencode, extra_flags)
     key = compile_key(rendered, arch, flags, find_nvcc())
@@ -490,6 +481,27 @@ def compile_kernel(
             store.discard(key)
         return _build(rendered, arch, flags, store, key, waited)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def target_arch(spec: KernelSpec, arch: str | None = None) -> str:
+    """The arch `compile_kernel` builds `spec` for: `arch` when given, else FLASHGEN_ARCH or
+    the local GPU's (the `a` twin where the family ships one: wgmma on sm_90 takes sm_90a),
+    else sm_90, or the family's first arch when it cannot run there. Not checked: an arch
+    flashgen does not know comes back as it is, for `check_target` to refuse."""
+    if arch is not None:
+        return arch
+    local = local_arch()
+    arch = local or DEFAULT_ARCH
+    if arch not in ARCHS:  # FLASHGEN_ARCH=garbage has no arch number
+        return arch
+    # an arch-specific family (wgmma: sm_90a) takes the `a` twin of the GPU's arch; with no
+    # GPU to ask, a family that cannot run on the default arch gets its own first arch
+    twin = [a for a in spec.archs if a.endswith("a") and arch_number(a) == arch_number(arch)]
+    if twin:
+        return twin[0]
+    if local is None and not runs_on(spec.archs, arch):
+        return spec.archs[0]
+    return arch
 
 
 def _build(

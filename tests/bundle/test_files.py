@@ -108,8 +108,12 @@ def test_select_takes_wgmma_when_the_family_is_named() -> None:
     assert [(s.family, s.d) for s in both] == [("mma", 32), ("wgmma", 64)]
     # the default stays portable (sm_80+): no arch-specific family
     assert {s.family for s in select_variants(ds=[64, 128])} == {"mma"}
-    with pytest.raises(BundleError, match="d=32 bf16 causal: no shipped variant of family wgmma"):
-        select_variants(families=["wgmma"], ds=[32], causal=True)
+    # wgmma alone ships no d=32: its default tile, generated as flashgen.attention would
+    assert select_variants(families=["wgmma"], ds=[32], causal=True) == [
+        select(32, "bf16", True, "sm_90")
+    ]
+    with pytest.raises(BundleError, match="d=32 fp32 causal: no shipped variant of family wgmma"):
+        select_variants(families=["wgmma"], ds=[32], dtypes=["fp32"], causal=True)
 
 
 def test_select_with_a_tuning_table_uses_its_winners() -> None:
