@@ -68,6 +68,33 @@ and dO, the fp32 scratch (D and the dQ accumulator), the gradients; strides of a
 as the forward."""
 
 
+DECODE: tuple[Param, ...] = (
+    Param("q", "const T*", "P", "tensor"),
+    Param("k", "const T*", "P", "tensor", "the K cache: (B, Tk, H_kv, d), or pages (n_pages, page_size, H_kv, d)"),
+    Param("v", "const T*", "P", "tensor", "the V cache, laid out as k"),
+    Param("o", "T*", "P", "tensor"),
+    Param("lse", "float*", "P", "tensor"),
+    Param("o_part", "float*", "P", "tensor", "fp32 scratch: each split's O (n_splits > 1)"),
+    Param("lse_part", "float*", "P", "tensor", "fp32 scratch: each split's base-2 LSE"),
+    Param("counters", "int*", "P", "tensor", "one per row tile, zero between launches"),
+    Param("cache_seqlens", "const int*", "P", "tensor", "keys per sequence (NULL: tk each)"),
+    Param("block_table", "const int*", "P", "tensor", "pages of each sequence (NULL: contiguous)"),
+    Param("tq", "int", "i", "size"),
+    Param("tk", "int", "i", "size", "the cache's capacity per sequence (keys)"),
+    Param("page_size", "int", "i", "size", "keys per page (paged)"),
+    Param("bt_stride", "int", "i", "stride", "block_table's batch stride (elements)"),
+    Param("n_pages", "int", "i", "size", "pages in the cache (paged)"),
+    *_strides("q", "k", "v", "o"),
+    Param("scale_log2", "float", "f", "scalar", "softmax scale times log2(e): base-2 softmax"),
+    Param("kv_group", "int", "i", "scalar", "query heads per K/V head (GQA/MQA)"),
+    *_FEATURES,
+)
+"""The decode kernel: q (B, Tq, H, d) and o as q; the K/V cache, contiguous or paged (k_sb is
+then the page stride); lse (B, H, Tq) fp32; the split scratch and its counters; the cache
+lengths and page table (either may be NULL); sizes; strides of q, k, v, o; then as the
+forward."""
+
+
 def tensor_map(name: str) -> Param:
     """A by-value 128-byte TMA descriptor (`TensorMap` in the generated source)."""
     return Param(name, "TensorMap", "", "tensor_map")
@@ -89,5 +116,5 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "FWD", "ROLES", "Param", "declarations", "pointers", "struct_format", "tensor_map",
+    "BWD", "DECODE", "FWD", "ROLES", "Param", "declarations", "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip

@@ -49,8 +49,12 @@ def environment() -> jinja2.Environment:
 
 
 def template_name(spec: KernelSpec) -> str:
-    """The template that renders `spec`: its family's, or the family's backward template."""
-    return spec.fam.bwd_template if spec.direction == "bwd" else spec.fam.template
+    """The template that renders `spec`: its family's forward, backward or decode template."""
+    if spec.direction == "bwd":
+        return spec.fam.bwd_template
+    if spec.direction == "decode":
+        return spec.fam.decode_template
+    return spec.fam.template
 
 
 def context(spec: KernelSpec) -> dict[str, Any]:
@@ -96,7 +100,12 @@ def abi_params(spec: KernelSpec) -> list[dict[str, str]]:
     """The kernel's parameters as the template prints them (declaration and note), from the
     ABI table of its direction after its family's leading by-value arguments."""
     fam = spec.fam
-    params = (*fam.bwd_prefix, *abi.BWD) if spec.direction == "bwd" else (*fam.fwd_prefix, *abi.FWD)
+    if spec.direction == "bwd":
+        params = (*fam.bwd_prefix, *abi.BWD)
+    elif spec.direction == "decode":
+        params = abi.DECODE
+    else:
+        params = (*fam.fwd_prefix, *abi.FWD)
     return [{"decl": p.declaration("elem_t"), "note": p.note} for p in params]
 
 

@@ -81,7 +81,12 @@ class KernelSpec:
             if self.dtype == "":
                 object.__setattr__(self, "dtype", fam.default_dtype)
             if isinstance(self.d, int) and (self.br == 0 or self.bc == 0):
-                br, bc = fam.bwd_tile if self.direction == "bwd" else fam.default_tile(self.d)
+                if self.direction == "bwd":
+                    br, bc = fam.bwd_tile
+                elif self.direction == "decode":
+                    br, bc = fam.decode_tile
+                else:
+                    br, bc = fam.default_tile(self.d)
                 if self.br == 0:
                     object.__setattr__(self, "br", br)
                 if self.bc == 0:
@@ -116,6 +121,8 @@ class KernelSpec:
         )
         if self.direction == "bwd":
             problems += _check_backward(self, fam)
+        elif self.direction == "decode":
+            problems += _check_decode(self, fam)
         elif isinstance(self.features, (tuple, list)) and any(
             f in BWD_ONLY_FEATURES for f in self.features
         ):
@@ -168,7 +175,7 @@ class KernelSpec:
             *(f"--{field} {getattr(self, field)}" for field, _ in self.fam.knobs),
             *([f"--features {','.join(self.features)}"] if self.features else []),
             # the CLI has no backward yet: the banner must still not claim the forward
-            *(["--direction bwd"] if self.direction == "bwd" else []),
+            *([f"--direction {self.direction}"] if self.direction != "fwd" else []),
         ]
         return " ".join(parts)
 
@@ -230,8 +237,10 @@ class KernelSpec:
         return KernelSpec(**data)  # type: ignore[arg-type]
 
 
-DIRECTIONS: tuple[str, ...] = ("fwd", "bwd")
-"""The passes flashgen generates: the forward, and the backward (dQ, dK, dV)."""
+DIRECTIONS: tuple[str, ...] = ("fwd", "bwd", "decode")
+"""The passes flashgen generates: the forward, the backward (dQ, dK, dV), and the decode
+forward (a few query rows per sequence against a K/V cache, contiguous or paged, split over the
+keys: `Family.decode_template`)."""
 
 FEATURES: dict[str, str] = {
     **{f.token: f.summary for f in RUNTIME_FEATURES},
@@ -362,6 +371,29 @@ def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
             f"dv={spec.dv}: the backward pass needs v's head dim equal to d={spec.d} for now; "
             "leave dv unset for direction='bwd'"
         )
+    return problems
+
+
+def _check_decode(spec: KernelSpec, fam: Family) -> list[str]:
+    """What the decode direction refuses: families without a decode template, and the
+    features it lacks (`Family.decode_features`)."""
+    if not fam.decode_template:
+        from flashgen.generator.families import FAMILIES
+
+        with_decode = [f"--family {f.name}" for f in FAMILIES.values() if f.decode_template]
+        return [
+            f"direction='decode': family {fam.name} has no decode kernel; use "
+            f"{' or '.join(with_decode)}"
+        ]
+    problems = []
+    if isinstance(spec.features, (tuple, list)) and all(isinstance(f, str) for f in spec.features):
+        for f in (f for f in spec.features if f in FEATURES and f not in fam.decode_features):
+            problems.append(
+                f"features={tuple(spec.features)!r}: the {fam.name} decode kernel supports "
+                f"{', '.join(sorted(fam.decode_features)) or 'no features'}; drop {f} for "
+                "direction='decode'"
+                + (" (it always packs a GQA group's query heads)" if f == "gqapack" else "")
+            )
     return problems
 
 

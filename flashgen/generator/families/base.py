@@ -83,6 +83,13 @@ class Family:
     # backward's default tile: the axes multiplied out ({}: none ship; any valid backward spec
     # still compiles on demand)
     bwd_axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # the decode kernel (direction "decode": a few query rows per sequence against a K/V cache,
+    # contiguous or paged, keys split across blocks): its template ("" = none), the (br, bc) a
+    # decode spec that names no tiles gets (br: packed rows of a GQA group, bc: keys per warp
+    # tile) and the feature tokens it supports
+    decode_template: str = ""
+    decode_tile: tuple[int, int] = (16, 32)
+    decode_features: frozenset[str] = frozenset()
     # the backward's fp32 scratch covers whole query tiles (its main kernel reads LSE and D and
     # adds into the dQ accumulator a tile at a time): generator/backward.py `scratch_rows`
     bwd_whole_tiles: bool = False

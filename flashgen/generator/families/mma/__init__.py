@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flashgen.generator.families.base import Family, Preference, _pick
-from flashgen.generator.families.mma import bwd
+from flashgen.generator.families.mma import bwd, decode
 from flashgen.generator.features import TOKENS
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ class MmaFamily(Family):
     def default_warps(self, spec: KernelSpec) -> int:
         if spec.direction == "bwd":
             return bwd.default_warps(spec)
+        if spec.direction == "decode":
+            return 4
         return max(1, spec.br // 16)
 
     def d_pad(self, spec: KernelSpec) -> int:
@@ -57,6 +59,8 @@ class MmaFamily(Family):
     def default_stages(self, spec: KernelSpec) -> int:
         if spec.direction == "bwd":
             return bwd.default_stages(spec)
+        if spec.direction == "decode":
+            return decode.default_stages(self, spec)
         # two stages unless their registers would spill or their shared memory not fit (then
         # one: e.g. d=256 at 128x64)
         two = self.register_estimate(spec, stages=2)
@@ -95,6 +99,8 @@ class MmaFamily(Family):
     def min_blocks(self, spec: KernelSpec) -> int:
         if spec.direction == "bwd":
             return bwd.min_blocks(spec)
+        if spec.direction == "decode":
+            return 1
         # The most blocks (up to 4) whose register share still holds the estimate plus ~64
         # registers of addresses and indices: more resident warps hide the latency of the
         # S -> softmax -> P V chain. Calibrated like MMA_REG_BUDGET; the zero-spill compile
@@ -111,6 +117,8 @@ class MmaFamily(Family):
         """Shared memory of Q, the K ring and the V ring; `stages` overrides the spec's."""
         if spec.direction == "bwd":
             return bwd.smem_bytes(spec, stages)
+        if spec.direction == "decode":
+            return decode.smem_bytes(spec, stages)
         n = spec.stages if stages is None else stages
         item = spec.dtype_info.itemsize
         qk_row = (self.d_pad(spec) + MMA_ROW_PAD) * item  # Q and K rows
@@ -120,6 +128,8 @@ class MmaFamily(Family):
     def check(self, spec: KernelSpec) -> list[str]:
         if spec.direction == "bwd":
             return self.tensor_core_rule(spec) + bwd.check(self, spec)
+        if spec.direction == "decode":
+            return self.tensor_core_rule(spec) + decode.check(self, spec)
         p = self.tensor_core_rule(spec)
         if spec.d < 8 or spec.d > 256 or spec.d % 8:
             p.append(f"d={spec.d}: must be a multiple of 8 in [8, 256] for family mma; try 64")
@@ -169,6 +179,8 @@ class MmaFamily(Family):
     def context(self, spec: KernelSpec) -> dict[str, Any]:
         if spec.direction == "bwd":
             return bwd.context(self, spec)
+        if spec.direction == "decode":
+            return decode.context(spec)
         m_tiles = self.rows_per_warp(spec) // 16
         q_regs = m_tiles * self.d_pad(spec) // 16 * 4
         return {
@@ -191,6 +203,8 @@ MMA = MmaFamily(
     template="mma.cu.j2",
     preference=Preference(rank=1, br=128, bc=64, stages=2, min_major=8),
     bwd_template="mma_bwd.cu.j2",
+    decode_template="mma_decode.cu.j2",
+    decode_features=frozenset(TOKENS),
     # the forward's run-time features, and dQ without atomics (backward.py)
     bwd_features=frozenset({"deterministic", *TOKENS}),
     # shipped: the head dims and dtypes training uses most, in the fast mode (dQ by fp32

@@ -1,0 +1,310 @@
+"""Attention against a K/V cache (decoding), on torch tensors: `attention_with_kvcache`.
+
+Also reachable as `flashgen.torch.attention_with_kvcache`. The layouts are the ones serving
+stacks use (FlashAttention's `flash_attn_with_kvcache`): tokens before heads.
+
+- q: (B, Tq, H, d), the new query rows (Tq of them per sequence, usually 1 to 16)
+- k_cache, v_cache: (B, Tk, H_kv, d) contiguous, or, with `block_table`, pages
+  (n_pages, page_size, H_kv, d) of any page size (1 and up)
+- block_table: int32 (B, pages per sequence): sequence b's key j is row j % page_size of page
+  block_table[b, j // page_size]
+- cache_seqlens: int32 (B,) on q's device, the keys each sequence holds (its new tokens are
+  the last Tq of them), or one Python int for all, or None for the whole cache
+
+The kernel is family mma's decode (runtime/decode.py): the query heads of a GQA group share one
+pass over K and V, and the keys are split over enough blocks to fill the GPU (chosen from the
+shapes: the call never waits for the GPU, and is safe inside CUDA-graph capture once a first
+call of its signature compiled and loaded the kernel). A length outside [0, capacity] or a
+page index outside [0, n_pages) in the device arrays cannot be checked without a
+synchronization: that sequence's rows come back NaN (O and LSE), never silently wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from typing_extensions import Unpack
+
+import torch
+
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.features import FeatureArgs, FeatureKeywords
+from flashgen.generator.numerics import LOG2E
+from flashgen.runtime import feature_values, launch
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.decode import (
+    DecodeLaunch,
+    DecodeShape,
+    choose_splits,
+    decode_spec,
+    row_tiles,
+    scratch_sizes,
+)
+from flashgen.runtime.validate import check_scale
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A validated call signature: its launch and what each call allocates."""
+
+    launch: DecodeLaunch
+    o_shape: tuple[int, ...]
+    lse_shape: tuple[int, int, int]
+    scratch: tuple[int, int, int]
+    device: Any
+    dtype: Any
+
+
+_entries: dict[tuple[Any, ...], _Entry] = {}
+_counters: dict[tuple[int, int], Any] = {}  # (device, stream) -> int32 zeros (kernel-restored)
+_lock = threading.Lock()
+
+
+def _fail(msg: str) -> None:
+    raise ValueError(msg)
+
+
+def _check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
+    if not isinstance(x, torch.Tensor):
+        _fail(f"{name}: a {type(x).__name__}, expected a torch tensor on a CUDA device")
+    if not x.is_cuda:
+        _fail(f"{name} on {x.device}: must be on a CUDA device; move it with .cuda()")
+    if device is not None and x.device != device:
+        _fail(
+            f"{name} on {x.device}, q on {device}: must be on one device; move it with .to(q.device)"
+        )
+    if x.dim() != dims:
+        _fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
+
+
+def _check_operand(name: str, x: Any) -> None:
+    """The d axis contiguous; every stride a multiple of 8 elements and the base 16-byte
+    aligned (the kernel moves rows in 16-byte copies)."""
+    if x.stride(-1) != 1:
+        _fail(
+            f"{name}.stride()={tuple(x.stride())}: the last (d) axis must be contiguous; pass {name}.contiguous()"
+        )
+    if any(s % 8 for s in x.stride()[:-1]) or x.data_ptr() % 16:
+        _fail(
+            f"{name}: strides {tuple(x.stride())} and base address must be multiples of 8 "
+            f"elements (16 bytes); pass {name}.contiguous()"
+        )
+
+
+def _check_int_array(name: str, x: Any, shape: tuple[int, ...], device: Any) -> None:
+    _check_tensor(name, x, len(shape), device)
+    if x.dtype != torch.int32:
+        _fail(f"{name}.dtype={x.dtype}: must be torch.int32; pass {name}.to(torch.int32)")
+    if tuple(x.shape[: len(shape) - 1]) != shape[:-1] or (
+        shape[-1] >= 0 and x.shape[-1] != shape[-1]
+    ):
+        want = ", ".join("n" if n < 0 else str(n) for n in shape)
+        _fail(f"{name}.shape={tuple(x.shape)}: must be ({want})")
+    if x.stride(-1) != 1:
+        _fail(f"{name}: its last axis must be contiguous; pass {name}.contiguous()")
+
+
+def _prepare(
+    key: tuple[Any, ...], q: Any, k: Any, v: Any, seqlens: Any, table: Any, causal: bool,
+    scale: float | None, splits: int, values: feature_values.Values,
+) -> _Entry:  # fmt: skip
+    """First call of a signature: validate everything, choose and load the variant."""
+    _check_tensor("q", q, 4)
+    dev = q.device
+    _check_tensor("k_cache", k, 4, dev)
+    _check_tensor("v_cache", v, 4, dev)
+    dtype = _DTYPES.get(q.dtype)
+    if dtype is None:
+        _fail(f"q.dtype={q.dtype}: the decode kernel takes torch.float16 or torch.bfloat16")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        _fail(f"dtypes q {q.dtype}, k_cache {k.dtype}, v_cache {v.dtype}: must be one dtype")
+    b, tq, h, d = (int(n) for n in q.shape)
+    n0, n1, h_kv, dk = (int(n) for n in k.shape)
+    dv = int(v.shape[3])
+    if tuple(v.shape[:3]) != (n0, n1, h_kv):
+        _fail(
+            f"v_cache.shape={tuple(v.shape)}: must match k_cache.shape={tuple(k.shape)} but in the last axis"
+        )
+    if dk != d:
+        _fail(f"k_cache.shape[-1]={dk}, q.shape[-1]={d}: the head dims must match")
+    if b < 1 or tq < 1 or h < 1 or h_kv < 1:
+        _fail(
+            f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k.shape)}: every axis must be at least 1"
+        )
+    if h % h_kv:
+        _fail(f"H={h}, H_kv={h_kv}: the query heads must be a multiple of the K/V heads (GQA)")
+    for name, x in (("q", q), ("k_cache", k), ("v_cache", v)):
+        _check_operand(name, x)
+    if table is None:
+        if n0 != b:
+            _fail(
+                f"k_cache.shape[0]={n0}, B={b}: a contiguous cache holds one row per sequence; "
+                "pass block_table for a paged cache"
+            )
+        tk, page_size, bt_stride, n_pages = n1, 0, 0, 0
+    else:
+        _check_int_array("block_table", table, (b, -1), dev)
+        page_size, n_pages = n1, n0
+        tk = int(table.shape[1]) * page_size
+        bt_stride = int(table.stride(0))
+        if tk > _INT_MAX:
+            _fail(f"block_table.shape[1] x page_size = {tk}: must be below 2^31 keys per sequence")
+    if isinstance(seqlens, torch.Tensor):
+        _check_int_array("cache_seqlens", seqlens, (b,), dev)
+    elif seqlens is not None:
+        if isinstance(seqlens, bool) or not isinstance(seqlens, int) or not 0 <= seqlens <= tk:
+            _fail(
+                f"cache_seqlens={seqlens!r}: must be an int in [0, {tk}] (the cache's capacity), or an int32 (B,) tensor"
+            )
+        tk = int(seqlens)
+    if tq * (h // h_kv) > _INT_MAX or tk > _INT_MAX:
+        _fail(f"Tq={tq} x group={h // h_kv}, Tk={tk}: must stay below 2^31")
+    scale_value = check_scale(scale, d)
+    features = _feature_args(values, q, h)
+    spec = decode_spec(d, dv, dtype, causal, tq * (h // h_kv), features.tokens)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability(index))
+    with runtime.for_device_arch(arch):
+        karch = runtime.kernel_arch(spec)
+    plan = launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, index)
+    tiles = row_tiles(spec, tq, h // h_kv)
+    n_splits = choose_splits(spec, b * h_kv * tiles, tk, plan.sms, splits)
+    ks, vs = k.stride(), v.stride()
+    strides = (
+        q.stride(0), q.stride(2), q.stride(1), ks[0], ks[2], ks[1], vs[0], vs[2], vs[1],
+        tq * h * dv, dv, h * dv,
+    )  # fmt: skip
+    shape = DecodeShape(
+        b, h, h_kv, tq, tk, page_size, bt_stride, n_pages, strides, scale_value * LOG2E
+    )
+    entry = _Entry(
+        DecodeLaunch(plan, shape, n_splits, features), (b, tq, h, dv), (b, h, tq),
+        scratch_sizes(spec, b, h_kv, tiles, n_splits), dev, q.dtype,
+    )  # fmt: skip
+    launch.remember(_entries, key, entry)
+    return entry
+
+
+def _feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:
+    def pointer(feature: Any, tensor: Any) -> int:
+        feature.check_array(tuple(tensor.shape), tensor.dtype, h)
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
+            _fail(f"{feature.keyword}: must be a contiguous torch tensor")
+        if tensor.device != q.device:
+            _fail(f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one device")
+        ptr = int(tensor.data_ptr())
+        feature.check(ptr)
+        return ptr
+
+    return feature_values.bind(values, pointer)
+
+
+def _counter_buffer(dev: int, stream: int, n: int) -> Any:
+    """An int32 buffer of at least n zeros for (device, stream): the kernel leaves it zeroed."""
+    key = (dev, stream)
+    buf = _counters.get(key)
+    if buf is None or buf.numel() < n:
+        with _lock:
+            buf = _counters.get(key)
+            if buf is None or buf.numel() < n:
+                buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=f"cuda:{dev}")
+                _counters[key] = buf
+    return buf
+
+
+def attention_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    cache_seqlens: Any = None,
+    *,
+    block_table: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    num_splits: int = 0,
+    return_lse: bool = False,
+    **features: Unpack[FeatureKeywords],
+) -> Any:
+    """softmax(Q·Kᵀ·scale + mask)·V of new query rows against a K/V cache; O (and LSE).
+
+    Layouts (module docstring): q (B, Tq, H, d); k_cache, v_cache (B, Tk, H_kv, d) or pages
+    (n_pages, page_size, H_kv, d) with `block_table` int32 (B, pages per sequence);
+    `cache_seqlens` int32 (B,) on q's device (or an int, or None: the whole cache). H a
+    multiple of H_kv; float16 or bfloat16; d a multiple of 8 up to 256 (v's own head dim
+    too). `causal` aligns the Tq new rows with the last Tq keys of each sequence: row i sees
+    keys j <= i + L - Tq. `num_splits` > 0 forces the split count (0: chosen from the shapes).
+    Features as in `flashgen.torch.attention`: `window=(left, right)`, `softcap=c`,
+    `alibi_slopes` float32 (H,). Returns O (B, Tq, H, dv) in q's dtype, or (O, LSE) with
+    `return_lse` (LSE float32 (B, H, Tq), natural log; -inf for a row that sees no key).
+
+    Runs on the current stream, never synchronizes, allocates through torch's caching
+    allocator. Example::
+
+        import torch
+        from flashgen.torch import attention_with_kvcache
+
+        B, H, H_kv, d, pages, page = 8, 32, 8, 128, 1024, 64
+        q = torch.randn(B, 1, H, d, device="cuda", dtype=torch.bfloat16)
+        k_cache = torch.randn(pages, page, H_kv, d, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(B, -1)
+        lens = torch.full((B,), 5000, device="cuda", dtype=torch.int32)
+        o = attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
+    """
+    if causal is not True and causal is not False:
+        raise ValueError(f"causal={causal!r}: must be True or False")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(
+            f"num_splits={num_splits!r}: must be an int >= 0 (0: chosen from the shapes)"
+        )
+    values = feature_values.from_keywords(features, "attention_with_kvcache")
+    seq_key: Any = (
+        (tuple(cache_seqlens.shape), cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
+        if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
+    )  # fmt: skip
+    tab_key: Any = (
+        (tuple(block_table.shape), block_table.stride(), block_table.dtype, block_table.device)
+        if isinstance(block_table, torch.Tensor) else block_table
+    )  # fmt: skip
+    try:
+        key = (
+            *((tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() & 15) for x in (q, k_cache, v_cache)),
+            seq_key, tab_key, causal, scale, num_splits,
+            feature_values.signature(values, lambda a: (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype)),
+        )  # fmt: skip
+        e = _entries.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
+        key, e = (), None
+    if e is None:
+        e = _prepare(
+            key, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, values
+        )
+    dev = e.device.index
+    stream = int(torch.cuda.current_stream(dev).cuda_stream)
+    o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
+    lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
+    n_o, n_l, n_c = e.scratch
+    o_part = torch.empty(max(n_o, 1), dtype=torch.float32, device=e.device) if n_o else None
+    lse_part = torch.empty(max(n_l, 1), dtype=torch.float32, device=e.device) if n_l else None
+    counters = _counter_buffer(dev, stream, n_c)
+    ptr = lambda x: 0 if x is None else int(x.data_ptr())  # noqa: E731
+    e.launch(
+        (
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
+            ptr(o_part), ptr(lse_part), counters.data_ptr(),
+            ptr(cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None), ptr(block_table),
+        ),
+        stream,
+    )  # fmt: skip
+    return (o, lse) if return_lse else o
+
+
+def clear_cache() -> None:
+    """Forget every validated signature (the loaded kernels stay cached)."""
+    with _lock:
+        _entries.clear()

@@ -1,0 +1,196 @@
+"""Decode on the host: a few new query rows per sequence against a K/V cache, contiguous or paged.
+
+The kernel is family mma's decode (templates/mma_decode.cu.j2; `abi.DECODE` lists its
+arguments). This module holds what does not depend on the array library: the variant for a
+call (`decode_spec`), how many blocks share each row tile's keys (`choose_splits`: from the
+shapes alone, so a call never reads a device value), the scratch sizes (`scratch_sizes`), and
+the launch (`DecodeLaunch`: one signature's argument buffer, then five to ten pointer stores
+and one `cuLaunchKernel` a call). The torch front door is `flashgen.kvcache`.
+
+Splits: the keys each row tile sees are cut into `n_splits` runs of whole tiles, one block
+each, so that B x H_kv x row tiles blocks become enough to fill the GPU
+(`DECODE_BLOCKS_PER_SM` per SM). A run is at least `DECODE_MIN_TILES_PER_WARP` tiles per
+warp, so that short caches are not cut finer than their loads can hide. The splits are merged
+inside the same launch: the block finishing a row tile's last split adds them by their LSE
+(a counter per row tile, zeroed once at allocation and put back to zero by that block).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flashgen.generator import abi
+from flashgen.generator.families.mma.decode import DECODE_REG_BUDGET, register_estimate
+from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
+from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.runtime.launch import LaunchPlan, driver
+
+DECODE_BLOCKS_PER_SM = 2
+"""Blocks per SM the split count aims for (one block fits per SM; two cover the tail)."""
+DECODE_MIN_TILES_PER_WARP = 4
+"""A split gives each warp at least this many key tiles (else it is not worth a block)."""
+DECODE_MAX_SPLITS = 128
+"""At most this many splits (the merge reads every split's LSE per row)."""
+POINTER_ARGS = (
+    "q",
+    "k",
+    "v",
+    "o",
+    "lse",
+    "o_part",
+    "lse_part",
+    "counters",
+    "cache_seqlens",
+    "block_table",
+)
+"""The decode kernel's pointer arguments, in order (abi.DECODE's `tensor` rows)."""
+assert abi.pointers(abi.DECODE) == POINTER_ARGS
+
+
+def decode_spec(
+    d: int, dv: int, dtype: str, causal: bool, rows: int, features: tuple[str, ...] = ()
+) -> KernelSpec:
+    """The decode variant for a call: `rows` packed rows per K/V head (query heads per K/V
+    head x new tokens) in one block where the registers allow (16, else 32 rows: more row
+    tiles read K and V once each), with 32 keys a warp tile where the shared memory allows,
+    else 16; SpecError (from the last candidate) when none fits."""
+    brs = [16] if rows <= 16 else [32, 16]
+    candidates = [(br, bc) for br in brs for bc in (32, 16) if _fits(d, dv, br, bc)]
+    last: SpecError | None = None
+    for br, bc in candidates or [(16, 16)]:
+        try:
+            return KernelSpec(
+                family="mma", direction="decode", d=d, dv=dv, dtype=dtype, causal=causal,
+                br=br, bc=bc, features=features,
+            )  # fmt: skip
+        except SpecError as exc:
+            last = exc
+    assert last is not None
+    raise last
+
+
+def _fits(d: int, dv: int, br: int, bc: int) -> bool:
+    return register_estimate(d, dv, br, bc) <= DECODE_REG_BUDGET
+
+
+def row_tiles(spec: KernelSpec, tq: int, kv_group: int) -> int:
+    """Row tiles per K/V head: ceil(tq * kv_group / br)."""
+    return -(-(tq * kv_group) // spec.br)
+
+
+def choose_splits(spec: KernelSpec, blocks: int, tk: int, sms: int, requested: int = 0) -> int:
+    """How many blocks share a row tile's keys: `requested` when > 0 (clamped to the tiles
+    there are), else enough that `blocks` (B x H_kv x row tiles) x splits fills
+    DECODE_BLOCKS_PER_SM per SM, each split keeping DECODE_MIN_TILES_PER_WARP tiles per warp of
+    the cache's capacity `tk`."""
+    tiles = max(1, -(-tk // spec.bc))
+    most = max(1, min(DECODE_MAX_SPLITS, tiles))
+    if requested > 0:
+        return min(requested, most)
+    want = -(-max(1, sms) * DECODE_BLOCKS_PER_SM // max(1, blocks))
+    per_split = spec.warps * DECODE_MIN_TILES_PER_WARP
+    return max(1, min(want, most, -(-tiles // per_split)))
+
+
+def scratch_sizes(
+    spec: KernelSpec, b: int, h_kv: int, tiles: int, splits: int
+) -> tuple[int, int, int]:
+    """Elements of o_part (fp32), lse_part (fp32) and counters (int32) for a call (zero when
+    one split: the block stores O itself)."""
+    rt = b * h_kv * tiles
+    if splits == 1:
+        return 0, 0, rt
+    return rt * splits * spec.br * spec.dv, rt * splits * spec.br, rt
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """One call's sizes and strides (elements): what `DecodeLaunch` binds."""
+
+    b: int
+    h: int
+    h_kv: int
+    tq: int
+    tk: int  # keys per sequence the cache can hold (paged: pages per sequence x page_size)
+    page_size: int  # 0: contiguous
+    bt_stride: int
+    n_pages: int
+    strides: tuple[int, ...]  # q, k, v, o x (batch|page, head, token): 12
+    scale_log2: float
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per K/V head."""
+        return self.h // self.h_kv
+
+
+class DecodeLaunch:
+    """One signature's launch: the argument buffer built once, pointers stored per call."""
+
+    def __init__(
+        self, plan: LaunchPlan, shape: DecodeShape, splits: int,
+        features: FeatureArgs = NO_FEATURES,
+    ) -> None:  # fmt: skip
+        c = ctypes
+        spec = plan.spec
+        check_fits(spec, features)
+        features.check()
+        self.plan = plan
+        self.splits = splits
+        tiles = row_tiles(spec, shape.tq, shape.kv_group)
+        self.grid = (splits, tiles * shape.h_kv, shape.b)
+        if tiles * shape.h_kv >= 2**16 or shape.b >= 2**16:
+            raise ValueError(
+                f"B={shape.b}, H_kv={shape.h_kv} x {tiles} row tiles: a decode launch takes "
+                "fewer than 65536 of each; split the batch"
+            )
+        left, right, cap, slopes = features.kernel_args(shape.tq, shape.tk)
+        self._ptrs = (c.c_void_p * len(POINTER_ARGS))()
+        scalars: list[Any] = [
+            c.c_int(shape.tq), c.c_int(shape.tk), c.c_int(max(shape.page_size, 1)),
+            c.c_int(shape.bt_stride), c.c_int(shape.n_pages),
+            *(c.c_longlong(s) for s in shape.strides),
+            c.c_float(shape.scale_log2), c.c_int(shape.kv_group),
+            c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes),
+        ]  # fmt: skip
+        if len(scalars) + len(POINTER_ARGS) != len(abi.DECODE):
+            raise AssertionError("decode arguments out of step with abi.DECODE")
+        self._args = scalars
+        base = c.addressof(self._ptrs)
+        width = c.sizeof(c.c_void_p)
+        addrs = [base + width * i for i in range(len(POINTER_ARGS))] + [
+            c.addressof(a) for a in scalars
+        ]
+        self.params = (c.c_void_p * len(addrs))(*addrs)
+        self._lock = threading.Lock()
+
+    def __call__(self, pointers: Sequence[int], stream: int) -> None:
+        """Launch on `stream` with `pointers` in POINTER_ARGS order (0 for NULL)."""
+        drv = driver()
+        plan = self.plan
+        with self._lock:
+            for i, p in enumerate(pointers):
+                self._ptrs[i] = p
+            gx, gy, gz = self.grid
+            cur = ctypes.c_void_p()
+            drv.cuCtxGetCurrent(ctypes.byref(cur))
+            pushed = cur.value != plan.context
+            if pushed:
+                drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
+            try:
+                rc = drv.cuLaunchKernel(
+                    plan.function, gx, gy, gz, plan.block[0], 1, 1, plan.smem, stream,
+                    self.params, None,
+                )  # fmt: skip
+            finally:
+                if pushed:
+                    drv.cuCtxPopCurrent(ctypes.byref(cur))
+        if rc:
+            raise RuntimeError(
+                f"kernel {plan.spec.name} failed (grid {self.grid}, block {plan.block[0]}, "
+                f"{plan.smem} B shared memory): {drv.error(rc)}"
+            )

@@ -1,0 +1,222 @@
+"""`flashgen.torch.attention_with_kvcache` on the GPU: contiguous and paged caches against the
+float64 oracle (per sequence), ragged and zero lengths, every page size class, GQA packing,
+forced and chosen splits, features; NaN for out-of-range lengths and pages; CUDA-graph replay
+with new lengths; no host synchronization."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from flashgen.verify.oracle import check_outputs
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("torch has no CUDA device", allow_module_level=True)
+from flashgen.kvcache import attention_with_kvcache  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TORCH_TYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+NP_TYPES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _np(t: Any, dtype: str) -> np.ndarray:
+    return t.detach().float().cpu().contiguous().numpy().astype(NP_TYPES[dtype])
+
+
+def make_cache(
+    b: int, tq: int, h: int, h_kv: int, d: int, lens: list[int], dtype: str, seed: int,
+    page: int = 0, dv: int | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """q (B, Tq, H, d); a cache holding max(lens) + slack keys per sequence, contiguous
+    (page=0) or in shuffled pages of `page` keys; int32 lengths."""
+    dv = dv or d
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = TORCH_TYPES[dtype]
+    cap = max(max(lens), 1) + 5
+    q = torch.randn(b, tq, h, d, device="cuda", dtype=t, generator=g)
+    k = torch.randn(b, cap, h_kv, d, device="cuda", dtype=t, generator=g)
+    v = torch.randn(b, cap, h_kv, dv, device="cuda", dtype=t, generator=g)
+    out: dict[str, Any] = {"q": q, "k_dense": k, "v_dense": v, "lens": lens}
+    out["seqlens"] = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    if page:
+        per_seq = -(-cap // page)
+        n_pages = b * per_seq + 3  # a few pages nobody uses
+        perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(seed))[: b * per_seq]
+        table = perm.view(b, per_seq).to(torch.int32).cuda()
+        kp = torch.randn(n_pages, page, h_kv, d, device="cuda", dtype=t, generator=g)
+        vp = torch.randn(n_pages, page, h_kv, dv, device="cuda", dtype=t, generator=g)
+        for s in range(b):  # copy each sequence's keys into its pages
+            for j in range(per_seq):
+                lo, hi = j * page, min(cap, (j + 1) * page)
+                if lo < hi:
+                    kp[table[s, j], : hi - lo] = k[s, lo:hi]
+                    vp[table[s, j], : hi - lo] = v[s, lo:hi]
+        out.update(k=kp, v=vp, table=table)
+    else:
+        out.update(k=k, v=v, table=None)
+    return out
+
+
+def assert_matches_oracle(
+    o: Any, lse: Any, c: dict[str, Any], causal: bool, dtype: str, **features: Any
+) -> None:
+    torch.cuda.synchronize()
+    q, k, v = c["q"], c["k_dense"], c["v_dense"]
+    d = q.shape[-1]
+    feats = {
+        key: (val.cpu().numpy() if hasattr(val, "cpu") else val) for key, val in features.items()
+    }
+    for s, n in enumerate(c["lens"]):
+        qs = _np(q[s : s + 1].transpose(1, 2), dtype)
+        ks = _np(k[s : s + 1, :n].transpose(1, 2), dtype)
+        vs = _np(v[s : s + 1, :n].transpose(1, 2), dtype)
+        os_ = _np(o[s : s + 1].transpose(1, 2), dtype)
+        ls = lse[s : s + 1].cpu().numpy()
+        res = check_outputs(os_, ls, qs, ks, vs, causal=causal, scale=d**-0.5, dtype=dtype, **feats)
+        assert res.passed, (s, n, res)
+
+
+CASES = [
+    # (b, tq, h, h_kv, d, dtype, causal, page, lens)
+    (4, 1, 32, 8, 128, "bf16", False, 0, [1, 77, 4096, 0]),
+    (3, 4, 32, 8, 128, "bf16", True, 0, [5, 1000, 3000]),
+    (2, 1, 8, 1, 128, "fp16", False, 16, [2049, 31]),
+    (2, 4, 8, 1, 128, "bf16", True, 256, [4000, 600]),
+    (3, 2, 16, 2, 64, "bf16", True, 1, [3, 40, 129]),
+    (2, 3, 6, 3, 64, "fp16", False, 7, [100, 1]),
+    (1, 1, 4, 4, 256, "bf16", False, 0, [1500]),
+    (2, 16, 8, 2, 128, "bf16", True, 64, [16, 900]),
+    (2, 1, 4, 1, 72, "fp16", True, 0, [333, 8]),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: f"b{c[0]}q{c[1]}h{c[2]}/{c[3]}d{c[4]}{c[5]}{'c' if c[6] else ''}p{c[7]}",
+)
+def test_decode_matches_the_oracle(case: tuple[Any, ...]) -> None:
+    b, tq, h, h_kv, d, dtype, causal, page, lens = case
+    c = make_cache(b, tq, h, h_kv, d, lens, dtype, seed=sum(lens) + d, page=page)
+    o, lse = attention_with_kvcache(
+        c["q"], c["k"], c["v"], c["seqlens"], block_table=c["table"], causal=causal, return_lse=True
+    )
+    assert o.shape == (b, tq, h, d) and lse.shape == (b, h, tq)
+    assert_matches_oracle(o, lse, c, causal, dtype)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_every_split_count_merges_to_the_same_answer(splits: int) -> None:
+    c = make_cache(3, 2, 16, 4, 128, [5000, 17, 0], "bf16", seed=splits, page=32)
+    o, lse = attention_with_kvcache(
+        c["q"], c["k"], c["v"], c["seqlens"], block_table=c["table"], causal=True,
+        num_splits=splits, return_lse=True,
+    )  # fmt: skip
+    assert_matches_oracle(o, lse, c, True, "bf16")
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"window": (100, 0)},
+        {"softcap": 20.0},
+        {"alibi": True},
+        {"window": (50, 3), "softcap": 10.0},
+    ],
+    ids=["window", "softcap", "alibi", "window+softcap"],
+)
+def test_features(features: dict[str, Any]) -> None:
+    c = make_cache(2, 3, 8, 2, 128, [700, 90], "bf16", seed=3, page=16)
+    if features.pop("alibi", False):
+        features["alibi_slopes"] = torch.rand(8, device="cuda", dtype=torch.float32)
+    causal = "window" not in features
+    o, lse = attention_with_kvcache(
+        c["q"], c["k"], c["v"], c["seqlens"], block_table=c["table"], causal=causal,
+        return_lse=True, **features,
+    )  # fmt: skip
+    assert_matches_oracle(o, lse, c, causal, "bf16", **features)
+
+
+def test_int_seqlen_and_whole_cache() -> None:
+    c = make_cache(2, 1, 8, 2, 64, [300, 300], "fp16", seed=5)
+    o, lse = attention_with_kvcache(c["q"], c["k"], c["v"], 300, return_lse=True)
+    assert_matches_oracle(o, lse, c, False, "fp16")
+    cap = c["k"].shape[1]
+    c["lens"] = [cap, cap]
+    o, lse = attention_with_kvcache(c["q"], c["k"], c["v"], return_lse=True)
+    assert_matches_oracle(o, lse, c, False, "fp16")
+
+
+def test_out_of_range_lengths_and_pages_give_nan_rows_not_wrong_ones() -> None:
+    c = make_cache(3, 1, 8, 2, 128, [100, 200, 300], "bf16", seed=7, page=16)
+    lens = c["seqlens"].clone()
+    lens[0] = 10**6  # past the capacity
+    table = c["table"].clone()
+    table[2, 0] = 10**6  # not a page
+    o, lse = attention_with_kvcache(
+        c["q"], c["k"], c["v"], lens, block_table=table, return_lse=True
+    )
+    torch.cuda.synchronize()
+    assert torch.isnan(o[0]).all() and torch.isnan(lse[0]).all()
+    assert torch.isnan(o[2]).all() and torch.isnan(lse[2]).all()
+    c2 = dict(c, q=c["q"][1:2], k_dense=c["k_dense"][1:2], v_dense=c["v_dense"][1:2], lens=[200])
+    assert_matches_oracle(o[1:2], lse[1:2], c2, False, "bf16")
+
+
+def test_cuda_graph_replays_with_new_lengths_and_never_synchronizes() -> None:
+    c = make_cache(4, 1, 32, 8, 128, [4096, 4096, 4096, 4096], "bf16", seed=11, page=64)
+    lens = c["seqlens"]
+    args = (c["q"], c["k"], c["v"], lens)
+    attention_with_kvcache(*args, block_table=c["table"])  # compiles and loads
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        attention_with_kvcache(*args, block_table=c["table"])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = attention_with_kvcache(*args, block_table=c["table"], return_lse=True)
+    for new in ([1, 4096, 17, 2000], [0, 5, 3000, 4096], [4096, 1, 1, 1]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches_oracle(out[0], out[1], dict(c, lens=new), False, "bf16")
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"q": "fp32"}, "float16 or torch.bfloat16"),
+        ({"heads": 5}, "multiple of the K/V heads"),
+        ({"seqlens": "int64"}, "torch.int32"),
+        ({"seqlens_int": 10**9}, "capacity"),
+        ({"splits": -1}, "num_splits"),
+        ({"table_dtype": torch.int64}, "torch.int32"),
+    ],
+)
+def test_bad_input_is_one_clear_error(bad: dict[str, Any], match: str) -> None:
+    c = make_cache(2, 1, 8, 2, 64, [10, 20], "bf16", seed=1, page=8)
+    q, k, v, lens, table = c["q"], c["k"], c["v"], c["seqlens"], c["table"]
+    kw: dict[str, Any] = {"block_table": table}
+    if "q" in bad:
+        q = q.float()
+    if "heads" in bad:
+        q = q[:, :, :5]
+    if "seqlens" in bad:
+        lens = lens.long()
+    if "seqlens_int" in bad:
+        lens = bad["seqlens_int"]
+    if "splits" in bad:
+        kw["num_splits"] = bad["splits"]
+    if "table_dtype" in bad:
+        kw["block_table"] = table.to(bad["table_dtype"])
+    with pytest.raises(ValueError, match=match):
+        attention_with_kvcache(q, k, v, lens, **kw)
