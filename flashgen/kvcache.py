@@ -32,6 +32,7 @@ import torch
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.features import FeatureArgs, FeatureKeywords
 from flashgen.generator.numerics import LOG2E
+from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, launch
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.decode import (
@@ -111,7 +112,7 @@ def _check_int_array(name: str, x: Any, shape: tuple[int, ...], device: Any) -> 
 
 def _prepare(
     key: tuple[Any, ...], q: Any, k: Any, v: Any, seqlens: Any, table: Any, causal: bool,
-    scale: float | None, splits: int, values: feature_values.Values,
+    scale: float | None, splits: int, values: feature_values.Values, chosen: KernelSpec | None,
 ) -> _Entry:  # fmt: skip
     """First call of a signature: validate everything, choose and load the variant."""
     _check_tensor("q", q, 4)
@@ -167,6 +168,17 @@ def _prepare(
     scale_value = check_scale(scale, d)
     features = _feature_args(values, q, h)
     spec = decode_spec(d, dv, dtype, causal, tq * (h // h_kv), features.tokens)
+    if chosen is not None:
+        want = (d, dv, dtype, causal, tuple(features.tokens))
+        if not isinstance(chosen, KernelSpec) or chosen.direction != "decode" or (
+            chosen.d, chosen.dv, chosen.dtype, chosen.causal, chosen.features
+        ) != want:  # fmt: skip
+            _fail(
+                f"spec={getattr(chosen, 'name', chosen)!r}: must be a decode KernelSpec for "
+                f"d={d}, dv={dv}, dtype={dtype}, causal={causal}, features={want[4]}; e.g. "
+                f"{spec.name}"
+            )
+        spec = chosen
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability(index))
     with runtime.for_device_arch(arch):
@@ -228,6 +240,7 @@ def attention_with_kvcache(
     scale: float | None = None,
     num_splits: int = 0,
     return_lse: bool = False,
+    spec: KernelSpec | None = None,
     **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V of new query rows against a K/V cache; O (and LSE).
@@ -241,6 +254,8 @@ def attention_with_kvcache(
     Features as in `flashgen.torch.attention`: `window=(left, right)`, `softcap=c`,
     `alibi_slopes` float32 (H,). Returns O (B, Tq, H, dv) in q's dtype, or (O, LSE) with
     `return_lse` (LSE float32 (B, H, Tq), natural log; -inf for a row that sees no key).
+    `spec` picks the decode variant (a KernelSpec with direction="decode" matching the call's
+    d, dv, dtype, causal and features); None chooses one from the shapes.
 
     Runs on the current stream, never synchronizes, allocates through torch's caching
     allocator. Example::
@@ -274,7 +289,7 @@ def attention_with_kvcache(
     try:
         key = (
             *((tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() & 15) for x in (q, k_cache, v_cache)),
-            seq_key, tab_key, causal, scale, num_splits,
+            seq_key, tab_key, causal, scale, num_splits, spec,
             feature_values.signature(values, lambda a: (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype)),
         )  # fmt: skip
         e = _entries.get(key)
@@ -282,8 +297,9 @@ def attention_with_kvcache(
         key, e = (), None
     if e is None:
         e = _prepare(
-            key, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, values
-        )
+            key, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
+            values, spec,
+        )  # fmt: skip
     dev = e.device.index
     stream = int(torch.cuda.current_stream(dev).cuda_stream)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)

@@ -95,6 +95,7 @@ def row(b: int, tk: int, h: int, h_kv: int, tq: int, d: int = 128) -> dict[str, 
         out["sdpa_error"] = str(exc)[:200]
     for key in [k_ for k_ in out if k_.endswith("_us")]:
         out[key.replace("_us", "_gbs")] = nbytes / out[key] / 1e3
+    out["copy_gbs"] *= 2  # a copy of nbytes reads them and writes them: its bandwidth
     return out
 
 
