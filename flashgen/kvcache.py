@@ -185,7 +185,8 @@ def _prepare(
         karch = runtime.kernel_arch(spec)
     plan = launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, index)
     tiles = row_tiles(spec, tq, h // h_kv)
-    n_splits = choose_splits(spec, b * h_kv * tiles, tk, plan.sms, splits)
+    slots = plan.sms * launch.driver().resident_blocks(plan.function, spec.threads, plan.smem)
+    n_splits = choose_splits(spec, b * h_kv * tiles, tk, slots, splits)
     ks, vs = k.stride(), v.stride()
     strides = (
         q.stride(0), q.stride(2), q.stride(1), ks[0], ks[2], ks[1], vs[0], vs[2], vs[1],

@@ -9,7 +9,7 @@ and one `cuLaunchKernel` a call). The torch front door is `flashgen.kvcache`.
 
 Splits: the keys each row tile sees are cut into `n_splits` runs of whole tiles, one block
 each, so that B x H_kv x row tiles blocks become enough to fill the GPU
-(`DECODE_BLOCKS_PER_SM` per SM). A run is at least `DECODE_MIN_TILES_PER_WARP` tiles per
+(`DECODE_WAVES` waves of the blocks it holds at once). A run is at least `DECODE_MIN_TILES_PER_WARP` tiles per
 warp, so that short caches are not cut finer than their loads can hide. The splits are merged
 inside the same launch: the block finishing a row tile's last split adds them by their LSE
 (a counter per row tile, zeroed once at allocation and put back to zero by that block).
@@ -29,8 +29,9 @@ from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
 from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.runtime.launch import LaunchPlan, driver
 
-DECODE_BLOCKS_PER_SM = 2
-"""Blocks per SM the split count aims for (one block fits per SM; two cover the tail)."""
+DECODE_WAVES = 1
+"""The split count aims for this many waves of blocks (the SMs times the blocks one SM holds,
+`Driver.resident_blocks`): every block of a launch resident at once, no tail wave."""
 DECODE_MIN_TILES_PER_WARP = 4
 """A split gives each warp at least this many key tiles (else it is not worth a block)."""
 DECODE_MAX_SPLITS = 128
@@ -56,16 +57,18 @@ def decode_spec(
 ) -> KernelSpec:
     """The decode variant for a call: `rows` packed rows per K/V head (query heads per K/V
     head x new tokens) in one block where the registers allow (16, else 32 rows: more row
-    tiles read K and V once each), with 32 keys a warp tile where the shared memory allows,
-    else 16; SpecError (from the last candidate) when none fits."""
+    tiles read K and V once each). Small blocks: 16 keys a warp tile, two warps (four at 32
+    rows), a two-tile ring each -- measured on the H200 (bench/NOTES.md, d 128 bf16), the
+    smallest shared memory lets the most blocks stream at once, which beat deeper rings and
+    wider tiles by 2-12%. SpecError (from the last candidate) when none fits."""
     brs = [16] if rows <= 16 else [32, 16]
-    candidates = [(br, bc) for br in brs for bc in (32, 16) if _fits(d, dv, br, bc)]
+    candidates = [br for br in brs if _fits(d, dv, br, 16)]
     last: SpecError | None = None
-    for br, bc in candidates or [(16, 16)]:
+    for br in candidates or [16]:
         try:
             return KernelSpec(
                 family="mma", direction="decode", d=d, dv=dv, dtype=dtype, causal=causal,
-                br=br, bc=bc, features=features,
+                br=br, bc=16, warps=2 if br == 16 else 4, stages=2, features=features,
             )  # fmt: skip
         except SpecError as exc:
             last = exc
@@ -82,16 +85,16 @@ def row_tiles(spec: KernelSpec, tq: int, kv_group: int) -> int:
     return -(-(tq * kv_group) // spec.br)
 
 
-def choose_splits(spec: KernelSpec, blocks: int, tk: int, sms: int, requested: int = 0) -> int:
+def choose_splits(spec: KernelSpec, blocks: int, tk: int, slots: int, requested: int = 0) -> int:
     """How many blocks share a row tile's keys: `requested` when > 0 (clamped to the tiles
-    there are), else enough that `blocks` (B x H_kv x row tiles) x splits fills
-    DECODE_BLOCKS_PER_SM per SM, each split keeping DECODE_MIN_TILES_PER_WARP tiles per warp of
-    the cache's capacity `tk`."""
+    there are), else as many as keep `blocks` (B x H_kv x row tiles) x splits within
+    DECODE_WAVES of the GPU's `slots` (SMs x resident blocks), each split keeping
+    DECODE_MIN_TILES_PER_WARP tiles per warp of the cache's capacity `tk`."""
     tiles = max(1, -(-tk // spec.bc))
     most = max(1, min(DECODE_MAX_SPLITS, tiles))
     if requested > 0:
         return min(requested, most)
-    want = -(-max(1, sms) * DECODE_BLOCKS_PER_SM // max(1, blocks))
+    want = max(1, max(1, slots) * DECODE_WAVES // max(1, blocks))
     per_split = spec.warps * DECODE_MIN_TILES_PER_WARP
     return max(1, min(want, most, -(-tiles // per_split)))
 

@@ -148,6 +148,7 @@ class Driver:
             "cuEventRecord": [vp, vp],
             "cuStreamWaitEvent": [vp, vp, u],
             "cuEventDestroy_v2": [vp],
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor": [c.POINTER(i), vp, i, c.c_size_t],
         }
         for name, argtypes in sigs.items():
             fn = getattr(lib, name)
@@ -159,6 +160,14 @@ class Driver:
         self.cuCtxPopCurrent = lib.cuCtxPopCurrent_v2
         self._contexts: dict[int, int] = {}
         self._sms: dict[int, int] = {}
+
+    def resident_blocks(self, function: int, threads: int, smem: int) -> int:
+        """Blocks of `function` (threads each, `smem` dynamic shared memory) one SM holds at
+        once (at least 1)."""
+        n = ctypes.c_int()
+        rc = self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), function, threads, smem)
+        self.check(rc, "asking the occupancy")
+        return max(1, n.value)
 
     def error(self, rc: int) -> str:
         """`CUDA_ERROR_NAME: description` for a CUresult."""
