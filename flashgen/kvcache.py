@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from typing_extensions import Unpack
-
-import torch
+try:
+    import torch
+except ImportError as _exc:  # one line, says what is missing
+    raise ImportError(
+        f"flashgen.kvcache needs PyTorch, which cannot be imported ({_exc}); install torch"
+    ) from None
 
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.features import FeatureArgs, FeatureKeywords
@@ -44,6 +47,9 @@ from flashgen.runtime.decode import (
     scratch_sizes,
 )
 from flashgen.runtime.validate import check_scale
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _INT_MAX = 2**31 - 1
@@ -66,8 +72,18 @@ _counters: dict[tuple[int, int], Any] = {}  # (device, stream) -> int32 zeros (k
 _lock = threading.Lock()
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     raise ValueError(msg)
+
+
+def _array_key(x: Any) -> tuple[Any, ...]:
+    """What a remembered signature holds of a tensor: shape, strides, dtype, device."""
+    return (tuple(x.shape), x.stride(), x.dtype, x.device)
+
+
+def _ptr(x: Any) -> int:
+    """A tensor's device address, 0 for None (a NULL argument)."""
+    return 0 if x is None else int(x.data_ptr())
 
 
 def _check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
@@ -77,7 +93,8 @@ def _check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
         _fail(f"{name} on {x.device}: must be on a CUDA device; move it with .cuda()")
     if device is not None and x.device != device:
         _fail(
-            f"{name} on {x.device}, q on {device}: must be on one device; move it with .to(q.device)"
+            f"{name} on {x.device}, q on {device}: must be on one device; "
+            "move it with .to(q.device)"
         )
     if x.dim() != dims:
         _fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
@@ -88,7 +105,8 @@ def _check_operand(name: str, x: Any) -> None:
     aligned (the kernel moves rows in 16-byte copies)."""
     if x.stride(-1) != 1:
         _fail(
-            f"{name}.stride()={tuple(x.stride())}: the last (d) axis must be contiguous; pass {name}.contiguous()"
+            f"{name}.stride()={tuple(x.stride())}: the last (d) axis must be contiguous; "
+            f"pass {name}.contiguous()"
         )
     if any(s % 8 for s in x.stride()[:-1]) or x.data_ptr() % 16:
         _fail(
@@ -129,13 +147,15 @@ def _prepare(
     dv = int(v.shape[3])
     if tuple(v.shape[:3]) != (n0, n1, h_kv):
         _fail(
-            f"v_cache.shape={tuple(v.shape)}: must match k_cache.shape={tuple(k.shape)} but in the last axis"
+            f"v_cache.shape={tuple(v.shape)}: must match k_cache.shape={tuple(k.shape)} "
+            "but in the last axis"
         )
     if dk != d:
         _fail(f"k_cache.shape[-1]={dk}, q.shape[-1]={d}: the head dims must match")
     if b < 1 or tq < 1 or h < 1 or h_kv < 1:
         _fail(
-            f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k.shape)}: every axis must be at least 1"
+            f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k.shape)}: every axis must be "
+            "at least 1"
         )
     if h % h_kv:
         _fail(f"H={h}, H_kv={h_kv}: the query heads must be a multiple of the K/V heads (GQA)")
@@ -160,7 +180,8 @@ def _prepare(
     elif seqlens is not None:
         if isinstance(seqlens, bool) or not isinstance(seqlens, int) or not 0 <= seqlens <= tk:
             _fail(
-                f"cache_seqlens={seqlens!r}: must be an int in [0, {tk}] (the cache's capacity), or an int32 (B,) tensor"
+                f"cache_seqlens={seqlens!r}: must be an int in [0, {tk}] (the cache's "
+                "capacity), or an int32 (B,) tensor"
             )
         tk = int(seqlens)
     if tq * (h // h_kv) > _INT_MAX or tk > _INT_MAX:
@@ -280,18 +301,16 @@ def attention_with_kvcache(
         )
     values = feature_values.from_keywords(features, "attention_with_kvcache")
     seq_key: Any = (
-        (tuple(cache_seqlens.shape), cache_seqlens.stride(), cache_seqlens.dtype, cache_seqlens.device)
-        if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
+        _array_key(cache_seqlens) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
     )  # fmt: skip
     tab_key: Any = (
-        (tuple(block_table.shape), block_table.stride(), block_table.dtype, block_table.device)
-        if isinstance(block_table, torch.Tensor) else block_table
+        _array_key(block_table) if isinstance(block_table, torch.Tensor) else block_table
     )  # fmt: skip
     try:
         key = (
-            *((tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() & 15) for x in (q, k_cache, v_cache)),
+            *((*_array_key(x), x.data_ptr() & 15) for x in (q, k_cache, v_cache)),
             seq_key, tab_key, causal, scale, num_splits, spec,
-            feature_values.signature(values, lambda a: (a.data_ptr(), tuple(a.shape), a.stride(), a.dtype)),
+            feature_values.signature(values, lambda a: (a.data_ptr(), *_array_key(a))),
         )  # fmt: skip
         e = _entries.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
@@ -309,12 +328,12 @@ def attention_with_kvcache(
     o_part = torch.empty(max(n_o, 1), dtype=torch.float32, device=e.device) if n_o else None
     lse_part = torch.empty(max(n_l, 1), dtype=torch.float32, device=e.device) if n_l else None
     counters = _counter_buffer(dev, stream, n_c)
-    ptr = lambda x: 0 if x is None else int(x.data_ptr())  # noqa: E731
     e.launch(
         (
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
-            ptr(o_part), ptr(lse_part), counters.data_ptr(),
-            ptr(cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None), ptr(block_table),
+            _ptr(o_part), _ptr(lse_part), counters.data_ptr(),
+            _ptr(cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None),
+            _ptr(block_table),
         ),
         stream,
     )  # fmt: skip

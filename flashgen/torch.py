@@ -30,6 +30,9 @@ backward too. The choice is made on a signature's first backward call; `clear_ca
 forgets it. A backward through a call the kernels cannot serve (fp32, d > 128, dv != d)
 raises NotImplementedError naming it.
 
+Decoding against a K/V cache (contiguous or paged, variable lengths, split over the keys):
+`attention_with_kvcache`, from `flashgen.kvcache`.
+
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
 LSE is float32 (B, H, Tq), natural log.
@@ -80,7 +83,9 @@ from flashgen.runtime.validate import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
-__all__ = ["SCHEMA", "attention"]
+from flashgen.kvcache import attention_with_kvcache  # noqa: E402  (after torch's import check)
+
+__all__ = ["SCHEMA", "attention", "attention_with_kvcache"]
 
 
 # ---- the features as op arguments --------------------------------------------------------------

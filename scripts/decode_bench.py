@@ -125,7 +125,8 @@ def main() -> int:
             f"B{b:>3} Tk{tk:>7} {h}/{h_kv} Tq{tq}: flashgen {r['flashgen_gbs']:6.0f} GB/s "
             f"({r['flashgen_us']:7.1f} us)  paged16 {r['paged16_gbs']:6.0f}  paged256 "
             f"{r['paged256_gbs']:6.0f}  sdpa {best:6.0f}  copy {r['copy_gbs']:6.0f}  "
-            f"= {r['flashgen_gbs'] / r['copy_gbs']:.2f}x copy, {r['flashgen_gbs'] / max(best, 1e-9):.2f}x sdpa",
+            f"= {r['flashgen_gbs'] / r['copy_gbs']:.2f}x copy, "
+            f"{r['flashgen_gbs'] / max(best, 1e-9):.2f}x sdpa",
             flush=True,
         )
     with open(args.out, "w") as f:

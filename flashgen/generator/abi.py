@@ -70,7 +70,7 @@ as the forward."""
 
 DECODE: tuple[Param, ...] = (
     Param("q", "const T*", "P", "tensor"),
-    Param("k", "const T*", "P", "tensor", "the K cache: (B, Tk, H_kv, d), or pages (n_pages, page_size, H_kv, d)"),
+    Param("k", "const T*", "P", "tensor", "K cache (B, Tk, H_kv, d) or (pages, page, H_kv, d)"),
     Param("v", "const T*", "P", "tensor", "the V cache, laid out as k"),
     Param("o", "T*", "P", "tensor"),
     Param("lse", "float*", "P", "tensor"),
@@ -116,5 +116,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "ROLES", "Param", "declarations", "pointers", "struct_format", "tensor_map",
+    "BWD", "DECODE", "FWD", "ROLES", "Param", "declarations", "pointers", "struct_format",
+    "tensor_map",
 ]  # fmt: skip

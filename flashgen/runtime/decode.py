@@ -9,10 +9,11 @@ and one `cuLaunchKernel` a call). The torch front door is `flashgen.kvcache`.
 
 Splits: the keys each row tile sees are cut into `n_splits` runs of whole tiles, one block
 each, so that B x H_kv x row tiles blocks become enough to fill the GPU
-(`DECODE_WAVES` waves of the blocks it holds at once). A run is at least `DECODE_MIN_TILES_PER_WARP` tiles per
-warp, so that short caches are not cut finer than their loads can hide. The splits are merged
-inside the same launch: the block finishing a row tile's last split adds them by their LSE
-(a counter per row tile, zeroed once at allocation and put back to zero by that block).
+(`DECODE_WAVES` waves of the blocks it holds at once). A run is at least
+`DECODE_MIN_TILES_PER_WARP` tiles per warp, so that short caches are not cut finer than
+their loads can hide. The splits are merged inside the same launch: the block finishing a row
+tile's last split adds them by their LSE (a counter per row tile, zeroed once at allocation
+and put back to zero by that block).
 """
 
 from __future__ import annotations

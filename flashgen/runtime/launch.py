@@ -165,7 +165,8 @@ class Driver:
         """Blocks of `function` (threads each, `smem` dynamic shared memory) one SM holds at
         once (at least 1)."""
         n = ctypes.c_int()
-        rc = self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), function, threads, smem)
+        occupancy = self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
+        rc = occupancy(ctypes.byref(n), function, threads, smem)
         self.check(rc, "asking the occupancy")
         return max(1, n.value)
 

@@ -1,0 +1,126 @@
+"""The decode direction without a GPU: its specs and rules, the variant and split choices, the
+argument table, compiling (ptxas: no spills), and the torch front door's errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from flashgen.generator import abi
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.families.mma.decode import (
+    DECODE_REG_BUDGET,
+    register_estimate,
+)
+from flashgen.generator.render import render
+from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.runtime.decode import (
+    DECODE_MAX_SPLITS,
+    POINTER_ARGS,
+    choose_splits,
+    decode_spec,
+    row_tiles,
+    scratch_sizes,
+)
+
+
+def spec(**kw: object) -> KernelSpec:
+    base: dict[str, object] = {"family": "mma", "direction": "decode", "d": 128, "dtype": "bf16"}
+    base.update(kw)
+    return KernelSpec(**base)  # type: ignore[arg-type]
+
+
+def test_a_decode_spec_has_a_name_that_reads_back():
+    s = spec(causal=True, features=("window", "alibi"))
+    assert s.name.startswith("flash_decode_mma_d128_br16_bc32_bf16_causal_window_alibi_w4_s")
+    assert KernelSpec.from_name(s.name) == s
+    assert "--direction decode" in s.build_command
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"family": "wgmma"}, "family wgmma has no decode kernel; use --family mma"),
+        ({"family": "simt", "dtype": "fp32"}, "no decode kernel"),
+        ({"features": ("gqapack",)}, "always packs a GQA group"),
+        ({"features": ("deterministic",)}, "drop deterministic"),
+        ({"br": 24}, "br=24: the decode kernel's packed rows per block are 16, 32, 48 or 64"),
+        ({"bc": 128}, "bc=128: keys per warp tile must be 16, 32, 48 or 64"),
+        ({"stages": 1}, "stages=1: each warp's K/V ring holds 2, 3 or 4 tiles"),
+        ({"dtype": "fp32"}, "needs a tensor-core dtype"),
+        ({"d": 256, "br": 32, "bc": 16}, "registers per thread"),
+        ({"d": 256, "bc": 32, "stages": 4}, "smem="),
+    ],
+)
+def test_a_bad_decode_spec_is_refused_with_the_rule_and_a_fix(kw: dict[str, object], match: str):
+    with pytest.raises(SpecError, match=re.escape(match)):
+        spec(**kw)
+
+
+@pytest.mark.parametrize("d, rows", [(64, 4), (128, 1), (128, 16), (128, 32), (256, 8), (72, 4)])
+def test_the_chosen_variant_is_valid_and_small(d: int, rows: int):
+    s = decode_spec(d, d, "bf16", False, rows)
+    assert s.direction == "decode" and s.bc == 16 and s.stages == 2
+    assert s.br == (16 if rows <= 16 else 32)
+    assert register_estimate(s.d, s.dv, s.br, s.bc) <= DECODE_REG_BUDGET
+    assert row_tiles(s, 1, rows) == -(-rows // s.br)
+
+
+def test_splits_fill_one_wave_and_never_cut_a_short_cache_too_fine():
+    s = decode_spec(128, 128, "bf16", False, 4)  # bc 16, 2 warps: >= 8 tiles (128 keys) a split
+    assert choose_splits(s, blocks=64, tk=8192, slots=660) == 10
+    assert choose_splits(s, blocks=8, tk=65536, slots=660) == 82
+    assert choose_splits(s, blocks=8, tk=10**6, slots=10**6) == DECODE_MAX_SPLITS
+    assert choose_splits(s, blocks=8, tk=300, slots=660) == 3  # 19 tiles: 3 splits of >= 8
+    assert choose_splits(s, blocks=5000, tk=8192, slots=660) == 1
+    assert choose_splits(s, blocks=8, tk=8192, slots=660, requested=7) == 7
+    assert choose_splits(s, blocks=8, tk=32, slots=660, requested=7) == 2  # 2 tiles only
+
+
+def test_scratch_is_only_allocated_for_several_splits():
+    s = decode_spec(128, 128, "bf16", False, 4)
+    assert scratch_sizes(s, 2, 8, 1, 1) == (0, 0, 16)
+    assert scratch_sizes(s, 2, 8, 1, 4) == (16 * 4 * 16 * 128, 16 * 4 * 16, 16)
+
+
+def test_the_argument_table_names_every_pointer_the_launcher_passes():
+    assert POINTER_ARGS == abi.pointers(abi.DECODE)
+    src = render(decode_spec(128, 128, "bf16", True, 4)).source
+    for p in abi.DECODE:
+        assert re.search(rf"\b{p.name}\b", src), p.name
+
+
+@pytest.mark.parametrize(
+    "d, dv, rows, causal, features",
+    [
+        (128, 128, 4, False, ()),
+        (128, 128, 32, True, ()),
+        (64, 64, 8, True, ("window", "softcap", "alibi")),
+        (256, 256, 8, False, ()),
+        (192, 128, 16, True, ("window",)),
+        (72, 72, 4, False, ("softcap",)),
+    ],
+)
+def test_decode_variants_compile_without_spills(nvcc_required: Path, d, dv, rows, causal, features):
+    s = decode_spec(d, dv, "fp16", causal, rows, features)
+    for arch in ("sm_80", "sm_90"):
+        k = compile_kernel(s, arch)
+        assert k.report.spill_bytes == 0, (s.name, arch, k.report)
+
+
+def test_the_torch_front_door_refuses_cpu_tensors_with_one_clear_error():
+    torch = pytest.importorskip("torch")
+    from flashgen.kvcache import attention_with_kvcache
+
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 32, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"q on cpu: must be on a CUDA device"):
+        attention_with_kvcache(q, k, k)
+    with pytest.raises(ValueError, match=r"num_splits=-1: must be an int >= 0"):
+        attention_with_kvcache(q, k, k, num_splits=-1)
+    with pytest.raises(ValueError, match=r"causal='yes': must be True or False"):
+        attention_with_kvcache(q, k, k, causal="yes")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'windw'"):
+        attention_with_kvcache(q, k, k, windw=(1, 1))
