@@ -132,6 +132,12 @@ class FakeLibcuda:
         _out(ref, self.optin)
         return 0
 
+    def _cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        self, ref: Any, func: Any, threads: int, smem: int
+    ) -> int:
+        _out(ref, max(1, min(32, 2048 // max(threads, 1), (228 * 1024) // max(smem + 1024, 1))))
+        return 0
+
     def _cuFuncSetAttribute(self, func: Any, attr: int, value: int) -> int:
         self.log.append(("set_attribute", attr, value))
         return 0
