@@ -358,6 +358,12 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     for s in specs:
+        if s.direction == "decode":
+            raise BundleError(
+                f"{s.name}: decode kernels are not bundled yet (the bundle's launchers take "
+                "forward and backward variants); bundle forward variants, or call decode from "
+                "flashgen.torch.attention_with_kvcache"
+            )
         if s.direction == "bwd" and not s.fam.bwd_template:
             with_bwd = sorted(f.name for f in FAMILIES.values() if f.bwd_template)
             raise BundleError(

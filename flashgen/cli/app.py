@@ -219,8 +219,9 @@ def spec_options(fn: F) -> F:
         click.option(
             "--direction",
             type=click.Choice(list(DIRECTIONS)),
-            help="fwd (default) or bwd: the backward pass (dQ, dK, dV; family mma, or wgmma "
-            "on sm_90a, d 64/128).",
+            help="fwd (default); bwd: the backward pass (dQ, dK, dV; family mma, or wgmma "
+            "on sm_90a, d 64/128); decode: the K/V-cache decode kernel (family mma; build, "
+            "show and inspect).",
         ),
     ]
     for option in reversed(options):
@@ -269,9 +270,9 @@ def spec_from_options(
             "--d is required (the head dimension, e.g. --d 64), or name a kernel with --name"
         )
     fam = family or DEFAULT_FAMILY
-    if direction == "bwd":  # nothing of the backward ships per tile yet: the spec's defaults
+    if direction in ("bwd", "decode"):  # nothing of these ships per tile: the spec's defaults
         return KernelSpec(
-            family=fam, d=d, direction="bwd", causal=bool(causal), features=feats, dv=dv or 0,
+            family=fam, d=d, direction=direction, causal=bool(causal), features=feats, dv=dv or 0,
             dtype=dtype or family_defaults(fam, d).get("dtype", "bf16"), br=br or 0,
             bc=bc or 0, warps=warps or 0, stages=stages or 0,
         )  # fmt: skip
@@ -589,7 +590,7 @@ Examples:
 @click.option("--family", type=click.Choice(list(FAMILIES)), default=None, help="One family only.")
 @click.option(
     "--direction",
-    type=click.Choice(list(DIRECTIONS)),
+    type=click.Choice(["fwd", "bwd"]),  # no decode variant ships (each is built on first use)
     default="fwd",
     show_default=True,
     help="The forward variants, or the backward ones (dQ, dK, dV).",

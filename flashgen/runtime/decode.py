@@ -69,7 +69,7 @@ def decode_spec(
         try:
             return KernelSpec(
                 family="mma", direction="decode", d=d, dv=dv, dtype=dtype, causal=causal,
-                br=br, bc=16, warps=2 if br == 16 else 4, stages=2, features=features,
+                br=br, bc=16, features=features,
             )  # fmt: skip
         except SpecError as exc:
             last = exc

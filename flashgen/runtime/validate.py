@@ -610,10 +610,16 @@ def validate_inputs(
 
 
 def check_spec_type(spec: Any) -> None:
-    """ValueError unless `spec` is a KernelSpec."""
+    """ValueError unless `spec` is a forward KernelSpec (the forward entry points run those)."""
     if not isinstance(spec, KernelSpec):
         raise ValueError(
             f"spec={spec!r}: must be a KernelSpec; e.g. KernelSpec(d=64, dtype='fp16')"
+        )
+    if spec.direction != "fwd":
+        raise ValueError(
+            f"spec={spec.name}: a direction={spec.direction!r} variant; the forward runs "
+            "direction='fwd' variants (backward ones run through the backward pass, decode ones "
+            "through flashgen.torch.attention_with_kvcache)"
         )
 
 

@@ -246,6 +246,12 @@ def check_problem(
     Sizes must be >= 1 and fit MAX_CHECK_ELEMENTS, the seed >= 0 (NumPy's generators take no
     negative seed), the scale what `validate.check_scale` accepts. Raises ValueError.
     """
+    if spec.direction == "decode":
+        raise ValueError(
+            f"{spec.name}: a decode variant; `check` runs forward and backward variants (decode "
+            "kernels are checked by tests/gpu/test_decode.py and run through "
+            "flashgen.torch.attention_with_kvcache)"
+        )
     for label, value in (("b", b), ("h", h), ("tq", tq), ("tk", tk)):
         if value < 1:
             raise ValueError(f"{label}={value}: must be >= 1; attention needs a non-empty problem")

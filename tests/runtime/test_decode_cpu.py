@@ -34,7 +34,7 @@ def spec(**kw: object) -> KernelSpec:
 
 def test_a_decode_spec_has_a_name_that_reads_back():
     s = spec(causal=True, features=("window", "alibi"))
-    assert s.name.startswith("flash_decode_mma_d128_br16_bc32_bf16_causal_window_alibi_w4_s")
+    assert s.name == "flash_decode_mma_d128_br16_bc16_bf16_causal_window_alibi_w2_s2"
     assert KernelSpec.from_name(s.name) == s
     assert "--direction decode" in s.build_command
 
@@ -124,3 +124,17 @@ def test_the_torch_front_door_refuses_cpu_tensors_with_one_clear_error():
         attention_with_kvcache(q, k, k, causal="yes")
     with pytest.raises(TypeError, match="unexpected keyword argument 'windw'"):
         attention_with_kvcache(q, k, k, windw=(1, 1))
+
+
+def test_forward_entry_points_check_and_bundles_refuse_a_decode_spec():
+    from flashgen.bundle.emit import BundleError, bundle_context
+    from flashgen.runtime.validate import check_spec_type
+    from flashgen.verify.checks import check_problem
+
+    s = spec()
+    with pytest.raises(ValueError, match="direction='decode' variant; the forward runs"):
+        check_spec_type(s)
+    with pytest.raises(ValueError, match="a decode variant; `check` runs forward and backward"):
+        check_problem(s, b=1, h=1, tq=1, tk=1, seed=0, scale=None)
+    with pytest.raises(BundleError, match="decode kernels are not bundled yet"):
+        bundle_context([s])

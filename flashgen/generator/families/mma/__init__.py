@@ -45,7 +45,7 @@ class MmaFamily(Family):
         if spec.direction == "bwd":
             return bwd.default_warps(spec)
         if spec.direction == "decode":
-            return 4
+            return decode.default_warps(spec)
         return max(1, spec.br // 16)
 
     def d_pad(self, spec: KernelSpec) -> int:
@@ -204,6 +204,7 @@ MMA = MmaFamily(
     preference=Preference(rank=1, br=128, bc=64, stages=2, min_major=8),
     bwd_template="mma_bwd.cu.j2",
     decode_template="mma_decode.cu.j2",
+    decode_tile=(16, 16),
     decode_features=frozenset(TOKENS),
     # the forward's run-time features, and dQ without atomics (backward.py)
     bwd_features=frozenset({"deterministic", *TOKENS}),

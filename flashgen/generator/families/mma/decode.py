@@ -48,10 +48,14 @@ def register_estimate(d: int, dv: int, br: int, bc: int) -> int:
     return q_regs + br // 16 * (_pad16(dv) // 2 + bc // 2 + bc // 4)
 
 
+def default_warps(spec: KernelSpec) -> int:
+    """Two warps at one 16-row tile, else four (runtime/decode.py's measured choice)."""
+    return 2 if spec.br == 16 else 4
+
+
 def default_stages(fam: Family, spec: KernelSpec) -> int:
-    """The deepest ring (up to 4) whose shared memory fits every arch the family ships for."""
-    fits = [n for n in (4, 3, 2) if smem_bytes(spec, n) <= fam.smem_limit()]
-    return fits[0] if fits else 2
+    """A two-tile ring: on the H200 the smallest blocks streamed fastest (bench/NOTES.md)."""
+    return 2
 
 
 def merge_fits(spec: KernelSpec, stages: int) -> bool:
