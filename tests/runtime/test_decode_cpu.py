@@ -86,7 +86,7 @@ def test_scratch_is_only_allocated_for_several_splits():
 
 
 def test_the_argument_table_names_every_pointer_the_launcher_passes():
-    assert POINTER_ARGS == abi.pointers(abi.DECODE)
+    assert abi.pointers(abi.DECODE) == POINTER_ARGS
     src = render(decode_spec(128, 128, "bf16", True, 4)).source
     for p in abi.DECODE:
         assert re.search(rf"\b{p.name}\b", src), p.name
