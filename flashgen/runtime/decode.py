@@ -28,7 +28,7 @@ from flashgen.generator import abi
 from flashgen.generator.families.mma.decode import DECODE_REG_BUDGET, register_estimate
 from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.runtime.launch import LaunchPlan, driver
+from flashgen.runtime.launch import LaunchPlan
 
 DECODE_WAVES = 1
 """The split count aims for this many waves of blocks (the SMs times the blocks one SM holds,
@@ -174,27 +174,7 @@ class DecodeLaunch:
 
     def __call__(self, pointers: Sequence[int], stream: int) -> None:
         """Launch on `stream` with `pointers` in POINTER_ARGS order (0 for NULL)."""
-        drv = driver()
-        plan = self.plan
         with self._lock:
             for i, p in enumerate(pointers):
                 self._ptrs[i] = p
-            gx, gy, gz = self.grid
-            cur = ctypes.c_void_p()
-            drv.cuCtxGetCurrent(ctypes.byref(cur))
-            pushed = cur.value != plan.context
-            if pushed:
-                drv.check(drv.cuCtxPushCurrent(plan.context), "making the kernel's context current")
-            try:
-                rc = drv.cuLaunchKernel(
-                    plan.function, gx, gy, gz, plan.block[0], 1, 1, plan.smem, stream,
-                    self.params, None,
-                )  # fmt: skip
-            finally:
-                if pushed:
-                    drv.cuCtxPopCurrent(ctypes.byref(cur))
-        if rc:
-            raise RuntimeError(
-                f"kernel {plan.spec.name} failed (grid {self.grid}, block {plan.block[0]}, "
-                f"{plan.smem} B shared memory): {drv.error(rc)}"
-            )
+            self.plan.launch(self.grid, self.params, stream)

@@ -331,6 +331,31 @@ class LaunchPlan:
             problem.kv_group,
         )
 
+    def launch(self, grid: tuple[int, int, int], params: Any, stream: int) -> None:
+        """`cuLaunchKernel` of this plan's function on `stream` with a `kernelParams` array, in
+        the plan's context (pushed for the launch when another is current); RuntimeError
+        naming the kernel when the driver refuses. (Bound inlines the same for the forward's
+        per-call path.)"""
+        drv = driver()
+        cur = ctypes.c_void_p()
+        drv.cuCtxGetCurrent(ctypes.byref(cur))
+        pushed = cur.value != self.context
+        if pushed:
+            drv.check(drv.cuCtxPushCurrent(self.context), "making the kernel's context current")
+        try:
+            gx, gy, gz = grid
+            rc = drv.cuLaunchKernel(
+                self.function, gx, gy, gz, self.block[0], 1, 1, self.smem, stream, params, None
+            )
+        finally:
+            if pushed:
+                drv.cuCtxPopCurrent(ctypes.byref(cur))
+        if rc:
+            raise RuntimeError(
+                f"kernel {self.spec.name} failed (grid {grid}, block {self.block[0]}, "
+                f"{self.smem} B shared memory): {drv.error(rc)}"
+            )
+
     def bind(
         self, problem: Problem, scale_log2: float, features: FeatureArgs = NO_FEATURES
     ) -> Bound:
