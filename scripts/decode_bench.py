@@ -51,7 +51,9 @@ def timed(fn: Any) -> float:
     return statistics.median(times)
 
 
-def row(b: int, tk: int, h: int, h_kv: int, tq: int, d: int = 128) -> dict[str, Any]:
+def row(
+    b: int, tk: int, h: int, h_kv: int, tq: int, d: int = 128, peers: bool = True
+) -> dict[str, Any]:
     dt = torch.bfloat16
     q = torch.randn(b, tq, h, d, device="cuda", dtype=dt)
     k = torch.randn(b, tk, h_kv, d, device="cuda", dtype=dt)
@@ -67,10 +69,11 @@ def row(b: int, tk: int, h: int, h_kv: int, tq: int, d: int = 128) -> dict[str, 
         "d": d,
         "bytes": nbytes,
     }
-    src = torch.empty(nbytes // 2, device="cuda", dtype=dt)
-    dst = torch.empty_like(src)
-    out["copy_us"] = timed(lambda: dst.copy_(src))
-    src = dst = torch.empty(0, device="cuda", dtype=dt)  # free the copy's buffers
+    if peers:
+        src = torch.empty(nbytes // 2, device="cuda", dtype=dt)
+        dst = torch.empty_like(src)
+        out["copy_us"] = timed(lambda: dst.copy_(src))
+        src = dst = torch.empty(0, device="cuda", dtype=dt)  # free the copy's buffers
     out["flashgen_us"] = timed(lambda: attention_with_kvcache(q, k, v, lens, causal=tq > 1))
     for page in (16, 256):
         n_pages = b * tk // page
@@ -88,6 +91,8 @@ def row(b: int, tk: int, h: int, h_kv: int, tq: int, d: int = 128) -> dict[str, 
         )
     qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     try:
+        if not peers:
+            raise RuntimeError("peers not asked for")
         out["sdpa_us"] = timed(
             lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=False, enable_gqa=True)
         )
@@ -95,7 +100,8 @@ def row(b: int, tk: int, h: int, h_kv: int, tq: int, d: int = 128) -> dict[str, 
         out["sdpa_error"] = str(exc)[:200]
     for key in [k_ for k_ in out if k_.endswith("_us")]:
         out[key.replace("_us", "_gbs")] = nbytes / out[key] / 1e3
-    out["copy_gbs"] *= 2  # a copy of nbytes reads them and writes them: its bandwidth
+    if "copy_gbs" in out:
+        out["copy_gbs"] *= 2  # a copy of nbytes reads them and writes them: its bandwidth
     return out
 
 
@@ -103,6 +109,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--quick", action="store_true", help="a few rows only")
+    ap.add_argument(
+        "--rows", help="rows to run instead, 'B,Tk,H,H_kv,Tq;...' (e.g. '8,8192,32,8,1')"
+    )
+    ap.add_argument("--no-peers", action="store_true", help="flashgen only (no SDPA, no copy)")
     args = ap.parse_args()
     rows = []
     shapes = [(h, h_kv, tq, b, tk) for h, h_kv in ((32, 8), (8, 1)) for tq in (1, 4)
@@ -114,18 +124,24 @@ def main() -> int:
             (32, 8, 1, 32, 4096),
             (8, 1, 4, 8, 32768),
         ]
+    if args.rows:
+        shapes = []
+        for part in args.rows.split(";"):
+            b_, tk_, h_, hkv_, tq_ = (int(x) for x in part.split(","))
+            shapes.append((h_, hkv_, tq_, b_, tk_))
     free = torch.cuda.mem_get_info()[0]
     for h, h_kv, tq, b, tk in shapes:
         if 5 * b * tk * h_kv * 128 * 2 * 2 > free:
             continue
-        r = row(b, tk, h, h_kv, tq)
+        r = row(b, tk, h, h_kv, tq, peers=not args.no_peers)
         rows.append(r)
         best = max(r.get("sdpa_gbs", 0.0), 0.0)
+        copy = r.get("copy_gbs", 0.0)
         print(
             f"B{b:>3} Tk{tk:>7} {h}/{h_kv} Tq{tq}: flashgen {r['flashgen_gbs']:6.0f} GB/s "
             f"({r['flashgen_us']:7.1f} us)  paged16 {r['paged16_gbs']:6.0f}  paged256 "
-            f"{r['paged256_gbs']:6.0f}  sdpa {best:6.0f}  copy {r['copy_gbs']:6.0f}  "
-            f"= {r['flashgen_gbs'] / r['copy_gbs']:.2f}x copy, "
+            f"{r['paged256_gbs']:6.0f}  sdpa {best:6.0f}  copy {copy:6.0f}  "
+            f"= {r['flashgen_gbs'] / max(copy, 1e-9):.2f}x copy, "
             f"{r['flashgen_gbs'] / max(best, 1e-9):.2f}x sdpa",
             flush=True,
         )
