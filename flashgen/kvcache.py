@@ -36,7 +36,7 @@ from flashgen.generator.compile import compile_kernel
 from flashgen.generator.features import FeatureArgs, FeatureKeywords
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
-from flashgen.runtime import feature_values, launch
+from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.decode import (
     DecodeLaunch,
@@ -300,26 +300,65 @@ def attention_with_kvcache(
             f"num_splits={num_splits!r}: must be an int >= 0 (0: chosen from the shapes)"
         )
     values = feature_values.from_keywords(features, "attention_with_kvcache")
-    seq_key: Any = (
-        _array_key(cache_seqlens) if isinstance(cache_seqlens, torch.Tensor) else cache_seqlens
-    )  # fmt: skip
+    if spec is not None and not isinstance(spec, KernelSpec):
+        _fail(f"spec={spec!r}: must be a decode KernelSpec or None")
+    variant = spec.name if spec is not None else None
+    lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+    if lens is None and cache_seqlens is not None and (
+        isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int)
+    ):  # fmt: skip
+        _fail(f"cache_seqlens={cache_seqlens!r}: must be an int32 (B,) tensor, an int or None")
+    seqlen = None if lens is not None else cache_seqlens
+    args = (q, k_cache, v_cache, lens, seqlen, block_table, causal, scale, num_splits, variant)
+    if _direct(q):
+        o, lse = _run(*args, *op_args.op_args(values))
+    else:  # torch.compile, fake tensors, dispatch modes: through the registered op
+        o, lse = _OP(*args, *op_args.op_args(values))
+    return (o, lse) if return_lse else o
+
+
+def _direct(q: Any) -> bool:
+    """True when the dispatcher would add nothing: eager, a plain tensor, no dispatch modes."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor
+        and q.is_cuda
+        and not _dispatch_stack()
+        and not _function_modes()
+    )
+
+
+_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def _run(
+    q: Any, k_cache: Any, v_cache: Any, lens: Any, seqlen: int | None, block_table: Any,
+    causal: bool = False, scale: float | None = None, num_splits: int = 0,
+    variant: str | None = None, *feature_args: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    # (the dispatcher leaves out trailing arguments that equal the schema's defaults)
+    """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
+    values = op_args.values_of(feature_args)
+    seqs: Any = lens if lens is not None else seqlen
+    seq_key: Any = _array_key(lens) if lens is not None else seqlen
     tab_key: Any = (
         _array_key(block_table) if isinstance(block_table, torch.Tensor) else block_table
     )  # fmt: skip
     try:
         key = (
             *((*_array_key(x), x.data_ptr() & 15) for x in (q, k_cache, v_cache)),
-            seq_key, tab_key, causal, scale, num_splits, spec,
+            seq_key, tab_key, causal, scale, num_splits, variant,
             feature_values.signature(values, lambda a: (a.data_ptr(), *_array_key(a))),
         )  # fmt: skip
         e = _entries.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
         key, e = (), None
     if e is None:
+        spec = KernelSpec.from_name(variant) if variant is not None else None
         e = _prepare(
-            key, q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits,
-            values, spec,
-        )  # fmt: skip
+            key, q, k_cache, v_cache, seqs, block_table, causal, scale, num_splits, values, spec
+        )
     dev = e.device.index
     stream = int(torch.cuda.current_stream(dev).cuda_stream)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
@@ -331,13 +370,44 @@ def attention_with_kvcache(
     e.launch(
         (
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
-            _ptr(o_part), _ptr(lse_part), counters.data_ptr(),
-            _ptr(cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None),
-            _ptr(block_table),
+            _ptr(o_part), _ptr(lse_part), counters.data_ptr(), _ptr(lens), _ptr(block_table),
         ),
         stream,
     )  # fmt: skip
-    return (o, lse) if return_lse else o
+    return o, lse
+
+
+def _fake(
+    q: Any, k_cache: Any, v_cache: Any, lens: Any, seqlen: int | None, block_table: Any,
+    causal: bool = False, scale: float | None = None, num_splits: int = 0,
+    variant: str | None = None, *feature_args: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    # (the dispatcher leaves out trailing arguments that equal the schema's defaults)
+    """Shapes only (torch.compile, fake tensors): O (B, Tq, H, dv) like q, LSE (B, H, Tq)."""
+    op_args.values_of(feature_args)  # the scalar features' checks
+    if q.dim() != 4 or v_cache.dim() != 4:
+        _fail(f"q.shape={tuple(q.shape)}, v_cache.shape={tuple(v_cache.shape)}: must be 4-D")
+    b, tq, h, _ = q.shape
+    o = q.new_empty((b, tq, h, v_cache.shape[3]))
+    lse = q.new_empty((b, h, tq), dtype=torch.float32)
+    return o, lse
+
+
+SCHEMA = (
+    "attention_with_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
+    "int? seqlen, Tensor? block_table, bool causal=False, float? scale=None, int num_splits=0, "
+    f"str? variant=None, {op_args.FEATURE_SCHEMA}) -> (Tensor, Tensor)"
+)
+"""The custom op `torch.ops.flashgen.attention_with_kvcache` (cache_seqlens as a tensor, or
+`seqlen` one int for all)."""
+
+_library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
+_LIB: Any = _library.Library("flashgen", "FRAGMENT")
+_LIB.define(SCHEMA)
+_LIB.impl("attention_with_kvcache", _run, "CUDA")
+_LIB.impl("attention_with_kvcache", _run, "CPU")  # validation refuses CPU tensors by name
+_library.register_fake("flashgen::attention_with_kvcache", _fake, lib=_LIB)
+_OP = torch.ops.flashgen.attention_with_kvcache.default
 
 
 def clear_cache() -> None:

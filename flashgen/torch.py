@@ -60,7 +60,6 @@ from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import (
-    RUNTIME_FEATURES,
     Feature,
     FeatureArgs,
     FeatureKeywords,
@@ -68,7 +67,7 @@ from flashgen.generator.features import (
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import backward_family, packs_gqa, select
 from flashgen.generator.spec import KernelSpec
-from flashgen.runtime import feature_values, launch
+from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.validate import (
     Problem,
@@ -88,65 +87,14 @@ from flashgen.kvcache import attention_with_kvcache  # noqa: E402  (after torch'
 __all__ = ["SCHEMA", "attention", "attention_with_kvcache"]
 
 
-# ---- the features as op arguments --------------------------------------------------------------
-# Each feature's kernel arguments are op arguments, in registry order, after the fixed ones
-# (an array feature's as the tensor itself): window_left, window_right, softcap, alibi_slopes.
-def _schema_arg(feature: Feature, name: str, ctype: str, off: Any) -> str:
-    if feature.array:
-        return f"Tensor? {name}=None"
-    kind = {"int": "int", "float": "float"}[ctype]
-    return f"{kind} {name}={off!r}" if kind == "int" else f"{kind} {name}={float(off)!r}"
+# ---- the features as op arguments (runtime/op_args.py) ----------------------------------------
+_op_args = op_args.op_args
+_values = op_args.values_of
+_arrays_of = op_args.arrays_of
+_full = op_args.full
+N_FEATURE_ARGS = op_args.N_FEATURE_ARGS
+FEATURE_SCHEMA = op_args.FEATURE_SCHEMA
 
-
-FEATURE_SCHEMA = ", ".join(
-    _schema_arg(f, p.name, p.ctype, off)
-    for f in RUNTIME_FEATURES
-    for p, off in zip(f.params, f.encode(None), strict=True)
-).replace("=0.0", "=0.")  # the schema parser's spelling of a float default
-"""The features' op arguments: `int window_left=-1, ..., Tensor? alibi_slopes=None`."""
-
-
-def _op_args(values: feature_values.Values) -> tuple[Any, ...]:
-    """A call's feature values (registry order) as op arguments: each feature's `encode`, an
-    array feature's value (a tensor or None) as it is."""
-    return tuple(
-        a
-        for f, v in zip(RUNTIME_FEATURES, values, strict=True)
-        for a in ((v,) if f.array else f.encode(v))
-    )
-
-
-_OFF = _op_args((None,) * len(RUNTIME_FEATURES))  # every feature off, as op arguments
-
-
-def _values(args: tuple[Any, ...]) -> feature_values.Values:
-    """`_op_args`' inverse: the feature values (scalar ones decoded and checked)."""
-    args = _full(args)
-    out, i = [], 0
-    for f in RUNTIME_FEATURES:
-        n = len(f.params)
-        out.append(args[i] if f.array else f.decode(tuple(args[i : i + n])))
-        i += n
-    return tuple(out)
-
-
-def _arrays_of(args: tuple[Any, ...]) -> list[tuple[Feature, Any]]:
-    """(feature, tensor) of each array feature the op arguments carry (not None)."""
-    args = _full(args)
-    out, i = [], 0
-    for f in RUNTIME_FEATURES:
-        if f.array and args[i] is not None:
-            out.append((f, args[i]))
-        i += len(f.params)
-    return out
-
-
-N_FEATURE_ARGS = sum(len(f.params) for f in RUNTIME_FEATURES)
-
-
-def _full(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The feature arguments with the defaults the caller left out (the schema's: off)."""
-    return args if len(args) == N_FEATURE_ARGS else (*args, *_OFF[len(args) :])
 
 SCHEMA = (
     "attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, "

@@ -138,3 +138,37 @@ def test_forward_entry_points_check_and_bundles_refuse_a_decode_spec():
         check_problem(s, b=1, h=1, tq=1, tk=1, seed=0, scale=None)
     with pytest.raises(BundleError, match="decode kernels are not bundled yet"):
         bundle_context([s])
+
+
+def test_the_decode_op_is_registered_and_traces_under_torch_compile():
+    torch = pytest.importorskip("torch")
+    from flashgen.kvcache import SCHEMA, attention_with_kvcache
+
+    op = torch.ops.flashgen.attention_with_kvcache.default
+    assert str(op._schema) == "flashgen::" + SCHEMA
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    for key in ("CUDA", "CPU", "Meta"):
+        assert has_kernel("flashgen::attention_with_kvcache", key), key
+
+    def meta(*shape: int, dtype: object = None) -> object:
+        return torch.empty(*shape, device="meta", dtype=dtype or torch.bfloat16)
+
+    q, k, v = meta(3, 2, 8, 64), meta(40, 16, 2, 64), meta(40, 16, 2, 32)
+    lens, table = meta(3, dtype=torch.int32), meta(3, 5, dtype=torch.int32)
+    o, lse = attention_with_kvcache(q, k, v, lens, block_table=table, return_lse=True, softcap=5.0)
+    assert o.shape == (3, 2, 8, 32) and o.dtype == q.dtype
+    assert lse.shape == (3, 8, 2) and lse.dtype == torch.float32
+
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm: object, example_inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward  # type: ignore[attr-defined]
+
+    def step(q: object, k: object, v: object, lens: object, table: object) -> object:
+        return attention_with_kvcache(q, k, v, lens, block_table=table, causal=True, window=(4, 0))
+
+    torch.compile(step, fullgraph=True, backend=backend)(q, k, v, lens, table)
+    (node,) = [n for n in graphs[0].graph.nodes if n.target is op]
+    assert node.args[6:10] == (True, None, 0, None) and node.args[10:12] == (4, 0)
