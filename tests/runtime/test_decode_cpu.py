@@ -92,6 +92,7 @@ def test_the_argument_table_names_every_pointer_the_launcher_passes():
         assert re.search(rf"\b{p.name}\b", src), p.name
 
 
+@pytest.mark.compile_all  # twelve nvcc runs: the compile-everything check's, not the default's
 @pytest.mark.parametrize(
     "d, dv, rows, causal, features",
     [
