@@ -44,7 +44,7 @@ import numpy as np
 
 from flashgen._version import __version__
 from flashgen.generator import abi
-from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT
+from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT, runs_on
 from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, scratch_shapes
 from flashgen.generator.cache import atomic_write
 from flashgen.generator.dtypes import DTYPES
@@ -549,9 +549,13 @@ def select_variants(
     causal: bool | None = None,
     gpu_name: str | None = None,
     features: Sequence[tuple[str, ...]] = (),
+    arch: str | None = None,
 ) -> list[KernelSpec]:
     """The variants of a `flashgen bundle` request, one per (d, dtype, causal), sorted by name,
     and beside each plain one the same tile compiled with each feature set of `features`.
+    `arch` chooses them for that GPU (its shared memory per block: the 99 KiB of sm_86, sm_89
+    and sm_120 take smaller tiles than sm_80's 163 KiB), from the families that run on it;
+    None: a portable bundle (see below).
 
     Either `names` (exact kernels) or filters: every d in `ds` x dtype in `dtypes` (default
     bf16) x causal (None: both), each served by the variant `select` prefers among the shipped
@@ -566,10 +570,11 @@ def select_variants(
             for opt, given in (("--family", families), ("--d", ds), ("--dtype", dtypes))
             if given
         ]
-        if clash or causal is not None or gpu_name is not None or features:
+        if clash or causal is not None or gpu_name is not None or features or arch is not None:
             clash += ["--causal/--no-causal"] if causal is not None else []
             clash += ["--gpu"] if gpu_name is not None else []
             clash += ["--features"] if features else []
+            clash += ["--arch"] if arch is not None else []
             raise BundleError(
                 f"--name already fixes every variant; drop {', '.join(clash)} or drop --name"
             )
@@ -580,13 +585,16 @@ def select_variants(
             "with --name"
         )
     fams = list(dict.fromkeys(families)) or list(FAMILIES)
+    if arch is not None:
+        fams = _families_on(arch, fams, named=bool(families))
     pool = [s for f in fams for s in shipped(f)]
     # Without --family the bundle is portable: chosen as for sm_80, the oldest arch every
     # plain family runs on (so never an arch-specific family). Naming an arch-specific family
     # (--family wgmma) asks for a bundle of its arch: chosen as for sm_90, where wgmma is
-    # preferred and the other named families serve what it does not.
+    # preferred and the other named families serve what it does not. --arch names the GPU.
     named_specific = [f for f in dict.fromkeys(families) if _family_arch_specific(f)]
-    arch = "sm_90" if named_specific else "sm_80"
+    if arch is None:
+        arch = "sm_90" if named_specific else "sm_80"
     picked: list[KernelSpec] = []
     missing: list[str] = []
     masks = [False, True] if causal is None else [causal]
@@ -656,6 +664,24 @@ def _on_demand(
         except ValueError:  # not a head dim or dtype this family takes
             continue
     return out
+
+
+def _families_on(arch: str, families: Sequence[str], named: bool) -> list[str]:
+    """The families of `families` that run on `arch` (BundleError for an unknown arch, or for a
+    named family that does not run there)."""
+    if arch not in ARCHS:
+        raise BundleError(f"--arch {arch}: unknown arch; choose one of {', '.join(ARCHS)}")
+    # a GPU of arch sm_XY also runs its arch-specific sm_XYa code (wgmma on an sm_90 GPU)
+    targets = [arch] + ([arch + "a"] if arch + "a" in ARCHS else [])
+    runs = [f for f in families if any(runs_on(FAMILIES[f].archs, t) for t in targets)]
+    off = [f for f in families if f not in runs]
+    if named and off:
+        where = "; ".join(f + " " + "/".join(FAMILIES[f].archs) for f in off)
+        raise BundleError(
+            f"--family {'/'.join(off)}: does not run on {arch} (shipped for {where}); drop it "
+            "or choose another --arch"
+        )
+    return runs
 
 
 def _family_arch_specific(name: str) -> bool:

@@ -487,6 +487,7 @@ Examples:
   flashgen bundle attn/ --d 128 --gpu nvidia-h200        the variants tuned for an H200
   flashgen bundle attn/ --name flash_fwd_simt_d64_br32_bc32_fp32_noncausal
   flashgen bundle attn/ --d 128 --features window --features window,softcap
+  flashgen bundle attn/ --d 128 --d 256 --arch sm_86     tiles that fit an RTX 30xx
   cmake -S attn -B attn/build && cmake --build attn/build && attn/build/example
 """,
 )
@@ -529,6 +530,14 @@ Examples:
     help="Also bundle each variant compiled with these features, comma-separated (repeatable: "
     "one set per option; e.g. --features window --features window,softcap).",
 )
+@click.option(
+    "--arch",
+    type=click.Choice(list(ARCHS)),
+    default=None,
+    help="Choose the variants for this GPU arch (e.g. sm_86: tiles that fit its 99 KiB of "
+    "shared memory per block), from the families that run on it (default: a portable bundle, "
+    "chosen as for sm_80).",
+)
 @friendly
 def bundle(
     out: Path,
@@ -539,6 +548,7 @@ def bundle(
     causal: bool | None,
     gpu_name: str | None,
     feature_sets: tuple[str, ...],
+    arch: str | None,
 ) -> None:
     """Write a self-contained CMake bundle to DIR: kernels, C-ABI launchers, header, example.
 
@@ -549,7 +559,7 @@ def bundle(
     """
     specs = select_variants(
         names=names, families=families, ds=ds, dtypes=dtypes, causal=causal, gpu_name=gpu_name,
-        features=[parse_features(f) for f in feature_sets],
+        features=[parse_features(f) for f in feature_sets], arch=arch,
     )  # fmt: skip
     _write_bundle(specs, out)
 

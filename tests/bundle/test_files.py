@@ -116,6 +116,35 @@ def test_select_takes_wgmma_when_the_family_is_named() -> None:
         select_variants(families=["wgmma"], ds=[32], dtypes=["fp32"], causal=True)
 
 
+def test_select_for_an_arch_takes_tiles_that_fit_its_shared_memory() -> None:
+    from flashgen.generator.arch import ARCHS
+
+    for arch in ("sm_86", "sm_89", "sm_120"):
+        picked = select_variants(ds=[64, 128, 256], arch=arch)
+        assert len(picked) == 6
+        assert all(s.smem_bytes <= ARCHS[arch].smem_per_block for s in picked), arch
+        assert picked == sorted(
+            [select(d, "bf16", c, arch) for d in (64, 128, 256) for c in (False, True)],
+            key=lambda s: s.name,
+        )
+    # the portable default (as sm_80) has d 128 and 256 tiles over 99 KiB: an sm_86 GPU
+    # could not run them
+    assert max(s.smem_bytes for s in select_variants(ds=[128, 256])) > ARCHS["sm_86"].smem_per_block
+    # an sm_90 GPU runs the sm_90a family too
+    assert {s.family for s in select_variants(ds=[64, 128], arch="sm_90")} == {"wgmma"}
+    with pytest.raises(BundleError, match="--family wgmma: does not run on sm_86"):
+        select_variants(families=["wgmma"], ds=[128], arch="sm_86")
+    with pytest.raises(BundleError, match="drop --arch or drop --name"):
+        select_variants(names=[SIMT.name], arch="sm_86")
+
+
+def test_cli_bundle_arch(tmp_path: Path) -> None:
+    result = run("bundle", str(tmp_path / "a"), "--d", "256", "--causal", "--arch", "sm_86")
+    assert result.exit_code == 0, result.output
+    (spec,) = select_variants(ds=[256], causal=True, arch="sm_86")
+    assert (tmp_path / "a" / "kernels" / f"{spec.name}.cu").is_file()
+
+
 def test_select_with_a_tuning_table_uses_its_winners() -> None:
     picked = select_variants(ds=[128], causal=True, gpu_name="nvidia-h200")
     tuned = lookup("nvidia-h200", 128, "bf16", True)
