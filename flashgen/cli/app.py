@@ -50,7 +50,12 @@ from flashgen.generator.compile import (
 )
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, WgmmaFamily, family_of
-from flashgen.generator.nvcc import NvccNotFound, NvccSettingError, nvcc_timeout
+from flashgen.generator.nvcc import (
+    NvccNotFound,
+    NvccSettingError,
+    bundle_toolkit_note,
+    nvcc_timeout,
+)
 from flashgen.generator.render import render
 from flashgen.generator.select import default_fields, family_defaults
 from flashgen.generator.space import pruned, shipped
@@ -469,6 +474,9 @@ def _write_bundle(specs: list[KernelSpec], out: Path) -> None:
         click.echo(f"{'wrote' if changed else 'unchanged'} {path} ({size})")
     for stale in stale_kernels(files, out):
         click.echo(f"note: {stale} is not part of this bundle (not built; delete it)", err=True)
+    toolkit = bundle_toolkit_note()
+    if toolkit:
+        click.echo(f"note: {toolkit}", err=True)
     n = len(files) - len(specs)
     click.echo(
         f"bundle {out}: {len(specs)} variant{'s' if len(specs) > 1 else ''} + {n} files; "

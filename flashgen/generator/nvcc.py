@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -122,3 +123,38 @@ def _excerpt(text: str, limit: int = 80) -> str:
     """The first line of `text`, cut to `limit` characters."""
     first = text.splitlines()[0] if text else ""
     return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+# the static runtime libraries CMake's CUDA language links a bundle's example and library with
+BUNDLE_RUNTIME_LIBS = ("libcudart_static.a", "cudart_static.lib")
+
+
+def bundle_toolkit_note() -> str | None:
+    """Why CMake cannot build a C bundle with the nvcc flashgen finds, or None when it can.
+
+    A bundle links the CUDA runtime statically (`cudart_static`): the nvcc of a CUDA toolkit
+    has it in the library folders `nvcc -dryrun` lists; the PyPI wheel's nvcc (`flashgen[nvcc]`)
+    compiles kernels without it.
+    """
+    try:
+        nvcc = find_nvcc()
+    except NvccNotFound:
+        return (
+            "no nvcc found: building this bundle with CMake needs a CUDA toolkit (nvcc and the "
+            "CUDA runtime libraries)"
+        )
+    try:
+        proc = subprocess.run(
+            [str(nvcc), "-dryrun", "-cudart", "static", "bundle_probe.cu", "-o", "bundle_probe"],
+            capture_output=True, text=True, check=False, timeout=60.0,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # nothing to say for sure: CMake will report it
+    dirs = [Path(d) for d in re.findall(r'-L"?([^"\s]+)"?', proc.stdout + proc.stderr)]
+    if any((d / lib).is_file() for d in dirs for lib in BUNDLE_RUNTIME_LIBS):
+        return None
+    return (
+        f"the nvcc flashgen finds ({nvcc}) has no static CUDA runtime (libcudart_static) in "
+        "its library folders: it compiles kernels, but CMake needs a CUDA toolkit to build this "
+        "bundle; install one, or build the bundle where one is"
+    )

@@ -263,3 +263,26 @@ def test_cli_errors_are_one_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def _fake_nvcc(tmp_path: Path, with_runtime: bool) -> Path:
+    """An nvcc stand-in whose -dryrun names a library folder, with or without cudart_static."""
+    lib = tmp_path / "targets" / "lib"
+    lib.mkdir(parents=True)
+    if with_runtime:
+        (lib / "libcudart_static.a").write_bytes(b"!<arch>\n")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\necho \'#$ LIBRARIES=  "-L{lib}/stubs" "-L{lib}"\' >&2\n')
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+@pytest.mark.parametrize("with_runtime", [False, True])
+def test_cli_bundle_says_when_its_nvcc_cannot_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_runtime: bool
+) -> None:
+    monkeypatch.setenv("FLASHGEN_NVCC", str(_fake_nvcc(tmp_path / "cuda", with_runtime)))
+    result = run("bundle", str(tmp_path / "b"), "--d", "64", "--causal")
+    assert result.exit_code == 0, result.output
+    said = "has no static CUDA runtime (libcudart_static) in its library folders" in result.stderr
+    assert said == (not with_runtime), result.stderr
