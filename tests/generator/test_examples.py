@@ -152,7 +152,7 @@ def test_cli_reference_shows_the_help_of_every_command() -> None:
 # ---- the license ---------------------------------------------------------------------------------
 def test_license_file_is_the_license_pyproject_declares() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'license = { text = "Apache-2.0" }' in pyproject
+    assert 'license = "Apache-2.0"' in pyproject and 'license-files = ["LICENSE"]' in pyproject
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
