@@ -386,6 +386,7 @@ def test_wgmma_backward_maps_are_the_ones_tma_py_encodes(
         assert [tuple(int(x) for x in m.split(",")) for m in maps] == encoded, line
 
 
+@pytest.mark.compile_all  # nvcc-heavy: runs with the compile-everything check
 def test_backward_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> None:
     """As for the forward: the three declarations beside the kernels' definitions compile, and
     a changed one does not (wgmma: with its four tensor maps first)."""

@@ -61,6 +61,7 @@ def device_rule(spec: KernelSpec, cc: int) -> tuple[int, str]:
     return INVALID_DEVICE_FUNCTION, why
 
 
+@pytest.mark.compile_all  # nvcc-heavy: runs with the compile-everything check
 def test_launcher_declarations_match_the_kernel_definitions(tmp_path: Path) -> None:
     write_bundle(bundle_files(TRIO), tmp_path)
     assert_declarations_match(tmp_path, TRIO, "tq")

@@ -543,6 +543,7 @@ def _build_in_process(name: str, barrier: Any, out: Any) -> None:
         out.put(("error", f"{type(exc).__name__}: {exc}", None))
 
 
+@pytest.mark.compile_all  # nvcc-heavy: runs with the compile-everything check
 def test_eight_processes_build_once_and_all_get_the_same_cubin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nvcc_required: Path
 ) -> None:

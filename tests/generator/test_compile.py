@@ -87,6 +87,7 @@ def _judge(spec: KernelSpec, arch: str, out: ResourceReport | Exception) -> str 
     return None
 
 
+@pytest.mark.compile_all  # nvcc-heavy: runs with the compile-everything check
 def test_a_batched_compile_reports_what_single_compiles_report(nvcc_required: Path) -> None:
     """The compile-all check's premise: ptxas's registers, spills and stack of a kernel are the
     same whether it is compiled alone or in a batch (two variants of each family, their archs)."""
@@ -417,6 +418,7 @@ def test_nvcc_timeout_defaults_and_follows_the_environment(
 NEW_ARCHS = ["sm_86", "sm_89", "sm_100", "sm_120"]
 
 
+@pytest.mark.compile_all  # nvcc-heavy: runs with the compile-everything check
 @pytest.mark.parametrize("arch", NEW_ARCHS)
 def test_kernels_compile_for_gpus_beyond_sm80_and_sm90(
     nvcc_required: Path, tmp_path: Path, arch: str

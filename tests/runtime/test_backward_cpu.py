@@ -265,6 +265,7 @@ def _compile_report(job: tuple[KernelSpec, str]) -> list[str]:
     return bad
 
 
+@pytest.mark.compile_all  # nvcc-heavy: runs with the compile-everything check
 @requires_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_deterministic_mode_has_no_atomics_in_its_ptx(arch: str) -> None:

@@ -43,7 +43,9 @@ def test_compile_all_is_deselected_by_default_and_selected_by_its_marker() -> No
     assert "deselected" in default
     selected = _collect("-m", "compile_all")
     lines = [ln for ln in selected.splitlines() if "::" in ln]
-    assert lines and all("test_every_shipped_variant_compiles" in ln for ln in lines), lines
+    assert any("test_every_shipped_variant_compiles" in ln for ln in lines), lines
+    # the nvcc-heavy tests marked beside it leave the default run
+    assert not [ln for ln in lines if ln.strip() in default.splitlines()]
 
 
 def test_ci_runs_the_default_suite_and_the_compile_all_check() -> None:
