@@ -22,6 +22,7 @@ synchronization: that sequence's rows come back NaN (O and LSE), never silently 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -323,13 +324,26 @@ def _direct(q: Any) -> bool:
         not torch.compiler.is_compiling()
         and type(q) is torch.Tensor
         and q.is_cuda
-        and not _dispatch_stack()
-        and not _function_modes()
+        and not dispatch_stack()
+        and not function_modes()
     )
 
 
-_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
-_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+# torch's own probes, shared with flashgen.torch (which imports them from here)
+dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def _raw_stream_fn() -> Callable[[int], int]:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw  # type: ignore[no-any-return]
+    return lambda dev: int(torch.cuda.current_stream(dev).cuda_stream)
+
+
+raw_stream: Callable[[int], int] = _raw_stream_fn()
+"""The current CUDA stream of a device as a CUstream handle (torch's C entry point when it has
+one: a call per launch, so the cheapest)."""
 
 
 def _run(
@@ -360,7 +374,7 @@ def _run(
             key, q, k_cache, v_cache, seqs, block_table, causal, scale, num_splits, values, spec
         )
     dev = e.device.index
-    stream = int(torch.cuda.current_stream(dev).cuda_stream)
+    stream = raw_stream(dev)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
     lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
     n_o, n_l, n_c = e.scratch

@@ -82,7 +82,12 @@ from flashgen.runtime.validate import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
-from flashgen.kvcache import attention_with_kvcache  # noqa: E402  (after torch's import check)
+from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
+    attention_with_kvcache,
+    dispatch_stack,
+    function_modes,
+    raw_stream,
+)
 
 __all__ = ["SCHEMA", "attention", "attention_with_kvcache"]
 
@@ -204,13 +209,6 @@ def _feature_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _raw_stream_fn() -> Callable[[int], int]:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw  # type: ignore[no-any-return]
-    return lambda dev: int(torch.cuda.current_stream(dev).cuda_stream)
-
-
 def _run(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
     variant: str | None = None, *rest: Any,
@@ -239,7 +237,7 @@ def _run(
     return o, lse
 
 
-_raw_stream: Callable[[int], int] = _raw_stream_fn()
+_raw_stream = raw_stream  # flashgen.kvcache's
 
 
 def _device_arch(dev: int) -> str:
@@ -546,9 +544,7 @@ def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
 _LIB.impl("attention", _run, "CUDA")
 _LIB.impl("attention", _cpu, "CPU")
 _library.register_fake("flashgen::attention", _fake, lib=_LIB)
-_library.register_autograd(
-    "flashgen::attention", _backward, setup_context=_setup_context, lib=_LIB
-)
+_library.register_autograd("flashgen::attention", _backward, setup_context=_setup_context, lib=_LIB)
 
 _OP = torch.ops.flashgen.attention.default
 _BWD_OP = torch.ops.flashgen.attention_backward.default
@@ -569,8 +565,8 @@ _variant_name: Callable[[KernelSpec], str] = _assume_constant_result(_spec_name)
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
-_dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
-_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+_dispatch_stack = dispatch_stack  # flashgen.kvcache's
+_function_modes = function_modes
 
 
 def _direct(q: Any, k: Any, v: Any) -> bool:
