@@ -34,7 +34,7 @@ except ImportError as _exc:  # one line, says what is missing
     ) from None
 
 from flashgen.generator.compile import compile_kernel
-from flashgen.generator.features import FeatureArgs, FeatureKeywords
+from flashgen.generator.features import Feature, FeatureArgs, FeatureKeywords
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, launch, op_args
@@ -188,7 +188,7 @@ def _prepare(
     if tq * (h // h_kv) > _INT_MAX or tk > _INT_MAX:
         _fail(f"Tq={tq} x group={h // h_kv}, Tk={tk}: must stay below 2^31")
     scale_value = check_scale(scale, d)
-    features = _feature_args(values, q, h)
+    features = feature_args(values, q, h)
     spec = decode_spec(d, dv, dtype, causal, tq * (h // h_kv), features.tokens)
     if chosen is not None:
         want = (d, dv, dtype, causal, tuple(features.tokens))
@@ -225,13 +225,19 @@ def _prepare(
     return entry
 
 
-def _feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:
-    def pointer(feature: Any, tensor: Any) -> int:
+def feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:
+    """A call's feature values validated for q's device and its `h` query heads: scalar ones
+    by their feature, array ones' shape, dtype, layout and device (shared with flashgen.torch)."""
+
+    def pointer(feature: Feature, tensor: Any) -> int:
         feature.check_array(tuple(tensor.shape), tensor.dtype, h)
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
-            _fail(f"{feature.keyword}: must be a contiguous torch tensor")
+        if not tensor.is_contiguous():
+            _fail(f"{feature.keyword}: must be contiguous; pass {feature.keyword}.contiguous()")
         if tensor.device != q.device:
-            _fail(f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one device")
+            _fail(
+                f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one "
+                "device; move them with .to(q.device)"
+            )
         ptr = int(tensor.data_ptr())
         feature.check(ptr)
         return ptr

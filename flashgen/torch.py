@@ -60,7 +60,6 @@ from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import (
-    Feature,
     FeatureArgs,
     FeatureKeywords,
 )
@@ -85,6 +84,7 @@ if TYPE_CHECKING:
 from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     attention_with_kvcache,
     dispatch_stack,
+    feature_args,
     function_modes,
     raw_stream,
 )
@@ -249,23 +249,7 @@ def _feature_args(problem: Problem, args: tuple[Any, ...], q: Any) -> FeatureArg
     """A call's feature values from its op arguments, validated (the forward's and the
     backward's): scalar ones by their feature, array ones' shape, dtype, layout and device
     (q's)."""
-
-    def pointer(feature: Feature, tensor: Any) -> int:
-        feature.check_array(tuple(tensor.shape), tensor.dtype, problem.h)
-        if not tensor.is_contiguous():
-            raise ValueError(
-                f"{feature.keyword}: must be contiguous; pass {feature.keyword}.contiguous()"
-            )
-        if tensor.device != q.device:
-            raise ValueError(
-                f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one "
-                "device; move them with .to(q.device)"
-            )
-        ptr = int(tensor.data_ptr())
-        feature.check(ptr)
-        return ptr
-
-    return feature_values.bind(_values(args), pointer)
+    return feature_args(_values(args), q, problem.h)
 
 
 def _prepare(
