@@ -1,0 +1,267 @@
+"""C++ for a hook: readable inline functions a kernel template calls per score element.
+
+For a score_mod hook named N (default `score_mod_<digest>`) three functions are emitted:
+
+    float N(float score, int b, int h, int q_idx, int kv_idx, int q_len, int kv_len, AUX...)
+    float N_grad(<the same parameters>)                  // d N / d score
+    float N_value_grad(<the same parameters>, float& dscore)  // both, sharing their work
+
+and for a mask_mod hook `bool N(int b, int h, int q_idx, int kv_idx, int q_len, int kv_len,
+AUX...)`, true for a key the query keeps. Every input is always a parameter, in this order,
+used or not, so a template calls every hook the same way. `score` is the scaled score in
+natural-log units (scale * q.k); the result is too (the kernels multiply by log2(e) after).
+`q_len`, `kv_len` are Tq and Tk. AUX are the aux declarations in order: a rank-0 aux is
+`float name` / `int name` by value; rank 1 is `const float* __restrict__ name` (or `const int*`);
+rank 2 is that pointer then `int name_stride`, its row stride in elements (element [i, j] is
+`name[(long long)i * name_stride + j]`). Aux reads are unchecked: call a hook only for rows and
+keys inside the problem (q_idx < q_len, kv_idx < kv_len), or pass clamped indices.
+
+The body has one `const` statement per shared subexpression (`t0`, `t1`, ...; also one for an
+expression too long to read inline); everything else is inlined, fully parenthesized. Float math
+is fp32 and int math int32. Math functions: `math="precise"` (the default) emits libdevice's
+`expf`, `logf`, `tanhf` (within 2 ulp); `math="fast"` emits `fg_fast_exp` / `fg_fast_log`
+(`__expf`/`__logf` on the SFU) and `fg_fast_tanh` (`tanh.approx.f32`), for 16-bit kernels whose
+error budget allows it, as the softcap's 16-bit path does in templates/_common.cuh.j2 (on the
+host these fall back to the precise functions). minimum/maximum of floats are fminf/fmaxf.
+
+Helpers (`fg_floordiv`, `fg_mod`: Python's floor semantics; int min/max/abs; the fast math
+functions) come once per translation unit from `helpers()`, behind an include guard; they are
+`__host__ __device__`, as is any hook emitted with `qualifiers=HOST_DEVICE`, so the same code
+can be run on the CPU against the oracle.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal
+
+from flashgen.generator.hooks.aux import Aux
+from flashgen.generator.hooks.expr import INPUTS, INT32_MIN, DType, Expr, postorder, to_text
+from flashgen.generator.hooks.hook import Hook
+
+DEVICE = "__device__ __forceinline__"
+"""The default qualifiers: what the kernel templates' own helpers use."""
+HOST_DEVICE = "__host__ __device__ __forceinline__"
+"""Qualifiers for a hook also compiled for the host (tests run it against the oracle)."""
+Math = Literal["precise", "fast"]
+INLINE_LIMIT = 72  # an inline expression longer than this gets a statement of its own
+
+_CTYPE = {DType.FLOAT: "float", DType.INT: "int", DType.BOOL: "bool"}
+_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+    "and": "&&",
+    "or": "||",
+}
+_MATH = {
+    "precise": {"exp": "expf", "log": "logf", "tanh": "tanhf"},
+    "fast": {"exp": "fg_fast_exp", "log": "fg_fast_log", "tanh": "fg_fast_tanh"},
+}
+
+HELPERS = r"""#ifndef FLASHGEN_HOOK_HELPERS
+#define FLASHGEN_HOOK_HELPERS
+// Helpers of flashgen's score_mod / mask_mod functions.
+// Python's floor division and modulo on int32 (C++'s / and % truncate toward zero):
+// -7 // 2 == -4 and -7 % 2 == 1. A zero divisor is undefined, as for / and %.
+__host__ __device__ __forceinline__ int fg_floordiv(int a, int b) {
+  const int q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+__host__ __device__ __forceinline__ int fg_mod(int a, int b) {
+  const int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+__host__ __device__ __forceinline__ int fg_imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int fg_imax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ __forceinline__ int fg_iabs(int a) { return a < 0 ? -a : a; }
+// math="fast": the SFU's approximations on the device, the precise functions on the host
+__host__ __device__ __forceinline__ float fg_fast_exp(float x) {
+#ifdef __CUDA_ARCH__
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+__host__ __device__ __forceinline__ float fg_fast_log(float x) {
+#ifdef __CUDA_ARCH__
+  return __logf(x);
+#else
+  return logf(x);
+#endif
+}
+__host__ __device__ __forceinline__ float fg_fast_tanh(float x) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+#endif  // FLASHGEN_HOOK_HELPERS
+"""
+
+
+def helpers() -> str:
+    """The helper functions every hook's code may call (once per translation unit; guarded)."""
+    return HELPERS
+
+
+def parameters(hook: Hook) -> list[tuple[str, str]]:
+    """The generated functions' parameters as (C type, name), in order (see the module doc)."""
+    names = [n for n in INPUTS if hook.kind == "score_mod" or n != "score"]
+    out = [(_CTYPE[INPUTS[n]], n) for n in names]
+    for a in hook.aux:
+        out += aux_parameters(a)
+    return out
+
+
+def aux_parameters(a: Aux) -> list[tuple[str, str]]:
+    """One aux declaration's parameters: a scalar by value, or the pointer (and row stride)."""
+    if a.ndim == 0:
+        return [(a.ctype, a.name)]
+    pointer = [(f"const {a.ctype}* __restrict__", a.name)]
+    return pointer + ([("int", f"{a.name}_stride")] if a.ndim == 2 else [])
+
+
+def signature(hook: Hook, name: str, qualifiers: str = DEVICE, *, grad_out: bool = False) -> str:
+    """`qualifiers ret name(params)`: the declaration of a generated function."""
+    params = [f"{t} {n}" for t, n in parameters(hook)]
+    if grad_out:
+        params.append("float& dscore")
+    ret = "float" if hook.kind == "score_mod" else "bool"
+    return f"{qualifiers} {ret} {name}({', '.join(params)})"
+
+
+def default_name(hook: Hook) -> str:
+    """`score_mod_<digest>` / `mask_mod_<digest>`: a name unique to the hook's identity."""
+    return f"{hook.kind}_{hook.digest}"
+
+
+def emit_hook(
+    hook: Hook, name: str | None = None, qualifiers: str = DEVICE, math: Math = "precise"
+) -> str:
+    """The C++ functions of one hook (a score_mod's value, derivative and both; a mask_mod's
+    one), preceded by a comment naming the hook and its expression. Needs `helpers()` first."""
+    name = name or default_name(hook)
+    what = f"// {hook.kind} {hook.name or '?'} (hook {hook.digest}): {to_text(hook.expr)}\n"
+    if hook.kind == "mask_mod":
+        return what + _function(signature(hook, name, qualifiers), [hook.expr], math)
+    grad = hook.grad
+    parts = [
+        _function(signature(hook, name, qualifiers), [hook.expr], math),
+        f"// d {name} / d score: {to_text(grad)}\n"
+        + _function(signature(hook, f"{name}_grad", qualifiers), [grad], math),
+        f"// {name} and its derivative (into dscore) at once\n"
+        + _function(
+            signature(hook, f"{name}_value_grad", qualifiers, grad_out=True), [hook.expr, grad], math
+        ),
+    ]
+    return what + "\n".join(parts)
+
+
+def emit_source(*hooks: Hook, qualifiers: str = DEVICE, math: Math = "precise") -> str:
+    """The helpers and every hook's functions (default names): a self-contained block."""
+    return "\n".join([helpers(), *(emit_hook(h, None, qualifiers, math) for h in hooks)])
+
+
+# ---- the body ------------------------------------------------------------------------------
+
+
+def _function(decl: str, roots: list[Expr], math: Math) -> str:
+    """A function body returning roots[0] (and, with two roots, writing roots[1] to dscore)."""
+    nodes = postorder(*roots)
+    uses: Counter[int] = Counter(id(r) for r in roots)
+    for n in nodes:
+        uses.update(id(a) for a in n.args)
+    text: dict[int, str] = {}
+    lines: list[str] = []
+    for n in nodes:
+        inline = _render(n, [text[id(a)] for a in n.args], math)
+        leaf = n.op in ("const", "input", "scalar")
+        # a root used once is returned as it stands, however long
+        long = len(inline) > INLINE_LIMIT and not any(n is r for r in roots)
+        if not leaf and (uses[id(n)] > 1 or long):
+            var = f"t{len(lines)}"
+            lines.append(f"  const {_CTYPE[n.dtype]} {var} = {_unwrap(inline)};")
+            text[id(n)] = var
+        else:
+            text[id(n)] = inline
+    if len(roots) == 2:
+        lines.append(f"  dscore = {_unwrap(text[id(roots[1])])};")
+    lines.append(f"  return {_unwrap(text[id(roots[0])])};")
+    return decl + " {\n" + "\n".join(lines) + "\n}\n"
+
+
+def _unwrap(text: str) -> str:
+    """`text` without one pair of outer parentheses, when they enclose all of it."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i < len(text) - 1:
+            return text  # "(a) + (b)": the first pair closes early
+    return text[1:-1]
+
+
+def _render(n: Expr, args: list[str], math: Math) -> str:
+    """n's C++ text given its operands' texts; compound forms come parenthesized."""
+    op = n.op
+    if op == "const":
+        return _literal(n.value, n.dtype)
+    if op == "input":
+        return str(n.value)
+    if op == "scalar":
+        return str(n.value.name)
+    if op == "load":
+        a: Aux = n.value
+        if a.ndim == 1:
+            return f"{a.name}[{_unwrap(args[0])}]"
+        # 64-bit offset: i * stride may pass 2^31 in a large table
+        return f"{a.name}[(long long){args[0]} * {a.name}_stride + {args[1]}]"
+    if op in _INFIX:
+        return f"({args[0]} {_INFIX[op]} {args[1]})"
+    if op == "neg":
+        return f"(-{args[0]})"
+    if op == "not":
+        return f"(!{args[0]})"
+    if op == "to_float":
+        return f"(float){args[0]}"
+    if op == "where":
+        return f"({args[0]} ? {args[1]} : {args[2]})"
+    if op in ("floordiv", "mod"):
+        return f"fg_{op}({_unwrap(args[0])}, {_unwrap(args[1])})"
+    if op in ("min", "max", "abs"):
+        fn = {"min": "fminf", "max": "fmaxf", "abs": "fabsf"}[op]
+        if n.dtype is DType.INT:
+            fn = {"min": "fg_imin", "max": "fg_imax", "abs": "fg_iabs"}[op]
+        return f"{fn}({', '.join(_unwrap(x) for x in args)})"
+    if op in ("exp", "log", "tanh"):
+        return f"{_MATH[math][op]}({_unwrap(args[0])})"
+    raise AssertionError(f"no C++ for {op}")
+
+
+def _literal(v: bool | int | float, dtype: DType) -> str:
+    if dtype is DType.BOOL:
+        return "true" if v else "false"
+    if dtype is DType.INT:
+        if v == INT32_MIN:
+            return "(-2147483647 - 1)"  # 2147483648 alone is not an int literal
+        return f"({v})" if v < 0 else str(v)
+    f = float(v)
+    if f != f:
+        return "NAN"
+    if f in (float("inf"), float("-inf")):
+        return "INFINITY" if f > 0 else "(-INFINITY)"
+    text = repr(f) + "f"  # shortest round-trip decimal; the compiler rounds it to fp32
+    return f"({text})" if f < 0 or text.startswith("-") else text
