@@ -162,7 +162,9 @@ def emit_hook(
         + _function(signature(hook, f"{name}_grad", qualifiers), [grad], math),
         f"// {name} and its derivative (into dscore) at once\n"
         + _function(
-            signature(hook, f"{name}_value_grad", qualifiers, grad_out=True), [hook.expr, grad], math
+            signature(hook, f"{name}_value_grad", qualifiers, grad_out=True),
+            [hook.expr, grad],
+            math,
         ),
     ]
     return what + "\n".join(parts)

@@ -37,7 +37,7 @@ import enum
 import math
 import weakref
 from collections.abc import Callable
-from typing import Any, NoReturn, Union
+from typing import Any, NoReturn
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -179,7 +179,7 @@ class Expr:
     def __ne__(self, other: object) -> Expr:  # type: ignore[override]
         return _compare("ne", self, other)
 
-    # ---- & | ~ on bools: the logical operations (FlexAttention users write masks this way) --------
+    # ---- & | ~ on bools: the logical operations (FlexAttention users write masks so) ----
     def __and__(self, other: Operand) -> Expr:
         return _logical("and", "&", self, other)
 
@@ -289,7 +289,7 @@ class Expr:
         )
 
 
-Operand = Union[Expr, bool, int, float]
+Operand = Expr | bool | int | float
 """What the operators take: an expression or a Python number."""
 
 _TABLE: weakref.WeakValueDictionary[tuple[Any, ...], Expr] = weakref.WeakValueDictionary()

@@ -39,9 +39,7 @@ def softcap_score(score: Expr, b: Expr, h: Expr, q_idx: Expr, kv_idx: Expr, cap:
     return cap * tanh(score / cap)
 
 
-def alibi_score(
-    score: Expr, b: Expr, h: Expr, q_idx: Expr, kv_idx: Expr, slopes: AuxRef
-) -> Expr:
+def alibi_score(score: Expr, b: Expr, h: Expr, q_idx: Expr, kv_idx: Expr, slopes: AuxRef) -> Expr:
     """ALiBi, the `alibi` feature: s - slope[h] * |p - j| with one float32 slope per query
     head (natural-log units)."""
     return score - slopes[h] * abs_(key_position(q_idx) - kv_idx)

@@ -202,5 +202,5 @@ def evaluate_hook(
             raise ValueError(f"score_mod {hook.name}: pass score, an array of shape {shape}")
         inputs["score"] = np.asarray(score, np.float64)
     expr = hook.grad if grad else hook.expr
-    out = evaluate(expr, inputs, aux)
-    return np.broadcast_to(out, shape).copy()
+    out: Array = np.broadcast_to(evaluate(expr, inputs, aux), shape).copy()
+    return out

@@ -87,6 +87,15 @@ def _check_aux(label: str, aux: tuple[Aux, ...]) -> None:
                 HookValueError,
             )
         seen.add(a.name)
+    strides = {f"{a.name}_stride": a.name for a in aux if a.ndim == 2}
+    for a in aux:
+        if a.name in strides:
+            fail(
+                f"{label}: aux name {a.name!r}",
+                f"is the C++ name of the row stride of {strides[a.name]} (a 2-D aux tensor)",
+                f"rename it, e.g. {a.name}_",
+                HookValueError,
+            )
 
 
 def _check_arity(
@@ -106,8 +115,10 @@ def _check_arity(
     try:
         sig.bind(*range(count))
     except TypeError:
+        stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+        shown = ", ".join(stars.get(p.kind, "") + p.name for p in sig.parameters.values())
         fail(
-            f"{label}{sig}",
+            f"{label}({shown})",
             f"is called with {count} arguments: {', '.join(positional)}, then one per aux "
             f"tensor declared ({len(aux)} here)",
             f"define it as {_wanted(kind, aux)}, or declare the aux tensors it takes",
@@ -126,7 +137,7 @@ def _result(kind: Kind, out: Any) -> Expr:
     else:
         want, fix = DType.BOOL, "return a condition, e.g. `return kv_idx <= q_idx`"
     if out is None:
-        fail(f"returned None", f"a {kind} returns a {want.value}", fix)
+        fail("returned None", f"a {kind} returns a {want.value}", fix)
     try:
         expr = lift(out)
     except HookTypeError:
