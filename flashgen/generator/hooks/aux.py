@@ -142,7 +142,7 @@ class AuxRef:
             if e.dtype is not DType.INT:
                 fail(
                     f"{a.name}[{', '.join(map(_show, keys))}]",
-                    f"indices must be ints, and {e} is a {e.dtype.value}",
+                    f"indices must be ints, and {e} is {e.dtype.article}",
                     "index with int expressions (b, h, q_idx, kv_idx, int aux values, // and %)"
                     "; floats never convert to ints",
                 )

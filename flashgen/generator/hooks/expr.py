@@ -72,6 +72,11 @@ class DType(enum.Enum):
     def numeric(self) -> bool:
         return self is not DType.BOOL
 
+    @property
+    def article(self) -> str:
+        """ "an int", "a float", "a bool": the type in a message."""
+        return ("an " if self is DType.INT else "a ") + self.value
+
 
 # Operations, by the name nodes carry in `Expr.op`. Leaves: const (value: the Python number),
 # input (value: the input's name), scalar (value: an aux declaration of ndim 0), load (value: an
@@ -455,7 +460,7 @@ def _int_only(op: str, symbol: str, x: object, y: object) -> Expr:
         if e.dtype is not DType.INT:
             fail(
                 f"({a}) {symbol} ({b})",
-                f"{symbol} takes ints (Python floor semantics), and {e} is a {e.dtype.value}",
+                f"{symbol} takes ints (Python floor semantics), and {e} is {e.dtype.article}",
                 "divide floats with / ; for ints keep both operands int",
             )
     return node(op, DType.INT, (a, b))
@@ -496,7 +501,7 @@ def _logical(op: str, symbol: str, x: object, y: object) -> Expr:
         if e.dtype is not DType.BOOL:
             fail(
                 f"({a}) {symbol} ({b})",
-                f"{symbol} is logical {op} and takes bools, and {e} is a {e.dtype.value} "
+                f"{symbol} is logical {op} and takes bools, and {e} is {e.dtype.article} "
                 "(no bitwise ops on ints)",
                 "compare first, e.g. (q_idx >= kv_idx) & (kv_idx < n), with the parentheses",
             )
@@ -521,7 +526,7 @@ def where(cond: Operand, a: Operand, b: Operand) -> Expr:
     if c.dtype is not DType.BOOL:
         fail(
             f"where({c}, ...)",
-            f"the condition must be a bool, and it is a {c.dtype.value}",
+            f"the condition must be a bool, and it is {c.dtype.article}",
             "compare it, e.g. where(x != 0, a, b)",
         )
     if x.dtype is DType.BOOL and y.dtype is DType.BOOL:
@@ -552,7 +557,7 @@ def logical_not(a: Operand) -> Expr:
     if e.dtype is not DType.BOOL:
         fail(
             f"logical_not({e})",
-            f"takes a bool, and {e} is a {e.dtype.value}",
+            f"takes a bool, and {e} is {e.dtype.article}",
             "compare first, e.g. logical_not(x == 0)",
         )
     return node("not", DType.BOOL, (e,))

@@ -153,7 +153,7 @@ def _result(kind: Kind, out: Any) -> Expr:
         )
     else:
         fix = "compare it, e.g. `return x != 0`"
-    fail(f"returned {expr} (a {expr.dtype.value})", f"a {kind} returns a {want.value}", fix)
+    fail(f"returned {expr} ({expr.dtype.article})", f"a {kind} returns a {want.value}", fix)
 
 
 def _check_reads(label: str, kind: Kind, expr: Expr, aux: tuple[Aux, ...]) -> None:

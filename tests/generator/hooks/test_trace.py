@@ -54,7 +54,7 @@ def check(exc: pytest.ExceptionInfo[BaseException], *parts: str) -> None:
 def test_wrong_return_types() -> None:
     with pytest.raises(HookTypeError) as exc:
         hk.trace_score_mod(lambda s, b, h, q, kv: q - kv)
-    check(exc, "score_mod <lambda>: returned (q_idx - kv_idx) (a int)", "returns a float", "to_float")
+    check(exc, "score_mod <lambda>: returned (q_idx - kv_idx) (an int)", "a float", "to_float")
     with pytest.raises(HookTypeError) as exc:
         hk.trace_score_mod(lambda s, b, h, q, kv: kv <= q)
     check(exc, "returned (kv_idx <= q_idx) (a bool)", "a score_mod returns a float", "mask_mod")
