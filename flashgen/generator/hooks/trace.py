@@ -115,7 +115,10 @@ def _check_arity(
     try:
         sig.bind(*range(count))
     except TypeError:
-        stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+        stars: dict[object, str] = {
+            inspect.Parameter.VAR_POSITIONAL: "*",
+            inspect.Parameter.VAR_KEYWORD: "**",
+        }
         shown = ", ".join(stars.get(p.kind, "") + p.name for p in sig.parameters.values())
         fail(
             f"{label}({shown})",
