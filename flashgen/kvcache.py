@@ -44,6 +44,7 @@ from flashgen.runtime.decode import (
     DecodeShape,
     choose_splits,
     decode_spec,
+    routes_to_decode,
     row_tiles,
     scratch_sizes,
 )
@@ -132,8 +133,10 @@ def _check_int_array(name: str, x: Any, shape: tuple[int, ...], device: Any) -> 
 def _prepare(
     key: tuple[Any, ...], q: Any, k: Any, v: Any, seqlens: Any, table: Any, causal: bool,
     scale: float | None, splits: int, values: feature_values.Values, chosen: KernelSpec | None,
+    o_strides: tuple[int, int, int] | None = None,
 ) -> _Entry:  # fmt: skip
-    """First call of a signature: validate everything, choose and load the variant."""
+    """First call of a signature: validate everything, choose and load the variant. O's
+    (batch, head, token) strides: `o_strides`, or None for a contiguous (B, Tq, H, dv)."""
     _check_tensor("q", q, 4)
     dev = q.device
     _check_tensor("k_cache", k, 4, dev)
@@ -212,7 +215,7 @@ def _prepare(
     ks, vs = k.stride(), v.stride()
     strides = (
         q.stride(0), q.stride(2), q.stride(1), ks[0], ks[2], ks[1], vs[0], vs[2], vs[1],
-        tq * h * dv, dv, h * dv,
+        *(o_strides or (tq * h * dv, dv, h * dv)),
     )  # fmt: skip
     shape = DecodeShape(
         b, h, h_kv, tq, tk, page_size, bt_stride, n_pages, strides, scale_value * LOG2E
@@ -223,6 +226,48 @@ def _prepare(
     )  # fmt: skip
     launch.remember(_entries, key, entry)
     return entry
+
+
+class DenseDecode:
+    """`flashgen.torch.attention`'s decode route: the decode kernel on (B, H, T, d) tensors,
+    called like a forward's bound launch (pointers of q, k, v, O, LSE, and the stream)."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self._e = entry
+
+    def __call__(self, qp: int, kp: int, vp: int, op: int, lsep: int, stream: int) -> None:
+        e = self._e
+        n_o, n_l, n_c = e.scratch
+        o_part = torch.empty(n_o, dtype=torch.float32, device=e.device) if n_o else None
+        lse_part = torch.empty(n_l, dtype=torch.float32, device=e.device) if n_l else None
+        counters = _counter_buffer(e.device.index, stream, n_c)
+        e.launch(
+            (qp, kp, vp, op, lsep, _ptr(o_part), _ptr(lse_part), counters.data_ptr(), 0, 0),
+            stream,
+        )  # fmt: skip
+
+
+def dense_decode(
+    q: Any, k: Any, v: Any, causal: bool, scale: float | None,
+    values: feature_values.Values, o_stride: tuple[int, ...],
+) -> DenseDecode | None:  # fmt: skip
+    """The decode kernel for a `flashgen.torch.attention` call of (B, H, T, d) tensors whose
+    shapes it serves faster than the forward kernels (`routes_to_decode`), writing O with
+    strides `o_stride`; None for any other call (the forward kernels take it). The call was
+    validated by the forward's rules already; one the decode kernel's stricter layout rules
+    refuse (16-byte rows) stays with the forward too."""
+    b, h, tq, _ = (int(n) for n in q.shape)
+    h_kv, tk = int(k.shape[1]), int(k.shape[2])
+    if q.dtype not in _DTYPES or not routes_to_decode(tq, tk, h // h_kv):
+        return None
+    try:
+        entry = _prepare(
+            (), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, causal,
+            scale, 0, values, None, (o_stride[0], o_stride[1], o_stride[2]),
+        )  # fmt: skip
+    except ValueError:
+        return None
+    return DenseDecode(entry)
 
 
 def feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:

@@ -31,7 +31,10 @@ forgets it. A backward through a call the kernels cannot serve (fp32, d > 128, d
 raises NotImplementedError naming it.
 
 Decoding against a K/V cache (contiguous or paged, variable lengths, split over the keys):
-`attention_with_kvcache`, from `flashgen.kvcache`.
+`attention_with_kvcache`, from `flashgen.kvcache`. A call of `attention` itself with few
+query rows against many keys (Tq <= 16, Tk >= 256 and >= 4 Tq: `runtime.decode.
+routes_to_decode`) and no `spec` runs that decode kernel too (GQA heads packed, keys split
+over the GPU), with the same O, LSE and gradients.
 
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
@@ -82,7 +85,9 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
 from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
+    DenseDecode,
     attention_with_kvcache,
+    dense_decode,
     dispatch_stack,
     feature_args,
     function_modes,
@@ -184,7 +189,7 @@ def _fake(
 class _Entry:
     """A validated signature: the bound launch and how to allocate O and LSE."""
 
-    bound: launch.Bound
+    bound: launch.Bound | DenseDecode  # the forward's bound launch, or the decode route
     device: Any  # torch.device
     dtype: Any  # torch dtype of q, k, v, O
     o_shape: tuple[int, ...]
@@ -272,14 +277,24 @@ def _prepare(
         )
     features = _feature_args(problem, feature_args, q)
     dev = int(q.get_device())
-    chosen = _variant_for(problem, bool(causal), variant, dev, features)
     shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))  # O: q's rows, v's head dim
     o_stride = out_strides(shape, tuple(int(s) for s in q.stride()))
-    o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
-    lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
-    full = check_layout(q, k, v, o=o, lse=lse)
-    check_spec(chosen.spec, full, check_pointers=True)
-    bound = chosen.bind(_without_pointers(full), value * LOG2E, features)
+    # few query rows against many keys: the decode kernel (split over the keys), unless the
+    # call names a variant
+    route = (
+        dense_decode(q, k, v, bool(causal), scale, _values(feature_args), o_stride)
+        if variant is None else None
+    )  # fmt: skip
+    bound: launch.Bound | DenseDecode
+    if route is not None:
+        bound = route
+    else:
+        chosen = _variant_for(problem, bool(causal), variant, dev, features)
+        o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
+        lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
+        full = check_layout(q, k, v, o=o, lse=lse)
+        check_spec(chosen.spec, full, check_pointers=True)
+        bound = chosen.bind(_without_pointers(full), value * LOG2E, features)
     entry = _Entry(bound, q.device, q.dtype, shape, o_stride, (shape[0], shape[1], shape[2]))
     launch.remember(_entries, key, entry)  # bounded: a decode loop's Tk grows every step
     return entry

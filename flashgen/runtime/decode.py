@@ -12,8 +12,9 @@ each, so that B x H_kv x row tiles blocks become enough to fill the GPU
 (`DECODE_WAVES` waves of the blocks it holds at once). A run is at least
 `DECODE_MIN_TILES_PER_WARP` tiles per warp, so that short caches are not cut finer than
 their loads can hide. The splits are merged inside the same launch: the block finishing a row
-tile's last split adds them by their LSE (a counter per row tile, zeroed once at allocation
-and put back to zero by that block).
+tile's last split adds them by their LSE -- with many splits in two levels, groups of splits
+and then the groups (counters zeroed once at allocation and put back to zero by the blocks
+that finish them).
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashgen.generator import abi
-from flashgen.generator.families.mma.decode import DECODE_REG_BUDGET, register_estimate
+from flashgen.generator.families.mma.decode import (
+    DECODE_MERGE_MAX,
+    DECODE_REG_BUDGET,
+    merge_group_size,
+    register_estimate,
+)
 from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
 from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.runtime.launch import LaunchPlan
@@ -35,8 +41,9 @@ DECODE_WAVES = 1
 `Driver.resident_blocks`): every block of a launch resident at once, no tail wave."""
 DECODE_MIN_TILES_PER_WARP = 4
 """A split gives each warp at least this many key tiles (else it is not worth a block)."""
-DECODE_MAX_SPLITS = 128
-"""At most this many splits (the merge reads every split's LSE per row)."""
+DECODE_MAX_SPLITS = 256
+"""At most this many splits (each adds a row tile's O to the scratch the merge reads)."""
+assert DECODE_MAX_SPLITS <= DECODE_MERGE_MAX**2  # the merge's two levels take this many
 POINTER_ARGS = (
     "q",
     "k",
@@ -53,15 +60,28 @@ POINTER_ARGS = (
 assert abi.pointers(abi.DECODE) == POINTER_ARGS
 
 
+DECODE_ROUTE_MAX_TQ = 16
+"""`flashgen.torch.attention` calls with at most this many query rows per sequence ..."""
+DECODE_ROUTE_MIN_TK = 256
+"""... and at least this many keys (and 4 x Tq) run the decode kernel (`routes_to_decode`)."""
+
+
+def routes_to_decode(tq: int, tk: int, kv_group: int) -> bool:
+    """True when a dense attention call of Tq queries against Tk keys (kv_group query heads per
+    K/V head) runs faster on the decode kernel than on the forward kernels, whose 64- to
+    128-row query tiles such a call leaves mostly empty: few query rows, many keys."""
+    return tq <= DECODE_ROUTE_MAX_TQ and tk >= max(DECODE_ROUTE_MIN_TK, 4 * tq) and kv_group >= 1
+
+
 def decode_spec(
     d: int, dv: int, dtype: str, causal: bool, rows: int, features: tuple[str, ...] = ()
 ) -> KernelSpec:
     """The decode variant for a call: `rows` packed rows per K/V head (query heads per K/V
     head x new tokens) in one block where the registers allow (16, else 32 rows: more row
-    tiles read K and V once each). Small blocks: 16 keys a warp tile, two warps (four at 32
-    rows), a two-tile ring each -- measured on the H200 (bench/NOTES.md, d 128 bf16), the
-    smallest shared memory lets the most blocks stream at once, which beat deeper rings and
-    wider tiles by 2-12%. SpecError (from the last candidate) when none fits."""
+    tiles read K and V once each). Small tiles: 16 keys a warp tile, four warps, a two-tile
+    ring each -- measured on the H200 (bench/NOTES.md, d 128 bf16): small rings let the most
+    blocks stream at once, which beat deeper rings by 2-12%; four warps beat two by 1-16%,
+    and 32-key tiles were no better. SpecError (from the last candidate) when none fits."""
     brs = [16] if rows <= 16 else [32, 16]
     candidates = [br for br in brs if _fits(d, dv, br, 16)]
     last: SpecError | None = None
@@ -104,11 +124,13 @@ def scratch_sizes(
     spec: KernelSpec, b: int, h_kv: int, tiles: int, splits: int
 ) -> tuple[int, int, int]:
     """Elements of o_part (fp32), lse_part (fp32) and counters (int32) for a call (zero when
-    one split: the block stores O itself)."""
+    one split: the block stores O itself). Counters: one per row tile for its merge groups,
+    then one per (row tile, group) for the group's splits."""
     rt = b * h_kv * tiles
     if splits == 1:
         return 0, 0, rt
-    return rt * splits * spec.br * spec.dv, rt * splits * spec.br, rt
+    groups = -(-splits // merge_group_size(splits))
+    return rt * splits * spec.br * spec.dv, rt * splits * spec.br, rt * (1 + groups)
 
 
 @dataclass(frozen=True)

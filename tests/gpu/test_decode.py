@@ -113,7 +113,7 @@ def test_decode_matches_the_oracle(case: tuple[Any, ...]) -> None:
     assert_matches_oracle(o, lse, c, causal, dtype)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+@pytest.mark.parametrize("splits", [1, 2, 7, 16, 17, 64, 128, 256])  # 17+: two merge levels
 def test_every_split_count_merges_to_the_same_answer(splits: int) -> None:
     c = make_cache(3, 2, 16, 4, 128, [5000, 17, 0], "bf16", seed=splits, page=32)
     o, lse = attention_with_kvcache(
@@ -223,3 +223,47 @@ def test_bad_input_is_one_clear_error(bad: dict[str, Any], match: str) -> None:
         kw["block_table"] = table.to(bad["table_dtype"])
     with pytest.raises(ValueError, match=match):
         attention_with_kvcache(q, k, v, lens, **kw)
+
+
+@pytest.mark.parametrize(
+    "tq, h, h_kv, tk, causal, layout, features",
+    [
+        (1, 32, 8, 4096, False, "bhtd", {}),
+        (4, 32, 8, 1000, True, "bthd", {}),
+        (2, 8, 1, 700, True, "bhtd", {"window": (128, 0), "softcap": 20.0}),
+        (16, 4, 4, 300, False, "bthd", {}),
+    ],
+)
+def test_dense_attention_with_few_query_rows_runs_the_decode_kernel(
+    tq: int, h: int, h_kv: int, tk: int, causal: bool, layout: str, features: dict[str, Any]
+) -> None:
+    import flashgen.torch as fgt
+    from flashgen.kvcache import DenseDecode
+
+    g = torch.Generator(device="cuda").manual_seed(tq * tk)
+    b, d = 2, 128
+
+    def make(t: int, heads: int) -> Any:
+        shape = (b, t, heads, d) if layout == "bthd" else (b, heads, t, d)
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+        return x.transpose(1, 2) if layout == "bthd" else x  # bthd: the model layout's view
+
+    q, k, v = make(tq, h), make(tk, h_kv), make(tk, h_kv)
+    q.requires_grad_(True)
+    fgt.clear_cache()
+    o, lse = fgt.attention(q, k, v, causal=causal, return_lse=True, **features)
+    assert [type(e.bound) for e in fgt._entries.values()] == [DenseDecode]
+    assert o.stride() == fgt.out_strides(tuple(o.shape), q.stride())  # q's layout, as documented
+    c = {"lens": [tk] * b, "q": q.detach().transpose(1, 2)}
+    c.update(k_dense=k.transpose(1, 2), v_dense=v.transpose(1, 2))
+    assert_matches_oracle(o.detach().transpose(1, 2), lse.detach(), c, causal, "bf16", **features)
+    # the backward kernels take the decode kernel's O and LSE
+    do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=g)
+    o.backward(do)
+    if not causal and not features:  # against fp32 math
+        qf = q.detach().float().requires_grad_(True)
+        kf, vf = (x.float().repeat_interleave(h // h_kv, dim=1) for x in (k, v))
+        torch.nn.functional.scaled_dot_product_attention(qf, kf, vf).backward(do.float())
+        err = (q.grad.float() - qf.grad).norm() / qf.grad.norm()
+        assert err < 2e-2, err
+    assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -11,7 +11,9 @@ import pytest
 from flashgen.generator import abi
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.families.mma.decode import (
+    DECODE_MERGE_MAX,
     DECODE_REG_BUDGET,
+    merge_group_size,
     register_estimate,
 )
 from flashgen.generator.render import render
@@ -21,6 +23,7 @@ from flashgen.runtime.decode import (
     POINTER_ARGS,
     choose_splits,
     decode_spec,
+    routes_to_decode,
     row_tiles,
     scratch_sizes,
 )
@@ -34,7 +37,7 @@ def spec(**kw: object) -> KernelSpec:
 
 def test_a_decode_spec_has_a_name_that_reads_back():
     s = spec(causal=True, features=("window", "alibi"))
-    assert s.name == "flash_decode_mma_d128_br16_bc16_bf16_causal_window_alibi_w2_s2"
+    assert s.name == "flash_decode_mma_d128_br16_bc16_bf16_causal_window_alibi_w4_s2"
     assert KernelSpec.from_name(s.name) == s
     assert "--direction decode" in s.build_command
 
@@ -69,11 +72,11 @@ def test_the_chosen_variant_is_valid_and_small(d: int, rows: int):
 
 
 def test_splits_fill_one_wave_and_never_cut_a_short_cache_too_fine():
-    s = decode_spec(128, 128, "bf16", False, 4)  # bc 16, 2 warps: >= 8 tiles (128 keys) a split
+    s = decode_spec(128, 128, "bf16", False, 4)  # bc 16, 4 warps: >= 16 tiles (256 keys) a split
     assert choose_splits(s, blocks=64, tk=8192, slots=660) == 10
     assert choose_splits(s, blocks=8, tk=65536, slots=660) == 82
     assert choose_splits(s, blocks=8, tk=10**6, slots=10**6) == DECODE_MAX_SPLITS
-    assert choose_splits(s, blocks=8, tk=300, slots=660) == 3  # 19 tiles: 3 splits of >= 8
+    assert choose_splits(s, blocks=8, tk=300, slots=660) == 2  # 19 tiles: 2 splits of >= 16
     assert choose_splits(s, blocks=5000, tk=8192, slots=660) == 1
     assert choose_splits(s, blocks=8, tk=8192, slots=660, requested=7) == 7
     assert choose_splits(s, blocks=8, tk=32, slots=660, requested=7) == 2  # 2 tiles only
@@ -82,7 +85,19 @@ def test_splits_fill_one_wave_and_never_cut_a_short_cache_too_fine():
 def test_scratch_is_only_allocated_for_several_splits():
     s = decode_spec(128, 128, "bf16", False, 4)
     assert scratch_sizes(s, 2, 8, 1, 1) == (0, 0, 16)
-    assert scratch_sizes(s, 2, 8, 1, 4) == (16 * 4 * 16 * 128, 16 * 4 * 16, 16)
+    assert scratch_sizes(s, 2, 8, 1, 4) == (16 * 4 * 16 * 128, 16 * 4 * 16, 16 * 2)
+    # 128 splits merge in 11 groups of 12: a groups counter and 11 group counters a row tile
+    assert scratch_sizes(s, 2, 8, 1, 128)[2] == 16 * 12
+
+
+def test_many_splits_merge_in_two_levels_of_at_most_the_merge_max():
+    assert merge_group_size(1) == 1 and merge_group_size(16) == 16  # one level
+    assert merge_group_size(17) == 5 and merge_group_size(128) == 12
+    for n in range(1, DECODE_MERGE_MAX**2 + 1):
+        g = merge_group_size(n)
+        assert g <= DECODE_MERGE_MAX and -(-n // g) <= DECODE_MERGE_MAX
+    with pytest.raises(ValueError, match="at most 256"):
+        merge_group_size(257)
 
 
 def test_the_argument_table_names_every_pointer_the_launcher_passes():
@@ -173,3 +188,10 @@ def test_the_decode_op_is_registered_and_traces_under_torch_compile():
     torch.compile(step, fullgraph=True, backend=backend)(q, k, v, lens, table)
     (node,) = [n for n in graphs[0].graph.nodes if n.target is op]
     assert node.args[6:10] == (True, None, 0, None) and node.args[10:12] == (4, 0)
+
+
+def test_dense_calls_with_few_query_rows_and_many_keys_route_to_the_decode_kernel():
+    assert routes_to_decode(1, 4096, 4) and routes_to_decode(16, 256, 1)
+    assert not routes_to_decode(17, 4096, 4)  # enough query rows for the forward's tiles
+    assert not routes_to_decode(1, 255, 8)  # too few keys to split
+    assert not routes_to_decode(16, 63 * 4, 1)

@@ -27,6 +27,25 @@ DECODE_ROW_PAD = 8
 DECODE_REG_BUDGET = 208
 
 
+DECODE_MERGE_MAX = 16
+"""Split results one block merges at most: a row tile's splits merge in one level when there
+are at most this many, else in groups of about sqrt(splits) and then the groups (so at most
+DECODE_MERGE_MAX**2 splits)."""
+
+
+def merge_group_size(splits: int) -> int:
+    """Splits per merge group (the template's `merge_group_size`): all of them when at most
+    DECODE_MERGE_MAX, else ceil(sqrt(splits))."""
+    if splits > DECODE_MERGE_MAX**2:
+        raise ValueError(f"splits={splits}: the decode merge takes at most {DECODE_MERGE_MAX**2}")
+    if splits <= DECODE_MERGE_MAX:
+        return splits
+    g = 1
+    while g * g < splits:
+        g += 1
+    return g
+
+
 def _pad16(n: int) -> int:
     return -(-n // 16) * 16
 
@@ -49,8 +68,9 @@ def register_estimate(d: int, dv: int, br: int, bc: int) -> int:
 
 
 def default_warps(spec: KernelSpec) -> int:
-    """Two warps at one 16-row tile, else four (runtime/decode.py's measured choice)."""
-    return 2 if spec.br == 16 else 4
+    """Four warps (measured on the H200 against two at 16 rows: +1-16% on every decode row,
+    most where few blocks share a row tile's keys; bench/NOTES.md)."""
+    return 4
 
 
 def default_stages(fam: Family, spec: KernelSpec) -> int:
@@ -118,6 +138,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
     """The template values of templates/mma_decode.cu.j2."""
     return {
         "row_pad": DECODE_ROW_PAD,
+        "merge_max": DECODE_MERGE_MAX,
         "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
         "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
     }
