@@ -102,21 +102,22 @@ _ARITH: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-def _fmin(x: Any, y: Any) -> Any:
-    # fminf/fmaxf semantics: a nan operand yields the other (numpy_eval uses np.fmin too)
-    if isinstance(x, float) and math.isnan(x):
-        return y
-    if isinstance(y, float) and math.isnan(y):
-        return x
-    return min(x, y)
+def _nan_skipping(pick: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """fminf/fmaxf semantics for `pick` (min or max): a nan operand yields the other
+    (numpy_eval uses np.fmin/np.fmax too)."""
+
+    def op(x: Any, y: Any) -> Any:
+        if isinstance(x, float) and math.isnan(x):
+            return y
+        if isinstance(y, float) and math.isnan(y):
+            return x
+        return pick(x, y)
+
+    return op
 
 
-def _fmax(x: Any, y: Any) -> Any:
-    if isinstance(x, float) and math.isnan(x):
-        return y
-    if isinstance(y, float) and math.isnan(y):
-        return x
-    return max(x, y)
+_fmin = _nan_skipping(min)
+_fmax = _nan_skipping(max)
 
 
 def _fold(n: Expr, v: list[Any]) -> Expr | None:
