@@ -265,7 +265,8 @@ def lse_bound(
       ALiBi       2 * U32 * (A + M)           slope * log2 e and the fused add of -slope * dist,
                                               A = max slope * (Tq + Tk) the largest |bias|;
                                               the exponent terms see M + A
-      score_mod   `HookCall.lse_terms`: (ops + 2) * 4 * U32 * X + G * (score error + 2 U32 M),
+      score_mod   `HookCall.lse_terms`: (ops + 2) * 4 * U32 * X + (G - 1)+ * (score error)
+                  + G * 2 U32 M,
                   X the largest finite intermediate of the hook over the problem, G the largest
                   |d new / d score|, the score error the tensor-core term above; the exponent
                   terms see M' = the largest finite |new score| (a model for well-conditioned

@@ -309,8 +309,9 @@ class HookCall:
         docs/hooks.md): every fp32 operation of the hook (precise expf/logf/tanhf included)
         errs by at most 2 ulps (4 U32 relative) of a value no larger than the largest finite
         intermediate X, plus the kernel's two multiplies around it (score * scale, x log2 e):
-        (ops + 2) * 4 * U32 * X; and the score's own error (`score_err`, plus the rounding of
-        scale * ln 2: 2 * U32 * |s|) passes through scaled by the largest |d new / d score|."""
+        (ops + 2) * 4 * U32 * X; and the score's own error passes through scaled by the largest
+        |d new / d score| G: the rounding of scale * ln 2 (2 * U32 * |s|) times G, and the
+        tensor-core error `score_err`, which lse_bound counts once already, times G - 1."""
         expr = self.hook.expr
         floats = tuple(
             n for n in postorder(expr) if n.dtype is DType.FLOAT and n.op not in ("const",)
@@ -323,7 +324,9 @@ class HookCall:
         ops = sum(n.op not in ("input", "scalar", "load") for n in floats)
         grad = _finite_max(values[1])
         new = _finite_max(values[0])
-        err = (ops + 2) * 4 * U32 * big_x + grad * (score_err + 2 * U32 * big_s)
+        # lse_bound counts the score error once already (a factor of 1): only the excess
+        err = (ops + 2) * 4 * U32 * big_x + max(grad - 1.0, 0.0) * score_err
+        err += grad * 2 * U32 * big_s
         return err, new
 
 
