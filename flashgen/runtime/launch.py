@@ -496,10 +496,11 @@ class Bound:
         scalars.append(c.c_int(problem.kv_group))
         scalars += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
         if hooks is not None:  # a hooked variant: the aux block after the features
-            ctype = {"P": c.c_void_p, "i": c.c_int, "f": c.c_float}
-            scalars += [
-                ctype[p.code](v) for p, v in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True)
-            ]
+            for p, v in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True):
+                if p.code == "f":
+                    scalars.append(c.c_float(float(v)))
+                else:
+                    scalars.append(c.c_void_p(int(v)) if p.code == "P" else c.c_int(int(v)))
         self._args = scalars  # keeps them alive: params holds their addresses
         base = c.addressof(self._ptrs)
         width = c.sizeof(c.c_void_p)

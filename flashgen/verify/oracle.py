@@ -343,8 +343,8 @@ def reference(
     Scores s = scale * q.k; with `softcap` c > 0, s = c * tanh(s / c); with `alibi_slopes`
     (one per query head), s -= slope * |p - j|; with `score_mod` (a `HookCall`), s becomes the
     hook's value (evaluated in float64); then keys outside `visible` (causal and/or a
-    sliding `window` (left, right)) and those a `mask_mod` drops are masked. k and v may have fewer heads than q
-    (grouped-query attention) and v its own head dim dv.
+    sliding `window` (left, right)) and those a `mask_mod` drops are masked. k and v may have
+    fewer heads than q (grouped-query attention) and v its own head dim dv.
     LSE is the natural-log log-sum-exp of the final scores; rows that see no key (or
     whose every logit is -inf) get O = 0 and LSE = -inf. Non-finite inputs follow IEEE
     arithmetic: a NaN or +inf logit makes its row's O and LSE NaN.

@@ -124,7 +124,9 @@ def test_the_source_shows_the_hook_inline_and_calls_it_on_the_natural_log_score(
     src = render(spec).source
     name = f"score_mod_{BIAS_HOOK.digest}"
     assert f"__device__ __forceinline__ float {name}(float score, int b, int h" in src
-    assert "return (score * scale2) + bias[(long long)h * bias_stride + fg_imin(kv_idx, 15)];" in src
+    assert (
+        "return (score * scale2) + bias[(long long)h * bias_stride + fg_imin(kv_idx, 15)];" in src
+    )
     call = re.search(rf"\? {name}\((.*)\) \* LOG2E", src)
     assert call is not None
     assert call[1] == (
@@ -166,7 +168,9 @@ LIBRARY_VARIANTS = [
 @pytest.mark.compile_all
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize(("make", "features", "d", "causal", "dtype"), LIBRARY_VARIANTS)
-def test_library_hooks_compile_without_spills(make, features, d, causal, dtype, arch, nvcc_required):
+def test_library_hooks_compile_without_spills(
+    make, features, d, causal, dtype, arch, nvcc_required
+):
     spec = hooked(make(), d=d, causal=causal, dtype=dtype, features=features)
     _no_spills(spec, arch)
     for stages in (1, 2):  # both K/V pipelines of the default tile, where the rules allow

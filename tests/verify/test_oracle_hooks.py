@@ -56,9 +56,11 @@ def test_library_hooks_equal_the_built_in_features(seed, causal, tq, tk, cap, sl
         (builtin, {"score_mod": HookCall(both, {"softcap": cap, "alibi_slopes": sl})}),
         (
             {"window": (left, right)},
-            {"mask_mod": HookCall(
-                library.window_hook(), {"window_left": left, "window_right": right}
-            )},
+            {
+                "mask_mod": HookCall(
+                    library.window_hook(), {"window_left": left, "window_right": right}
+                )
+            },
         ),  # fmt: skip
     ]
     for features, hooks in cases:
@@ -75,7 +77,9 @@ def test_library_hooks_equal_the_built_in_features(seed, causal, tq, tk, cap, sl
 def test_the_causal_mask_hook_is_causal():
     q, k, v = problem(1)
     o1, l1 = oracle.reference(q, k, v, causal=True, scale=0.3)
-    o2, l2 = oracle.reference(q, k, v, causal=False, scale=0.3, mask_mod=HookCall(library.causal_hook()))
+    o2, l2 = oracle.reference(
+        q, k, v, causal=False, scale=0.3, mask_mod=HookCall(library.causal_hook())
+    )
     assert np.array_equal(o1, o2) and np.array_equal(l1, l2)
 
 
@@ -84,7 +88,9 @@ def test_the_hook_sees_batch_query_head_and_bottom_right_positions():
     logits must be exactly those (GQA: h is the query head, not the K/V head)."""
     q, k, v = problem(2, b=2, h=4, h_kv=2, tq=5, tk=7)
     hook = hk.trace_score_mod(
-        lambda s, b, h, i, j: s * 0.0 + b * 1000 + h * 100 + i * 10 + j + hk.Q_LEN * 1e4 + hk.KV_LEN * 1e5
+        lambda s, b, h, i, j: (
+            s * 0.0 + b * 1000 + h * 100 + i * 10 + j + hk.Q_LEN * 1e4 + hk.KV_LEN * 1e5
+        )
     )
     call = HookCall(hook)
     s = np.zeros((8, 5, 7))
@@ -98,11 +104,18 @@ def test_a_document_mask_hides_other_documents_per_batch_and_head():
     q, k, v = problem(3, b=1, h=2, h_kv=2, tq=12, tk=12)
     doc = np.repeat(np.arange(3, dtype=np.int32), 4)
     o, lse = oracle.reference(
-        q, k, v, causal=False, scale=0.3, mask_mod=HookCall(library.document_hook(), {"doc_ids": doc})
+        q,
+        k,
+        v,
+        causal=False,
+        scale=0.3,
+        mask_mod=HookCall(library.document_hook(), {"doc_ids": doc}),
     )
     for d in range(3):  # each document alone is plain attention
         part = slice(4 * d, 4 * d + 4)
-        o_d, l_d = oracle.reference(q[:, :, part], k[:, :, part], v[:, :, part], causal=False, scale=0.3)
+        o_d, l_d = oracle.reference(
+            q[:, :, part], k[:, :, part], v[:, :, part], causal=False, scale=0.3
+        )
         np.testing.assert_allclose(o[:, :, part], o_d, rtol=1e-12)
         np.testing.assert_allclose(lse[:, :, part], l_d, rtol=1e-12)
 
@@ -113,7 +126,12 @@ def test_hook_keywords_must_be_hook_calls_of_their_kind():
         oracle.reference(q, k, v, causal=False, scale=0.3, score_mod=library.softcap_hook())
     with pytest.raises(TypeError, match="mask_mod=.*must be a HookCall of a mask_mod hook"):
         oracle.reference(
-            q, k, v, causal=False, scale=0.3, mask_mod=HookCall(library.softcap_hook(), {"softcap": 1.0})
+            q,
+            k,
+            v,
+            causal=False,
+            scale=0.3,
+            mask_mod=HookCall(library.softcap_hook(), {"softcap": 1.0}),
         )
 
 
@@ -148,5 +166,7 @@ def test_check_outputs_judges_a_hooked_forward():
     shifted = hk.trace_score_mod(
         lambda s, b, h, i, j, a: library.alibi_score(s, b, h, i + 1, j, a), library.ALIBI_AUX
     )
-    o1, l1 = oracle.reference(q, k, v, causal=True, scale=0.3, score_mod=HookCall(shifted, {"alibi_slopes": sl}))
+    o1, l1 = oracle.reference(
+        q, k, v, causal=True, scale=0.3, score_mod=HookCall(shifted, {"alibi_slopes": sl})
+    )
     assert not oracle.check_outputs(o1, l1, q, k, v, **args).passed

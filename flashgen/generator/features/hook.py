@@ -110,7 +110,9 @@ HOOK_PARAMS: tuple[Param, ...] = (
         for i in range(MAX_POINTERS)
     ),
     *(
-        Param(f"hook_stride{i}", "int", "i", "feature", "HOOK: 2-D aux row stride" if i == 0 else "")
+        Param(
+            f"hook_stride{i}", "int", "i", "feature", "HOOK: 2-D aux row stride" if i == 0 else ""
+        )
         for i in range(MAX_POINTERS)
     ),
     *(
@@ -241,7 +243,8 @@ class HookArgs:
                 if not ptr or int(ptr) % 4:
                     raise ValueError(
                         f"aux {s.aux.name}={v!r}: a {s.aux.ndim}-D aux tensor is a 4-byte "
-                        "aligned device pointer" + (" and its row stride" if s.aux.ndim == 2 else "")
+                        "aligned device pointer"
+                        + (" and its row stride" if s.aux.ndim == 2 else "")
                         + "; pass the tensor's device address"
                     )
                 ptrs[s.index], strides[s.index] = int(ptr), int(stride)
@@ -250,7 +253,9 @@ class HookArgs:
             else:
                 ints[s.index] = int(v)
                 if not -(2**31) <= ints[s.index] < 2**31:
-                    raise ValueError(f"aux {s.aux.name}={v!r}: an int32 scalar; pass a value in int32")
+                    raise ValueError(
+                        f"aux {s.aux.name}={v!r}: an int32 scalar; pass a value in int32"
+                    )
         self.hooks = tuple(hooks)
         self._args: tuple[int | float, ...] = (*ptrs, *strides, *floats, *ints)
 
