@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flashgen.generator.features import RUNTIME_FEATURES
+from flashgen.generator.features.hook import HOOK_PARAMS, hook_tokens
 from flashgen.generator.param import ROLES, Param
 
 
@@ -95,6 +96,13 @@ lengths and page table (either may be NULL); sizes; strides of q, k, v, o; then 
 forward."""
 
 
+def forward(features: Sequence[str]) -> tuple[Param, ...]:
+    """The forward's parameters for a variant with `features`: `FWD`, then the hooks' aux
+    block (`features.hook.HOOK_PARAMS`) when the variant compiles in a hook. Only hooked
+    variants take the block, so every other kernel's ABI is `FWD` unchanged."""
+    return (*FWD, *HOOK_PARAMS) if hook_tokens(features) else FWD
+
+
 def tensor_map(name: str) -> Param:
     """A by-value 128-byte TMA descriptor (`TensorMap` in the generated source)."""
     return Param(name, "TensorMap", "", "tensor_map")
@@ -116,6 +124,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "ROLES", "Param", "declarations", "pointers", "struct_format",
-    "tensor_map",
+    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "Param", "declarations", "forward",
+    "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip

@@ -10,6 +10,7 @@ import jinja2
 
 from flashgen._version import __version__
 from flashgen.generator import abi
+from flashgen.generator.features.hook import template_context as hook_context
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 
@@ -90,6 +91,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "is_bf16": spec.dtype == "bf16",
     }
     ctx["abi_params"] = abi_params(spec)
+    ctx.update(hook_context(spec.features))  # hook_source, hook_score, hook_mask
     if spec.direction == "fwd":  # which work item each block takes: templates/_scheduler.cuh.j2
         ctx["scheduler_macro"] = spec.fam.scheduler(spec).macro
     ctx.update(spec.fam.context(spec))
@@ -105,7 +107,7 @@ def abi_params(spec: KernelSpec) -> list[dict[str, str]]:
     elif spec.direction == "decode":
         params = abi.DECODE
     else:
-        params = (*fam.fwd_prefix, *abi.FWD)
+        params = (*fam.fwd_prefix, *abi.forward(spec.features))
     return [{"decl": p.declaration("elem_t"), "note": p.note} for p in params]
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from flashgen.generator.dtypes import DTYPES, DTypeInfo
 from flashgen.generator.features import RUNTIME_FEATURES
+from flashgen.generator.features.hook import KIND_TOKENS, is_hook_token, token_kind
 
 if TYPE_CHECKING:
     from flashgen.generator.families import Family
@@ -119,6 +120,7 @@ class KernelSpec:
         problems += _check_features(
             self.features, fam.name, frozenset(FEATURES) if bwd else fam.features
         )
+        problems += _check_hooks(self, fam)
         if self.direction == "bwd":
             problems += _check_backward(self, fam)
         elif self.direction == "decode":
@@ -295,7 +297,7 @@ def _parse_name(name: str) -> dict[str, object]:
     features: list[str] = []
     for token in m["rest"].split("_")[1:]:
         knob = _KNOB.fullmatch(token)
-        if token in FEATURES:
+        if token in FEATURES or is_hook_token(token):
             features.append(token)
         elif knob is not None and knob["token"] in knobs:
             fields[knobs[knob["token"]]] = int(knob["value"])
@@ -317,6 +319,8 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
         return [f"features={features!r}: must be a tuple of feature tokens; e.g. features=()"]
     problems = []
     for f in features:
+        if is_hook_token(f):
+            continue  # _check_hooks
         if f not in FEATURES:
             known = ", ".join(FEATURES) or "none are defined yet"
             problems.append(f"features: {f!r} is not a feature; known features: {known}")
@@ -327,6 +331,51 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
             )
     if len(set(features)) != len(features):
         problems.append(f"features={features!r}: a feature is named twice; name each once")
+    return problems
+
+
+def _check_hooks(spec: KernelSpec, fam: Family) -> list[str]:
+    """What a spec with hook tokens (`scoremod<digest>`, `maskmod<digest>`: features/hook.py)
+    must satisfy: the forward of a family whose template calls hooks (`Family.features` lists
+    `scoremod` / `maskmod`), one hook of each kind at most, no built-in score mod beside a
+    score_mod (write softcap or ALiBi into the hook: hooks.library), no gqapack."""
+    feats = spec.features
+    if not isinstance(feats, (tuple, list)) or not all(isinstance(f, str) for f in feats):
+        return []  # _check_features reports it
+    hooks = [f for f in feats if is_hook_token(f)]
+    if not hooks:
+        return []
+    kinds = [token_kind(f) for f in hooks]
+    problems = []
+    if spec.direction != "fwd":
+        problems.append(
+            f"features: {', '.join(hooks)}: hooks are compiled into forward kernels only for "
+            f"now; drop them for direction={spec.direction!r}"
+        )
+    for kind in sorted(set(kinds)):
+        if kind not in fam.features:
+            takes = [k for k in KIND_TOKENS.values() if k in fam.features]
+            problems.append(
+                f"features: a {kind} hook is not supported by family {fam.name}; families "
+                f"taking hooks: mma (it takes {', '.join(takes) or 'none'} here); use --family mma"
+            )
+        if kinds.count(kind) > 1:
+            problems.append(
+                f"features: {kinds.count(kind)} {kind} hooks; a variant takes one of each kind, "
+                "so combine them into one function"
+            )
+    builtin = [f for f in feats if f in ("softcap", "alibi")]
+    if "scoremod" in kinds and builtin:
+        problems.append(
+            f"features: a score_mod hook with {', '.join(builtin)}: write the built-in score mod "
+            "into the hook (hooks.library.softcap_score / alibi_score compose) and drop "
+            f"{', '.join(builtin)}"
+        )
+    if "gqapack" in feats:
+        problems.append(
+            "features: gqapack with a hook: a packed tile mixes query heads, and the hook takes "
+            "one; drop gqapack"
+        )
     return problems
 
 
@@ -404,5 +453,13 @@ def _families() -> list[Family]:
 
 
 def _canonical_features(features: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    # hook tokens sit after the run-time features (score_mod, then mask_mod), before gqapack
     order = list(FEATURES)
-    return tuple(sorted(features, key=order.index))
+    hook_at = len(RUNTIME_FEATURES) - 0.5
+
+    def key(f: str) -> tuple[float, str]:
+        if is_hook_token(f):
+            return hook_at + (0.0 if f.startswith("scoremod") else 0.25), f
+        return float(order.index(f)), f
+
+    return tuple(sorted(features, key=key))

@@ -29,6 +29,7 @@ from flashgen.generator.arch import ARCHS
 from flashgen.generator.compile import CompiledKernel, compile_kernel
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import NO_FEATURES, FeatureArgs
+from flashgen.generator.features.hook import HookArgs
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import launch as _launch
@@ -290,6 +291,7 @@ def launch(
     poison_outputs: bool = False,
     sync: bool = True,
     features: FeatureArgs = NO_FEATURES,
+    hooks: HookArgs | None = None,
 ) -> Problem:
     """Run `spec` on device arrays (GPUArrays or CUDA-array-interface objects); return the Problem.
 
@@ -298,7 +300,8 @@ def launch(
     fills o and lse with NaN first (o must then be contiguous), so an unwritten element shows.
     With `sync` (default) the call waits for the kernel and raises RuntimeError naming it when
     the launch or the kernel fails. `features` carries the call's window, softcap and ALiBi
-    slopes (device pointer); the variant must be compiled with each one used. Arrays whose
+    slopes (device pointer); the variant must be compiled with each one used; `hooks` the
+    aux values of a hooked variant's hooks (`features.hook.HookArgs`). Arrays whose
     CUDA array interface names a stream (v3: CuPy, Numba) are waited for: `stream` waits on
     an event recorded there before the launch.
     """
@@ -322,7 +325,7 @@ def launch(
         count = problem.b * problem.h * problem.tq
         poison(problem.o_ptr, count * problem.value_dim, spec.dtype, stream)
         poison(problem.lse_ptr, count, "fp32", stream)
-    launch_problem(spec, plan, problem, value, stream, sync=sync, features=features)
+    launch_problem(spec, plan, problem, value, stream, sync=sync, features=features, hooks=hooks)
     return problem
 
 
@@ -352,9 +355,10 @@ def launch_problem(
     *,
     sync: bool,
     features: FeatureArgs = NO_FEATURES,
+    hooks: HookArgs | None = None,
 ) -> None:
     """Issue one validated launch (grid from the spec and the problem); optionally wait for it."""
-    bound = plan.bind(problem, scale * LOG2E, features)
+    bound = plan.bind(problem, scale * LOG2E, features, hooks)
     q, k, v, o, lse = problem.q_ptr, problem.k_ptr, problem.v_ptr, problem.o_ptr, problem.lse_ptr
     if q is None or k is None or v is None or o is None or lse is None:
         raise ValueError("q, k, v, o, lse: device pointers are required; pass device arrays")

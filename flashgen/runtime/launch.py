@@ -18,7 +18,10 @@ NumPy arrays (copied), PyCUDA GPUArrays and torch tensors all reach the GPU here
 The kernel arguments are the C ABI of templates/_common.cuh.j2: q, k, v, o, lse pointers; int
 tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_log2; int
 kv_group (query heads per K/V head); the feature values: int window_left, window_right, float
-softcap, const float* alibi_slopes (`features.FeatureArgs.kernel_args`).
+softcap, const float* alibi_slopes (`features.FeatureArgs.kernel_args`); and a variant compiled
+with a user hook (`scoremod<digest>` / `maskmod<digest>`) then takes the hooks' aux block
+(`features.hook.HOOK_PARAMS`: four pointers, four row strides, four float and four int scalars,
+from a `features.hook.HookArgs`).
 
 **Leading by-value arguments (family prefix args).** A family whose kernels take extra by-value
 parameters *before* the common ABI (the Hopper `wgmma` family: three 128-byte `CUtensorMap`s as
@@ -56,6 +59,7 @@ from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.families import FAMILIES, family_of
 from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
+from flashgen.generator.features.hook import HOOK_PARAMS, HookArgs, hook_tokens, hooks_of
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.prefix import PrefixRegistry
 from flashgen.runtime.validate import Problem
@@ -357,18 +361,49 @@ class LaunchPlan:
             )
 
     def bind(
-        self, problem: Problem, scale_log2: float, features: FeatureArgs = NO_FEATURES
+        self,
+        problem: Problem,
+        scale_log2: float,
+        features: FeatureArgs = NO_FEATURES,
+        hooks: HookArgs | None = None,
     ) -> Bound:
         """The launch of this plan on `problem`'s signature (its pointers are ignored) with
-        the call's feature values; ValueError when the variant lacks a feature the call uses."""
+        the call's feature values and, for a hooked variant, its hooks' aux values (`hooks`;
+        None for hooks without aux); ValueError when the variant lacks a feature the call
+        uses, or when hook values and the variant's hooks disagree."""
         check_fits(self.spec, features)
+        hooks = check_hook_args(self.spec, hooks)
         features.check()  # each value by its feature's rule (ALiBi: an aligned pointer)
         if "gqapack" in self.spec.features and problem.tq * problem.kv_group >= 2**31:
             raise ValueError(
                 f"tq={problem.tq} x kv_group={problem.kv_group}: a gqapack variant packs them "
                 "into one row index below 2^31; use the variant without gqapack"
             )
-        return Bound(self, problem, scale_log2, features)
+        return Bound(self, problem, scale_log2, features, hooks)
+
+
+def check_hook_args(spec: KernelSpec, hooks: HookArgs | None) -> HookArgs | None:
+    """The call's hook values checked against the variant's hooks (by identity): None for an
+    unhooked variant; for a hooked one, `hooks` (or, when None, empty values: valid only for
+    hooks without aux). ValueError otherwise."""
+    tokens = hook_tokens(spec.features)
+    if not tokens:
+        if hooks is not None:
+            raise ValueError(
+                f"spec {spec.name}: hook aux values given, but the variant has no hook; "
+                "compile the hook in (features=(token_of(hook), ...)) or drop the values"
+            )
+        return None
+    want = hooks_of(spec.features)
+    if hooks is None:
+        return HookArgs(want, {})  # raises, naming the aux values the hooks need
+    if hooks.hooks != want:
+        raise ValueError(
+            f"spec {spec.name}: the hook values are for "
+            f"{', '.join(h.digest for h in hooks.hooks) or 'no hook'}, the variant compiles "
+            f"{', '.join(t for t in tokens)}; build HookArgs from the variant's hooks"
+        )
+    return hooks
 
 
 _plans: dict[tuple[KernelSpec, str, int], LaunchPlan] = {}
@@ -439,6 +474,7 @@ class Bound:
         problem: Problem,
         scale_log2: float,
         features: FeatureArgs = NO_FEATURES,
+        hooks: HookArgs | None = None,
     ) -> None:
         c = ctypes
         self.plan = plan
@@ -459,11 +495,17 @@ class Bound:
         scalars.append(c.c_float(scale_log2))
         scalars.append(c.c_int(problem.kv_group))
         scalars += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
+        if hooks is not None:  # a hooked variant: the aux block after the features
+            for p, v in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True):
+                if p.code == "f":
+                    scalars.append(c.c_float(float(v)))
+                else:
+                    scalars.append(c.c_void_p(int(v)) if p.code == "P" else c.c_int(int(v)))
         self._args = scalars  # keeps them alive: params holds their addresses
         base = c.addressof(self._ptrs)
         width = c.sizeof(c.c_void_p)
         self._common = [base + width * i for i in range(5)] + [c.addressof(a) for a in scalars]
-        self.params = (c.c_void_p * N_COMMON_ARGS)(*self._common)
+        self.params = (c.c_void_p * len(self._common))(*self._common)
         self._lock = threading.Lock()
         self._last_key: tuple[int, ...] | None = None
         self._prefix_keep: Sequence[Any] = ()
@@ -479,11 +521,13 @@ class Bound:
         problem = dataclasses.replace(self.problem, q_ptr=q, k_ptr=k, v_ptr=v, o_ptr=o, lse_ptr=lse)
         blobs = list(builder(self.plan.spec, problem))
         addrs = [ctypes.addressof(b) for b in blobs]
-        if len(self.params) == len(addrs) + N_COMMON_ARGS:
+        if len(self.params) == len(addrs) + len(self._common):
             for i, a in enumerate(addrs):
                 self.params[i] = a
         else:
-            self.params = (ctypes.c_void_p * (len(addrs) + N_COMMON_ARGS))(*addrs, *self._common)
+            self.params = (ctypes.c_void_p * (len(addrs) + len(self._common)))(
+                *addrs, *self._common
+            )
         self._prefix_keep = blobs
         self._last_key = key
 

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import BY_KEYWORD, RUNTIME_FEATURES, Feature
+from flashgen.generator.features.hook import HookCall
 
 F64 = npt.NDArray[np.float64]
 
@@ -101,6 +102,33 @@ def _check_shapes(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
 
 FeatureValues = tuple[tuple[Feature, Any], ...]
 
+HOOK_KEYWORDS = ("score_mod", "mask_mod")
+"""The oracle's hook keywords: a `features.hook.HookCall` (the hook and its aux values)."""
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """A problem's user hooks for the oracle (None: none of that kind)."""
+
+    score: HookCall | None = None
+    mask: HookCall | None = None
+
+
+def split_hooks(features: dict[str, Any]) -> tuple[dict[str, Any], Hooks]:
+    """The feature keywords without `score_mod` / `mask_mod`, and those hooks (checked: a
+    HookCall of the right kind)."""
+    rest = {k: v for k, v in features.items() if k not in HOOK_KEYWORDS}
+    calls: list[HookCall | None] = []
+    for kw in HOOK_KEYWORDS:
+        call = features.get(kw)
+        if call is not None and not (isinstance(call, HookCall) and call.hook.kind == kw):
+            raise TypeError(
+                f"{kw}={call!r}: must be a HookCall of a {kw} hook; pass "
+                f"HookCall(hook, aux={{...}}) (flashgen.generator.features.hook)"
+            )
+        calls.append(call)
+    return rest, Hooks(*calls)
+
 
 def feature_values(features: dict[str, Any]) -> FeatureValues:
     """The oracle's feature keywords (`window=`, `softcap=`, `alibi_slopes=`: each feature's
@@ -148,15 +176,20 @@ def _finish_scores(
     h: int,
     mask: npt.NDArray[np.bool_] | None,
     feats: FeatureValues,
+    hooks: Hooks = Hooks(),  # noqa: B008 (immutable)
 ) -> np.ndarray:
     """Scaled scores s of the (batch*head) `rows` -> the logits the softmax sees: each
-    feature's logit term in registry order (softcap, then ALiBi's bias), then the mask
-    (-inf); in s's own float type (float64 or float32)."""
+    feature's logit term in registry order (softcap, then ALiBi's bias), the score_mod hook,
+    then the mask (-inf) and the mask_mod hook's; in s's own float type (float64 or float32)."""
     heads = np.arange(rows.start, rows.stop) % h
     for feature, value in feats:
         s = feature.logits(value, s, heads)
+    if hooks.score is not None:
+        s = hooks.score.logits(s, rows, h)
     if mask is not None:
         s = np.where(mask, s, s.dtype.type(-np.inf))
+    if hooks.mask is not None:
+        s = np.where(hooks.mask.keep(rows, h, s.shape[1], s.shape[2]), s, s.dtype.type(-np.inf))
     return s
 
 
@@ -232,7 +265,15 @@ def lse_bound(
       ALiBi       2 * U32 * (A + M)           slope * log2 e and the fused add of -slope * dist,
                                               A = max slope * (Tq + Tk) the largest |bias|;
                                               the exponent terms see M + A
+      score_mod   `HookCall.lse_terms`: (ops + 2) * 4 * U32 * X + (G - 1)+ * (score error)
+                  + G * 2 U32 M,
+                  X the largest finite intermediate of the hook over the problem, G the largest
+                  |d new / d score|, the score error the tensor-core term above; the exponent
+                  terms see M' = the largest finite |new score| (a model for well-conditioned
+                  hooks, not a proof: docs/hooks.md)
+    A mask_mod adds no error (it only removes keys).
     """
+    features, hooks = split_hooks(features)
     k, _ = expand_kv(q, k, k)
     b, h, tq, d = q.shape
     tk = k.shape[2]
@@ -248,6 +289,11 @@ def lse_bound(
     for feature, value in feature_values(features):
         term, big_m = feature.lse_terms(value, big_m, tq, tk)
         terms += term
+    if hooks.score is not None:
+        term, big_m = _hook_lse_terms(
+            hooks.score, q, k, scale, groups * SCORE_GROUP_ULPS * ulp32(big_s)
+        )
+        terms += term
     lse_max = big_m + math.log(max(n, 1))
     return float(
         groups * SCORE_GROUP_ULPS * ulp32(big_s)
@@ -258,6 +304,22 @@ def lse_bound(
         + terms
         + LSE_FLOOR
     )
+
+
+def _hook_lse_terms(
+    call: HookCall, q: np.ndarray, k: np.ndarray, scale: float, score_err: float
+) -> tuple[float, float]:
+    """A score_mod's (error, M') over every (batch, head) chunk of the problem (k expanded)."""
+    b, h, tq, d = q.shape
+    tk = k.shape[2]
+    q3 = q.reshape(b * h, tq, d).astype(np.float64)
+    k3 = k.reshape(b * h, tk, d).astype(np.float64)
+    err, new = 0.0, 0.0
+    for c in _head_chunks(b * h, tq, tk):
+        s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * scale
+        e, n = call.lse_terms(s, c, h, score_err)
+        err, new = max(err, e), max(new, n)
+    return err, new
 
 
 def ulp32(x: float) -> float:
@@ -279,13 +341,15 @@ def reference(
     """Float64 attention of (B, H, T, d) inputs: returns (O64 (B,H,Tq,dv), LSE64 (B,H,Tq)).
 
     Scores s = scale * q.k; with `softcap` c > 0, s = c * tanh(s / c); with `alibi_slopes`
-    (one per query head), s -= slope * |p - j|; then keys outside `visible` (causal and/or a
-    sliding `window` (left, right)) are masked. k and v may have fewer heads than q
-    (grouped-query attention) and v its own head dim dv.
+    (one per query head), s -= slope * |p - j|; with `score_mod` (a `HookCall`), s becomes the
+    hook's value (evaluated in float64); then keys outside `visible` (causal and/or a
+    sliding `window` (left, right)) and those a `mask_mod` drops are masked. k and v may have
+    fewer heads than q (grouped-query attention) and v its own head dim dv.
     LSE is the natural-log log-sum-exp of the final scores; rows that see no key (or
     whose every logit is -inf) get O = 0 and LSE = -inf. Non-finite inputs follow IEEE
     arithmetic: a NaN or +inf logit makes its row's O and LSE NaN.
     """
+    features, hooks = split_hooks(features)
     k, v = expand_kv(q, k, v)
     b, h, tq, d = q.shape
     tk, dv = k.shape[2], v.shape[3]
@@ -298,7 +362,7 @@ def reference(
     lse = np.full((b * h, tq), -np.inf, np.float64)
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * scale
-        s = _finish_scores(s, c, h, mask, feats)
+        s = _finish_scores(s, c, h, mask, feats, hooks)
         m = s.max(axis=-1, keepdims=True)
         # rows with a logit above -inf; a NaN or +inf max is kept, so such rows come out NaN
         # (IEEE propagation) instead of passing for rows that see no key
@@ -327,6 +391,7 @@ def rounded_reference(
     storage dtype before P·V (float32 accumulation), the output rounded to the storage dtype.
     Returned as float64 holding exactly the storage-dtype values. Features as in `reference`.
     """
+    features, hooks = split_hooks(features)
     k, v = expand_kv(q, k, v)
     store = np.dtype(DTYPES[dtype].numpy)
     b, h, tq, d = q.shape
@@ -339,7 +404,7 @@ def rounded_reference(
     o = np.zeros((b * h, tq, dv), np.float64)
     for c in _head_chunks(b * h, tq, tk):
         s = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * np.float32(scale)
-        s = _finish_scores(s, c, h, mask, feats)
+        s = _finish_scores(s, c, h, mask, feats, hooks)
         m = s.max(axis=-1, keepdims=True)
         seen = ~np.isneginf(m)
         p = np.exp(s - np.where(seen, m, np.float32(0.0)))
@@ -372,7 +437,7 @@ def check_outputs(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: unknown dtype; choose one of {', '.join(DTYPES)}")
-    feature_values(features)  # unknown keywords fail before any work
+    feature_values(split_hooks(features)[0])  # unknown keywords fail before any work
     o64, lse64 = reference(q, k, v, causal=causal, scale=scale, **features)
     if o.shape != o64.shape or lse.shape != lse64.shape:
         raise ValueError(

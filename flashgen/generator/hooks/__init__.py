@@ -17,7 +17,8 @@ Modules, one job each: expr (nodes, types, operators), aux (aux tensor declarati
 lookups), canonical (the stable text a hook's identity is hashed from), hook (`Hook`), simplify
 (folding), diff (the derivative in the score), trace (calling the user's function), cuda (C++),
 numpy_eval (the oracle), library (ready-made hooks). docs/hooks.md is the user's guide.
-Kernels do not take hooks yet: this is the expression layer only.
+The kernels' side (tokens, aux ABI block, template calls, oracle and launcher values) is
+generator/features/hook.py; family mma's forward takes hooks.
 """
 
 from flashgen.generator.hooks.aux import Aux, AuxRef

@@ -218,7 +218,8 @@ MMA = MmaFamily(
     },
     archs=("sm_80", "sm_90"),
     knobs=(("warps", "w"), ("stages", "s")),
-    features=frozenset({*TOKENS, "gqapack", "deterministic"}),
+    # scoremod / maskmod: user hooks in the forward (features/hook.py; templates/mma.cu.j2)
+    features=frozenset({*TOKENS, "gqapack", "deterministic", "scoremod", "maskmod"}),
     # Gemma 2's sliding window with softcap, beside each feature alone; GQA decoding
     shipped_features=(
         ("window",), ("softcap",), ("alibi",), ("window", "softcap"), ("gqapack",),

@@ -1,0 +1,362 @@
+"""User hooks (score_mod, mask_mod) compiled into a variant: tokens, aux ABI block, C++ calls.
+
+A hooked variant carries its hook's identity in a feature token, `scoremod<digest>` or
+`maskmod<digest>` (the hook's 12-hex-digit canonical digest, hooks/canonical.py), so the kernel
+name, the cache key and `KernelSpec.from_name` treat it like any other variant. The token
+names the hook; the hook's expression lives in this process's registry (`register`, which
+`token_of` calls): rendering a hooked spec looks the hook up by its token and raises
+`HookNotRegistered` (value, rule, fix) when it was never registered here, e.g. for a name read
+back from a file in a fresh process.
+
+Why not a `Feature` in `RUNTIME_FEATURES`: a feature's token is fixed and its arguments join
+every kernel's ABI. A hook's token differs per hook, and its aux block (`HOOK_PARAMS`: four
+aux pointers with a row stride each, four float and four int scalars) is appended only to the
+signatures of hooked variants, so no existing kernel, launcher or bundle changes. The block is
+fixed whatever the hook (one struct format for every hooked variant); a hook's aux
+declarations are mapped onto its slots in order (`slots`).
+
+The same module holds the hook's value for the oracle (`HookCall`: the hook and its aux arrays
+by name; its float64 logits, kept keys and error terms) and for the launcher (`HookArgs`: the
+aux device pointers and scalars as kernel arguments).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from flashgen.generator.features.base import U32
+from flashgen.generator.hooks import Aux, DType, Hook
+from flashgen.generator.hooks.cuda import emit_hook, helpers
+from flashgen.generator.hooks.expr import postorder
+from flashgen.generator.hooks.numpy_eval import evaluate_many
+from flashgen.generator.param import Param
+
+# ---- tokens and the registry ------------------------------------------------------------------
+
+KIND_TOKENS = {"score_mod": "scoremod", "mask_mod": "maskmod"}
+"""A hook kind's token prefix; the family lists the prefixes it takes in `Family.features`."""
+_TOKEN = re.compile(r"(scoremod|maskmod)([0-9a-f]{12})")
+_REGISTRY: dict[str, Hook] = {}
+
+
+class HookNotRegistered(LookupError):
+    """A hooked spec was rendered in a process that never registered its hook."""
+
+
+def token_of(hook: Hook) -> str:
+    """The feature token of `hook` (`scoremod<digest>`), registering the hook in this process
+    so that specs carrying the token can be rendered."""
+    token = f"{KIND_TOKENS[hook.kind]}{hook.digest}"
+    _REGISTRY[token] = hook
+    return token
+
+
+def register(hook: Hook) -> str:
+    """Make `hook` renderable in this process; returns its token (same as `token_of`)."""
+    return token_of(hook)
+
+
+def is_hook_token(token: object) -> bool:
+    """Whether `token` is a hook token (`scoremod` or `maskmod` then 12 hex digits)."""
+    return isinstance(token, str) and _TOKEN.fullmatch(token) is not None
+
+
+def token_kind(token: str) -> str:
+    """The family-support key of a hook token: `scoremod` or `maskmod`."""
+    m = _TOKEN.fullmatch(token)
+    if m is None:
+        raise ValueError(f"{token!r} is not a hook token (scoremod<12 hex> or maskmod<12 hex>)")
+    return m[1]
+
+
+def hook_of(token: str) -> Hook:
+    """The registered hook of `token`; HookNotRegistered (with the fix) when there is none."""
+    hook = _REGISTRY.get(token)
+    if hook is None:
+        raise HookNotRegistered(
+            f"feature {token}: no hook with digest {token[-12:]} is registered in this process "
+            "(a kernel name carries the hook's digest, not its expression); trace the hook and "
+            "call flashgen.generator.features.hook.register(hook) (or build the spec's token "
+            "with token_of(hook)) before rendering"
+        )
+    return hook
+
+
+def hook_tokens(features: Sequence[str]) -> tuple[str, ...]:
+    """The hook tokens among a spec's features, score_mod first."""
+    found = [f for f in features if is_hook_token(f)]
+    return tuple(sorted(found, key=lambda t: (not t.startswith("scoremod"), t)))
+
+
+def hooks_of(features: Sequence[str]) -> tuple[Hook, ...]:
+    """The registered hooks of a spec's features, score_mod first."""
+    return tuple(hook_of(t) for t in hook_tokens(features))
+
+
+# ---- the aux ABI block ------------------------------------------------------------------------
+
+MAX_POINTERS = 4
+MAX_FLOATS = 4
+MAX_INTS = 4
+HOOK_PARAMS: tuple[Param, ...] = (
+    *(
+        Param(f"hook_ptr{i}", "const void*", "P", "feature", "HOOK: aux tensor" if i == 0 else "")
+        for i in range(MAX_POINTERS)
+    ),
+    *(
+        Param(
+            f"hook_stride{i}", "int", "i", "feature", "HOOK: 2-D aux row stride" if i == 0 else ""
+        )
+        for i in range(MAX_POINTERS)
+    ),
+    *(
+        Param(f"hook_f{i}", "float", "f", "feature", "HOOK: float aux scalar" if i == 0 else "")
+        for i in range(MAX_FLOATS)
+    ),
+    *(
+        Param(f"hook_i{i}", "int", "i", "feature", "HOOK: int aux scalar" if i == 0 else "")
+        for i in range(MAX_INTS)
+    ),
+)
+"""The aux block a hooked variant takes after the forward ABI: pointers (a 1-D or 2-D aux
+tensor each), their row strides in elements (2-D only; 0 otherwise), float and int scalars."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one aux declaration travels: `kind` "ptr" (hook_ptr<i>, and hook_stride<i> when
+    2-D), "float" (hook_f<i>) or "int" (hook_i<i>)."""
+
+    aux: Aux
+    kind: str
+    index: int
+
+
+def slots(hooks: Sequence[Hook]) -> tuple[Slot, ...]:
+    """The aux declarations of `hooks` (score_mod first) on the block's slots, in order. An aux
+    name two hooks share is one value (one slot; both must declare it alike). ValueError when
+    the hooks need more slots than the block has."""
+    out: list[Slot] = []
+    by_name: dict[str, Slot] = {}
+    count = {"ptr": 0, "float": 0, "int": 0}
+    limit = {"ptr": MAX_POINTERS, "float": MAX_FLOATS, "int": MAX_INTS}
+    for hook in hooks:
+        for a in hook.aux:
+            seen = by_name.get(a.name)
+            if seen is not None:
+                if seen.aux != a:
+                    raise ValueError(
+                        f"aux {a.name}: declared as {seen.aux.dtype}[{seen.aux.ndim}] and as "
+                        f"{a.dtype}[{a.ndim}] by the variant's hooks; one name is one value, so "
+                        "declare it alike or rename one"
+                    )
+                continue
+            kind = "ptr" if a.ndim else ("float" if a.dtype == "float32" else "int")
+            if count[kind] == limit[kind]:
+                what = {"ptr": "aux tensors", "float": "float scalars", "int": "int scalars"}[kind]
+                raise ValueError(
+                    f"aux {a.name}: the hooks declare more than {limit[kind]} {what}, the most "
+                    "a kernel's aux block holds; pack tables into one 2-D tensor or scalars "
+                    "into a 1-D tensor"
+                )
+            slot = Slot(a, kind, count[kind])
+            count[kind] += 1
+            by_name[a.name] = slot
+            out.append(slot)
+    return tuple(out)
+
+
+def call_args(hook: Hook, block: Sequence[Slot]) -> str:
+    """The C++ arguments for `hook`'s aux parameters, each read from its slot of the block
+    (`, static_cast<const int*>(hook_ptr0), hook_f0`): empty for a hook without aux."""
+    where = {s.aux.name: s for s in block}
+    parts: list[str] = []
+    for a in hook.aux:
+        s = where[a.name]
+        if s.kind == "ptr":
+            parts.append(f"static_cast<const {a.ctype}*>(hook_ptr{s.index})")
+            if a.ndim == 2:
+                parts.append(f"hook_stride{s.index}")
+        else:
+            parts.append(f"hook_{s.kind[0]}{s.index}")
+    return "".join(f", {p}" for p in parts)
+
+
+def template_context(features: Sequence[str]) -> dict[str, Any]:
+    """What a template needs for a spec's hooks: `hook_source` (helpers and the inline
+    functions), and `hook_score` / `hook_mask` (None, or the function's `name` and the C++
+    `aux` arguments that follow its fixed inputs)."""
+    hooks = hooks_of(features)
+    block = slots(hooks)
+    ctx: dict[str, Any] = {"hook_source": "", "hook_score": None, "hook_mask": None}
+    if not hooks:
+        return ctx
+    parts = [helpers()]
+    for h in hooks:
+        name = f"{h.kind}_{h.digest}"
+        parts.append(emit_hook(h, name))
+        ctx["hook_score" if h.kind == "score_mod" else "hook_mask"] = {
+            "name": name,
+            "aux": call_args(h, block),
+        }
+    ctx["hook_source"] = "\n".join(parts)
+    return ctx
+
+
+# ---- the launcher's values ----------------------------------------------------------------------
+
+
+class HookArgs:
+    """One call's aux values for a hooked variant, as the launcher passes them: by aux name, a
+    1-D tensor as its device pointer (int), a 2-D one as (pointer, row stride in elements), a
+    scalar as a number. `kernel_args()` is the aux block's values, in `HOOK_PARAMS` order."""
+
+    __slots__ = ("_args", "hooks")
+
+    def __init__(self, hooks: Sequence[Hook], values: Mapping[str, Any] | None = None) -> None:
+        values = dict(values or {})
+        block = slots(hooks)
+        names = {s.aux.name for s in block}
+        unknown = sorted(set(values) - names)
+        missing = sorted(names - set(values))
+        if unknown or missing:
+            raise ValueError(
+                f"hook aux values {sorted(values)}: the hooks take {sorted(names) or 'none'}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+                + "; pass one value per aux declaration, by name"
+            )
+        ptrs = [0] * MAX_POINTERS
+        strides = [0] * MAX_POINTERS
+        floats = [0.0] * MAX_FLOATS
+        ints = [0] * MAX_INTS
+        for s in block:
+            v = values[s.aux.name]
+            if s.kind == "ptr":
+                ptr, stride = (v if s.aux.ndim == 2 else (v, 0)) if v is not None else (0, 0)
+                if not ptr or int(ptr) % 4:
+                    raise ValueError(
+                        f"aux {s.aux.name}={v!r}: a {s.aux.ndim}-D aux tensor is a 4-byte "
+                        "aligned device pointer"
+                        + (" and its row stride" if s.aux.ndim == 2 else "")
+                        + "; pass the tensor's device address"
+                    )
+                ptrs[s.index], strides[s.index] = int(ptr), int(stride)
+            elif s.kind == "float":
+                floats[s.index] = float(v)
+            else:
+                ints[s.index] = int(v)
+                if not -(2**31) <= ints[s.index] < 2**31:
+                    raise ValueError(
+                        f"aux {s.aux.name}={v!r}: an int32 scalar; pass a value in int32"
+                    )
+        self.hooks = tuple(hooks)
+        self._args: tuple[int | float, ...] = (*ptrs, *strides, *floats, *ints)
+
+    def kernel_args(self) -> tuple[int | float, ...]:
+        """The aux block's values, one per `HOOK_PARAMS` row."""
+        return self._args
+
+    def __repr__(self) -> str:
+        return f"HookArgs({', '.join(h.digest for h in self.hooks)}: {self._args})"
+
+
+# ---- the oracle's value ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """A hook with its aux values, for the float64 oracle (`reference(..., score_mod=call)`):
+    `aux` by declared name, NumPy arrays (1-D, 2-D) or numbers (scalars)."""
+
+    hook: Hook
+    aux: Mapping[str, Any] = field(default_factory=dict)
+
+    def inputs(self, rows: slice, heads: int, tq: int, tk: int) -> dict[str, Any]:
+        """The hook's integer inputs for (batch * head) rows `rows` of a (Tq, Tk) problem,
+        shaped to broadcast against scores (rows, Tq, Tk)."""
+        bh = np.arange(rows.start, rows.stop, dtype=np.int64).reshape(-1, 1, 1)
+        return {
+            "b": bh // heads,
+            "h": bh % heads,
+            "q_idx": np.arange(tq, dtype=np.int64).reshape(1, tq, 1),
+            "kv_idx": np.arange(tk, dtype=np.int64).reshape(1, 1, tk),
+            "q_len": np.asarray(tq, np.int64),
+            "kv_len": np.asarray(tk, np.int64),
+        }
+
+    def logits(self, s: np.ndarray, rows: slice, heads: int) -> np.ndarray:
+        """score_mod: the new scores of s (rows, Tq, Tk), evaluated in float64 and returned in
+        s's float type (the fp32 rounded reference rounds them, as the kernel's fp32 would)."""
+        inputs = self.inputs(rows, heads, s.shape[1], s.shape[2])
+        inputs["score"] = s.astype(np.float64)
+        (out,) = evaluate_many((self.hook.expr,), inputs, self.aux)
+        return np.broadcast_to(out, s.shape).astype(s.dtype)
+
+    def keep(self, rows: slice, heads: int, tq: int, tk: int) -> npt.NDArray[np.bool_]:
+        """mask_mod: the kept keys (rows, Tq, Tk)."""
+        (out,) = evaluate_many((self.hook.expr,), self.inputs(rows, heads, tq, tk), self.aux)
+        return np.broadcast_to(out, (rows.stop - rows.start, tq, tk)).astype(np.bool_)
+
+    def lse_terms(
+        self, s: np.ndarray, rows: slice, heads: int, score_err: float
+    ) -> tuple[float, float]:
+        """(error, M') of a score_mod on scores s (rows, Tq, Tk, float64): what the kernel's
+        fp32 evaluation may add to one logit's error, and the largest finite |new score|.
+
+        A model, conservative for hooks without ill-conditioned steps (documented in
+        docs/hooks.md): every fp32 operation of the hook (precise expf/logf/tanhf included)
+        errs by at most 2 ulps (4 U32 relative) of a value no larger than the largest finite
+        intermediate X, plus the kernel's two multiplies around it (score * scale, x log2 e):
+        (ops + 2) * 4 * U32 * X; and the score's own error passes through scaled by the largest
+        |d new / d score| G: the rounding of scale * ln 2 (2 * U32 * |s|) times G, and the
+        tensor-core error `score_err`, which lse_bound counts once already, times G - 1."""
+        expr = self.hook.expr
+        floats = tuple(
+            n for n in postorder(expr) if n.dtype is DType.FLOAT and n.op not in ("const",)
+        )
+        inputs = self.inputs(rows, heads, s.shape[1], s.shape[2])
+        inputs["score"] = s
+        values = evaluate_many((expr, self.hook.grad, *floats), inputs, self.aux)
+        big_s = _finite_max(s)
+        big_x = max([big_s, *(_finite_max(v) for v in values)])
+        ops = sum(n.op not in ("input", "scalar", "load") for n in floats)
+        grad = _finite_max(values[1])
+        new = _finite_max(values[0])
+        # lse_bound counts the score error once already (a factor of 1): only the excess
+        err = (ops + 2) * 4 * U32 * big_x + max(grad - 1.0, 0.0) * score_err
+        err += grad * 2 * U32 * big_s
+        return err, new
+
+
+def _finite_max(a: Any) -> float:
+    """max |a| over its finite elements (0 when none)."""
+    arr = np.abs(np.asarray(a, np.float64))
+    arr = arr[np.isfinite(arr)]
+    return float(arr.max()) if arr.size else 0.0
+
+
+__all__ = [
+    "HOOK_PARAMS",
+    "KIND_TOKENS",
+    "HookArgs",
+    "HookCall",
+    "HookNotRegistered",
+    "Slot",
+    "call_args",
+    "hook_of",
+    "hook_tokens",
+    "hooks_of",
+    "is_hook_token",
+    "register",
+    "slots",
+    "template_context",
+    "token_kind",
+    "token_of",
+]

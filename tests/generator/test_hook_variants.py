@@ -1,0 +1,181 @@
+"""Hooks compiled into mma's forward: tokens, names, spec rules, the aux block, rendering, nvcc."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from flashgen.generator import abi
+from flashgen.generator import hooks as hk
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.features import hook as fh
+from flashgen.generator.hooks import library
+from flashgen.generator.render import render
+from flashgen.generator.spec import KernelSpec, SpecError
+
+MMA = KernelSpec(family="mma", d=64, dtype="bf16", causal=True)
+
+
+def _bias_score(score, b, h, q_idx, kv_idx, bias, scale2):
+    # a 2-D table, a float scalar and an int expression: every aux slot kind but int scalars
+    return score * scale2 + bias[h, hk.minimum(kv_idx, 15)]
+
+
+BIAS_HOOK = hk.trace_score_mod(
+    _bias_score, hk.Aux("bias", "float32", 2), hk.Aux("scale2", "float32", 0)
+)
+
+
+def hooked(*hooks: hk.Hook, **changes: object) -> KernelSpec:
+    """MMA with `changes` (a family of its own: that family's defaults) and the hooks."""
+    features = (*changes.pop("features", ()), *(fh.token_of(h) for h in hooks))  # type: ignore[misc]
+    if "family" in changes:
+        return KernelSpec(**changes, features=features)  # type: ignore[arg-type]
+    return MMA.replace(**changes, features=features)
+
+
+# ---- tokens and names ----------------------------------------------------------------------------
+def test_the_hook_digest_is_in_the_name_and_the_name_round_trips():
+    cap, alibi = library.softcap_hook(), library.alibi_hook()
+    a, b = hooked(cap), hooked(alibi)
+    assert f"_scoremod{cap.digest}_" in a.name and f"_scoremod{alibi.digest}_" in b.name
+    assert a.name != b.name != MMA.name
+    for spec in (a, b, hooked(alibi, library.document_hook(), features=("window",))):
+        assert KernelSpec.from_name(spec.name) == spec
+
+
+def test_hook_tokens_sit_after_the_run_time_features_score_first():
+    spec = hooked(library.document_hook(), library.softcap_hook(), features=("window",))
+    names = spec.name.split("_")
+    at = [i for i, t in enumerate(names) if t.startswith(("scoremod", "maskmod", "window"))]
+    assert [names[i][:4] for i in at] == ["wind", "scor", "mask"]
+
+
+def test_a_name_with_an_unregistered_hook_parses_but_does_not_render():
+    spec = KernelSpec.from_name(MMA.name.replace("_w8", "_scoremod0123456789ab_w8"))
+    assert spec.features == ("scoremod0123456789ab",)
+    with pytest.raises(fh.HookNotRegistered, match=r"no hook with digest 0123456789ab .* register"):
+        render(spec)
+
+
+@pytest.mark.parametrize(
+    ("changes", "rule"),
+    [
+        ({"family": "simt"}, "not supported by family simt"),
+        ({"direction": "bwd"}, "forward kernels only"),
+        ({"features": ("softcap",)}, "write the built-in score mod into the hook"),
+        ({"features": ("gqapack",), "causal": False}, "gqapack with a hook"),
+    ],
+)
+def test_spec_rules_refuse_what_the_hooked_forward_does_not_do(changes, rule):
+    with pytest.raises(SpecError, match=rule):
+        hooked(library.softcap_hook(), **changes)
+
+
+def test_one_hook_of_each_kind():
+    with pytest.raises(SpecError, match="2 scoremod hooks"):
+        hooked(library.softcap_hook(), library.alibi_hook())
+    hooked(library.alibi_hook(), library.causal_hook())  # one of each: fine
+
+
+# ---- the aux block -------------------------------------------------------------------------------
+def test_only_hooked_variants_take_the_aux_block():
+    assert abi.forward(MMA.features) == abi.FWD
+    assert abi.forward(hooked(library.causal_hook()).features) == (*abi.FWD, *abi.HOOK_PARAMS)
+    assert abi.struct_format(abi.HOOK_PARAMS) == "PPPP" + "iiii" + "ffff" + "iiii"
+
+
+def test_aux_declarations_map_onto_slots_shared_by_name():
+    doc, prefix = library.document_hook(), library.prefix_lm_hook()
+    got = fh.slots((BIAS_HOOK, doc, prefix, doc))
+    assert [(s.aux.name, s.kind, s.index) for s in got] == [
+        ("bias", "ptr", 0), ("scale2", "float", 0), ("doc_ids", "ptr", 1), ("prefix", "int", 0),
+    ]  # fmt: skip
+    assert fh.call_args(BIAS_HOOK, got) == (
+        ", static_cast<const float*>(hook_ptr0), hook_stride0, hook_f0"
+    )
+    assert fh.call_args(doc, got) == ", static_cast<const int*>(hook_ptr1)"
+
+
+def test_too_many_aux_tensors_or_clashing_declarations_are_refused():
+    many = tuple(hk.Aux(f"t{c}", "int32", 1) for c in "abcde")
+    wide = hk.trace_mask_mod(lambda b, h, q, kv, *ts: sum(t[q] for t in ts) > 0, *many)
+    with pytest.raises(ValueError, match="more than 4 aux tensors"):
+        fh.slots((wide,))
+    other = hk.trace_mask_mod(lambda b, h, q, kv, d: d > 0, hk.Aux("doc_ids", "int32", 0))
+    with pytest.raises(ValueError, match="declared as int32\\[1\\] and as int32\\[0\\]"):
+        fh.slots((library.document_hook(), other))
+
+
+def test_hook_args_are_the_block_values_by_name():
+    args = fh.HookArgs((BIAS_HOOK,), {"bias": (0x1000, 17), "scale2": 0.5})
+    assert args.kernel_args() == (0x1000, 0, 0, 0, 17, 0, 0, 0, 0.5, 0, 0, 0, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="missing scale2"):
+        fh.HookArgs((BIAS_HOOK,), {"bias": (0x1000, 17)})
+    with pytest.raises(ValueError, match="4-byte aligned device pointer"):
+        fh.HookArgs((BIAS_HOOK,), {"bias": (0x1002, 17), "scale2": 0.5})
+
+
+# ---- rendering -----------------------------------------------------------------------------------
+def test_the_source_shows_the_hook_inline_and_calls_it_on_the_natural_log_score():
+    spec = hooked(BIAS_HOOK, library.document_hook(), features=("window",))
+    src = render(spec).source
+    name = f"score_mod_{BIAS_HOOK.digest}"
+    assert f"__device__ __forceinline__ float {name}(float score, int b, int h" in src
+    assert (
+        "return (score * scale2) + bias[(long long)h * bias_stride + fg_imin(kv_idx, 15)];" in src
+    )
+    call = re.search(rf"\? {name}\((.*)\) \* LOG2E", src)
+    assert call is not None
+    assert call[1] == (
+        "s[mt][nt][e] * hook_scale, batch, head, row, key, tq, tk, "
+        "static_cast<const float*>(hook_ptr0), hook_stride0, hook_f0"
+    )
+    assert "row < tq && key < tk" in src  # padded rows and keys never reach the hook
+    mask = f"mask_mod_{library.document_hook().digest}"
+    assert f"!{mask}(batch, head, row, key, tq, tk, static_cast<const int*>(hook_ptr1))" in src
+    assert "const float hook_scale = scale_log2 * LN2;" in src
+    assert src.count("hook_i3") == 1  # in the signature, after the features
+
+
+def test_an_unhooked_mma_variant_renders_no_hook_code():
+    src = render(MMA.replace(features=("window", "softcap"))).source
+    assert "hook" not in src.lower()
+
+
+# ---- nvcc ---------------------------------------------------------------------------------------
+def _no_spills(spec: KernelSpec, arch: str) -> None:
+    report = compile_kernel(spec, arch).report
+    assert report.spill_bytes == 0, f"{spec.name} [{arch}]: spills {report.spill_bytes} B"
+
+
+def test_a_hooked_variant_compiles_without_spills(nvcc_required: Path):
+    _no_spills(hooked(BIAS_HOOK, library.document_hook(), features=("window",)), "sm_90")
+
+
+LIBRARY_VARIANTS = [
+    (library.softcap_hook, (), 128, True, "fp16"),
+    (library.softcap_hook, ("window",), 128, True, "bf16"),
+    (library.alibi_hook, (), 128, False, "bf16"),
+    (library.alibi_hook, (), 64, True, "fp16"),
+    (library.document_hook, (), 128, True, "bf16"),
+    (library.prefix_lm_hook, (), 64, False, "bf16"),
+]
+
+
+@pytest.mark.compile_all
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize(("make", "features", "d", "causal", "dtype"), LIBRARY_VARIANTS)
+def test_library_hooks_compile_without_spills(
+    make, features, d, causal, dtype, arch, nvcc_required
+):
+    spec = hooked(make(), d=d, causal=causal, dtype=dtype, features=features)
+    _no_spills(spec, arch)
+    for stages in (1, 2):  # both K/V pipelines of the default tile, where the rules allow
+        try:
+            other = spec.replace(stages=stages)
+        except SpecError:
+            continue
+        _no_spills(other, arch)
