@@ -164,7 +164,14 @@ class KernelSpec:
 
     @property
     def build_command(self) -> str:
-        """The `flashgen build` command line that regenerates exactly this kernel."""
+        """The `flashgen build` command line that regenerates exactly this kernel (for a hooked
+        variant, which the CLI cannot build yet, the Python call that does)."""
+        if any(is_hook_token(f) for f in self.features):
+            return (
+                f"python: flashgen.generator.render.render(KernelSpec.from_name({self.name!r})) "
+                "with its hooks registered by flashgen.generator.features.hook.token_of "
+                "(the CLI takes no hooks yet)"
+            )
         parts = [
             "flashgen build",
             f"--family {self.family}",

@@ -179,3 +179,14 @@ def test_library_hooks_compile_without_spills(
         except SpecError:
             continue
         _no_spills(other, arch)
+
+
+def test_a_hooked_kernel_s_banner_names_a_way_to_rebuild_it_that_works():
+    from flashgen.generator.features import hook as fh
+    from flashgen.generator.hooks import library
+    from flashgen.generator.spec import KernelSpec
+
+    token = fh.token_of(library.softcap_hook())
+    s = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, features=(token,))
+    assert "flashgen build" not in s.build_command  # the CLI cannot build hooks
+    assert s.name in s.build_command and "token_of" in s.build_command
