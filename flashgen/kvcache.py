@@ -236,15 +236,18 @@ class DenseDecode:
         self._e = entry
 
     def __call__(self, qp: int, kp: int, vp: int, op: int, lsep: int, stream: int) -> None:
-        e = self._e
-        n_o, n_l, n_c = e.scratch
-        o_part = torch.empty(n_o, dtype=torch.float32, device=e.device) if n_o else None
-        lse_part = torch.empty(n_l, dtype=torch.float32, device=e.device) if n_l else None
-        counters = _counter_buffer(e.device.index, stream, n_c)
-        e.launch(
-            (qp, kp, vp, op, lsep, _ptr(o_part), _ptr(lse_part), counters.data_ptr(), 0, 0),
-            stream,
-        )  # fmt: skip
+        _launch(self._e, (qp, kp, vp, op, lsep), 0, 0, stream)
+
+
+def _launch(e: _Entry, qkvol: tuple[int, ...], lens: int, table: int, stream: int) -> None:
+    """Launch an entry: its split scratch allocated (none with one split), the counters of
+    (device, stream); `qkvol` the pointers of q, k, v, O and LSE, `lens`/`table` 0 for NULL."""
+    n_o, n_l, n_c = e.scratch
+    o_part = torch.empty(n_o, dtype=torch.float32, device=e.device) if n_o else None
+    lse_part = torch.empty(n_l, dtype=torch.float32, device=e.device) if n_l else None
+    counters = _counter_buffer(e.device.index, stream, n_c)
+    scratch = (_ptr(o_part), _ptr(lse_part), counters.data_ptr())
+    e.launch((*qkvol, *scratch, lens, table), stream)
 
 
 def dense_decode(
@@ -256,9 +259,8 @@ def dense_decode(
     strides `o_stride`; None for any other call (the forward kernels take it). The call was
     validated by the forward's rules already; one the decode kernel's stricter layout rules
     refuse (16-byte rows) stays with the forward too."""
-    b, h, tq, _ = (int(n) for n in q.shape)
-    h_kv, tk = int(k.shape[1]), int(k.shape[2])
-    if q.dtype not in _DTYPES or not routes_to_decode(tq, tk, h // h_kv):
+    tq, tk = int(q.shape[2]), int(k.shape[2])
+    if q.dtype not in _DTYPES or not routes_to_decode(tq, tk):
         return None
     try:
         entry = _prepare(
@@ -428,17 +430,8 @@ def _run(
     stream = raw_stream(dev)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
     lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
-    n_o, n_l, n_c = e.scratch
-    o_part = torch.empty(max(n_o, 1), dtype=torch.float32, device=e.device) if n_o else None
-    lse_part = torch.empty(max(n_l, 1), dtype=torch.float32, device=e.device) if n_l else None
-    counters = _counter_buffer(dev, stream, n_c)
-    e.launch(
-        (
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr(),
-            _ptr(o_part), _ptr(lse_part), counters.data_ptr(), _ptr(lens), _ptr(block_table),
-        ),
-        stream,
-    )  # fmt: skip
+    qkvol = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), lse.data_ptr())
+    _launch(e, qkvol, _ptr(lens), _ptr(block_table), stream)
     return o, lse
 
 

@@ -66,11 +66,11 @@ DECODE_ROUTE_MIN_TK = 256
 """... and at least this many keys (and 4 x Tq) run the decode kernel (`routes_to_decode`)."""
 
 
-def routes_to_decode(tq: int, tk: int, kv_group: int) -> bool:
-    """True when a dense attention call of Tq queries against Tk keys (kv_group query heads per
-    K/V head) runs faster on the decode kernel than on the forward kernels, whose 64- to
-    128-row query tiles such a call leaves mostly empty: few query rows, many keys."""
-    return tq <= DECODE_ROUTE_MAX_TQ and tk >= max(DECODE_ROUTE_MIN_TK, 4 * tq) and kv_group >= 1
+def routes_to_decode(tq: int, tk: int) -> bool:
+    """True when a dense attention call of Tq queries against Tk keys runs faster on the
+    decode kernel than on the forward kernels, whose 64- to 128-row query tiles such a call
+    leaves mostly empty: few query rows, many keys."""
+    return tq <= DECODE_ROUTE_MAX_TQ and tk >= max(DECODE_ROUTE_MIN_TK, 4 * tq)
 
 
 def decode_spec(

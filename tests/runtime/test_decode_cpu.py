@@ -191,7 +191,7 @@ def test_the_decode_op_is_registered_and_traces_under_torch_compile():
 
 
 def test_dense_calls_with_few_query_rows_and_many_keys_route_to_the_decode_kernel():
-    assert routes_to_decode(1, 4096, 4) and routes_to_decode(16, 256, 1)
-    assert not routes_to_decode(17, 4096, 4)  # enough query rows for the forward's tiles
-    assert not routes_to_decode(1, 255, 8)  # too few keys to split
-    assert not routes_to_decode(16, 63 * 4, 1)
+    assert routes_to_decode(1, 4096) and routes_to_decode(16, 256)
+    assert not routes_to_decode(17, 4096)  # enough query rows for the forward's tiles
+    assert not routes_to_decode(1, 255)  # too few keys to split
+    assert not routes_to_decode(16, 63 * 4)
