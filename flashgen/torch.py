@@ -93,8 +93,9 @@ from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     function_modes,
     raw_stream,
 )
+from flashgen.varlen import flash_attn_varlen_func  # noqa: E402
 
-__all__ = ["SCHEMA", "attention", "attention_with_kvcache"]
+__all__ = ["SCHEMA", "attention", "attention_with_kvcache", "flash_attn_varlen_func"]
 
 
 # ---- the features as op arguments (runtime/op_args.py) ----------------------------------------

@@ -382,6 +382,11 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
                 f"{s.name}: deterministic backward variants are not bundled yet (the bundle's "
                 "launcher runs _pre, main and _post); bundle the variant without deterministic"
             )
+        if "varlen" in s.features:  # its sequences ride in abi.VARLEN: not the launcher's ABI
+            raise BundleError(
+                f"{s.name}: varlen variants are not bundled yet (the bundle's launcher takes "
+                "dense batches); bundle the variant without varlen"
+            )
         if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
             raise BundleError(
                 f"{s.name}: gqapack variants are not bundled yet (their grid runs per K/V "

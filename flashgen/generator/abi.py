@@ -96,11 +96,24 @@ lengths and page table (either may be NULL); sizes; strides of q, k, v, o; then 
 forward."""
 
 
+VARLEN: tuple[Param, ...] = (
+    Param("cu_seqlens_q", "const int*", "P", "tensor", "VARLEN: q, o row starts (n_seqs + 1)"),
+    Param("cu_seqlens_k", "const int*", "P", "tensor", "VARLEN: k, v row starts (n_seqs + 1)"),
+    Param("n_seqs", "int", "i", "size", "VARLEN: sequences in the batch"),
+)
+"""A `varlen` variant's block after the forward's features: the sequences of packed q (o)
+and k (v), as int32 prefix sums on the device. Such a variant sees q, k, v, o as one batch of
+tq = total query and tk = total key tokens (the strides' batch entries unused) and lse as
+(H, tq); each sequence is attended on its own (causal bottom-right per sequence)."""
+
+
 def forward(features: Sequence[str]) -> tuple[Param, ...]:
-    """The forward's parameters for a variant with `features`: `FWD`, then the hooks' aux
-    block (`features.hook.HOOK_PARAMS`) when the variant compiles in a hook. Only hooked
-    variants take the block, so every other kernel's ABI is `FWD` unchanged."""
-    return (*FWD, *HOOK_PARAMS) if hook_tokens(features) else FWD
+    """The forward's parameters for a variant with `features`: `FWD`, then the `VARLEN` block
+    for a variant compiled with `varlen`, then the hooks' aux block
+    (`features.hook.HOOK_PARAMS`) when the variant compiles in a hook. Only those variants
+    take the blocks, so every other kernel's ABI is `FWD` unchanged."""
+    params = (*FWD, *VARLEN) if "varlen" in features else FWD
+    return (*params, *HOOK_PARAMS) if hook_tokens(features) else params
 
 
 def tensor_map(name: str) -> Param:
@@ -124,6 +137,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "Param", "declarations", "forward",
+    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "Param", "declarations", "forward",
     "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip

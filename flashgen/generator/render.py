@@ -89,6 +89,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "from_float": info.from_float,
         "elem_bytes": info.itemsize,
         "is_bf16": spec.dtype == "bf16",
+        "varlen": "varlen" in spec.features,  # packed sequences (abi.VARLEN)
     }
     ctx["abi_params"] = abi_params(spec)
     ctx.update(hook_context(spec.features))  # hook_source, hook_score, hook_mask

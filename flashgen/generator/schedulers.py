@@ -136,8 +136,40 @@ class StaticPersistent(Scheduler):
         return (tiles, 1, 1)
 
 
+@dataclass(frozen=True)
+class VarlenPersistent(StaticPersistent):
+    """Packed sequences of different lengths (`varlen` variants): the (sequence, head, query
+    tile) items of each sequence's own length, which the kernel reads from `cu_seqlens_q` on
+    the device (the host knows only the totals and the longest sequences). The grid is sized
+    from an upper bound of the items, ceil(total_q / BR) + n_seqs query tiles per head (each
+    sequence wastes at most one partial tile): persistent blocks, one per SM, when that is
+    more than the SMs and the longest sequences see few key tiles; else a block per item of
+    the bound (blocks past the last item end at once)."""
+
+    def grid(
+        self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,
+        window: tuple[int, int] = (-1, -1), kv_group: int = 1,
+    ) -> tuple[int, int, int]:
+        raise TypeError("a varlen variant's grid comes from varlen_grid (it needs n_seqs)")
+
+    def varlen_grid(
+        self, spec: KernelSpec, n_seqs: int, heads: int, total_q: int, max_q: int, max_k: int,
+        sms: int, window: tuple[int, int] = (-1, -1),
+    ) -> tuple[int, int, int]:
+        """The grid for `n_seqs` packed sequences of `total_q` query tokens in all, the
+        longest `max_q` query and `max_k` key tokens."""
+        # not n_seqs * ceil(max_q / BR): a max_q below the truth must not drop items
+        tiles = max((-(-total_q // spec.br) + n_seqs) * heads, 1)
+        if 0 < sms < tiles and key_tiles(spec, max_q, max_k, window) <= self.max_key_tiles:
+            return (sms, 1, 1)
+        return (tiles, 1, 1)
+
+
 SINGLE_TILE = SingleTile(name="single_tile", persistent=False)
 STATIC_PERSISTENT = StaticPersistent(name="static_persistent", persistent=True)
+VARLEN_PERSISTENT = VarlenPersistent(name="varlen_persistent", persistent=True)
 
-SCHEDULERS: dict[str, Scheduler] = {s.name: s for s in (SINGLE_TILE, STATIC_PERSISTENT)}
+SCHEDULERS: dict[str, Scheduler] = {
+    s.name: s for s in (SINGLE_TILE, STATIC_PERSISTENT, VARLEN_PERSISTENT)
+}
 """Every scheduler by name."""

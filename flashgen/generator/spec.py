@@ -254,6 +254,8 @@ keys: `Family.decode_template`)."""
 FEATURES: dict[str, str] = {
     **{f.token: f.summary for f in RUNTIME_FEATURES},
     "gqapack": "grouped-query heads packed into one tile: K/V read once per group (short queries)",
+    "varlen": "packed sequences of different lengths (cu_seqlens_q/k on the device): every mask "
+    "and position per sequence",
     "deterministic": "backward only: dQ by a kernel per query tile instead of fp32 atomics, so "
     "gradients are bit-identical run to run",
 }

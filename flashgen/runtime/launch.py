@@ -60,6 +60,7 @@ from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.families import FAMILIES, family_of
 from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
 from flashgen.generator.features.hook import HOOK_PARAMS, HookArgs, hook_tokens, hooks_of
+from flashgen.generator.schedulers import VarlenPersistent
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.prefix import PrefixRegistry
 from flashgen.runtime.validate import Problem
@@ -327,10 +328,19 @@ class LaunchPlan:
 
     sms: int = 0  # the device's SM count (persistent families size their grid by it)
 
-    def grid(self, problem: Problem, window: tuple[int, int] = (-1, -1)) -> tuple[int, int, int]:
+    def grid(
+        self, problem: Problem, window: tuple[int, int] = (-1, -1), varlen: Varlen | None = None
+    ) -> tuple[int, int, int]:
         """The launch grid for `problem` (the family's tile scheduler's: a block per query tile,
-        or persistent) with the kernel's window sides."""
-        return family_of(self.spec.family).scheduler(self.spec).grid(
+        or persistent) with the kernel's window sides; a varlen variant's from `varlen`."""
+        scheduler = family_of(self.spec.family).scheduler(self.spec)
+        if isinstance(scheduler, VarlenPersistent):
+            assert varlen is not None  # bind() checks it
+            return scheduler.varlen_grid(
+                self.spec, varlen.n_seqs, problem.h, problem.tq, varlen.max_q, varlen.max_k,
+                self.sms, window,
+            )  # fmt: skip
+        return scheduler.grid(
             self.spec, problem.b, problem.h, problem.tq, problem.tk, self.sms, window,
             problem.kv_group,
         )
@@ -366,12 +376,27 @@ class LaunchPlan:
         scale_log2: float,
         features: FeatureArgs = NO_FEATURES,
         hooks: HookArgs | None = None,
+        varlen: Varlen | None = None,
     ) -> Bound:
         """The launch of this plan on `problem`'s signature (its pointers are ignored) with
         the call's feature values and, for a hooked variant, its hooks' aux values (`hooks`;
-        None for hooks without aux); ValueError when the variant lacks a feature the call
-        uses, or when hook values and the variant's hooks disagree."""
+        None for hooks without aux), and for a varlen variant the batch's sizes (`varlen`;
+        `problem` is then the packed tensors as one batch); ValueError when the variant lacks
+        a feature the call uses, or when hook values and the variant's hooks disagree, or
+        `varlen` and the variant do."""
         check_fits(self.spec, features)
+        if ("varlen" in self.spec.features) != (varlen is not None):
+            raise ValueError(
+                f"spec {self.spec.name}: "
+                + ("a varlen variant needs the call's sequences (varlen=Varlen(...))"
+                   if varlen is None else "sequences given, but the variant is not varlen")
+                + "; launch packed sequences with a varlen variant and dense batches without"
+            )  # fmt: skip
+        if varlen is not None and problem.b != 1:
+            raise ValueError(
+                f"b={problem.b}: a varlen call sees its packed tensors as one batch; pass "
+                "(1, H, total, d) views"
+            )
         hooks = check_hook_args(self.spec, hooks)
         features.check()  # each value by its feature's rule (ALiBi: an aligned pointer)
         if "gqapack" in self.spec.features and problem.tq * problem.kv_group >= 2**31:
@@ -379,7 +404,7 @@ class LaunchPlan:
                 f"tq={problem.tq} x kv_group={problem.kv_group}: a gqapack variant packs them "
                 "into one row index below 2^31; use the variant without gqapack"
             )
-        return Bound(self, problem, scale_log2, features, hooks)
+        return Bound(self, problem, scale_log2, features, hooks, varlen)
 
 
 def check_hook_args(spec: KernelSpec, hooks: HookArgs | None) -> HookArgs | None:
@@ -452,6 +477,16 @@ def clear() -> None:
         _plans.clear()
 
 
+@dataclass(frozen=True)
+class Varlen:
+    """A varlen call's host-side sizes (abi.VARLEN): the sequences, and the longest query and
+    key sequence (they size the grid; the lengths themselves stay on the device)."""
+
+    n_seqs: int
+    max_q: int
+    max_k: int
+
+
 class Bound:
     """One plan bound to one problem signature: grid and kernelParams ready, pointers per call.
 
@@ -463,7 +498,7 @@ class Bound:
     """
 
     __slots__ = (
-        "_args", "_common", "_cur", "_cur_ref", "_drv", "_last_key", "_launch", "_lock",
+        "_args", "_common", "_cu", "_cur", "_cur_ref", "_drv", "_last_key", "_launch", "_lock",
         "_prefix_keep", "_ptrs", "block", "context", "function", "grid", "params", "plan",
         "problem", "smem",
     )  # fmt: skip
@@ -475,13 +510,14 @@ class Bound:
         scale_log2: float,
         features: FeatureArgs = NO_FEATURES,
         hooks: HookArgs | None = None,
+        varlen: Varlen | None = None,
     ) -> None:
         c = ctypes
         self.plan = plan
         self.problem = problem
         self.function = plan.function
         left, right, cap, slopes = features.kernel_args(problem.tq, problem.tk)
-        self.grid = plan.grid(problem, (left, right))
+        self.grid = plan.grid(problem, (left, right), varlen)
         self.block = plan.block
         self.smem = plan.smem
         self._drv = driver()
@@ -495,6 +531,11 @@ class Bound:
         scalars.append(c.c_float(scale_log2))
         scalars.append(c.c_int(problem.kv_group))
         scalars += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
+        # a varlen variant: cu_seqlens_q, cu_seqlens_k (set per call) and n_seqs (abi.VARLEN)
+        self._cu: tuple[ctypes.c_void_p, ctypes.c_void_p] | None = None
+        if varlen is not None:
+            self._cu = (c.c_void_p(0), c.c_void_p(0))
+            scalars += [*self._cu, c.c_int(varlen.n_seqs)]
         if hooks is not None:  # a hooked variant: the aux block after the features
             for p, v in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True):
                 if p.code == "f":
@@ -531,11 +572,22 @@ class Bound:
         self._prefix_keep = blobs
         self._last_key = key
 
-    def __call__(self, q: int, k: int, v: int, o: int, lse: int, stream: int = 0) -> None:
-        """Launch on `stream` (a CUstream handle; 0 is the legacy default stream)."""
+    def __call__(
+        self, q: int, k: int, v: int, o: int, lse: int, stream: int = 0, cu_q: int = 0,
+        cu_k: int = 0,
+    ) -> None:  # fmt: skip
+        """Launch on `stream` (a CUstream handle; 0 is the legacy default stream); a varlen
+        variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k."""
         with self._lock:
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4] = q, k, v, o, lse
+            if self._cu is not None:
+                if not (cu_q and cu_k):
+                    raise ValueError(
+                        f"kernel {self.plan.spec.name}: a varlen launch needs the cu_seqlens_q "
+                        "and cu_seqlens_k device pointers (cu_q=, cu_k=)"
+                    )
+                self._cu[0].value, self._cu[1].value = cu_q, cu_k
             if self.plan.prefix is not None:
                 ptrs = (q, k, v, o, lse)
                 key = tuple([ptrs[i] for i in self.plan.prefix_uses])

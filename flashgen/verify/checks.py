@@ -252,6 +252,12 @@ def check_problem(
             "kernels are checked by tests/gpu/test_decode.py and run through "
             "flashgen.torch.attention_with_kvcache)"
         )
+    if "varlen" in spec.features:
+        raise ValueError(
+            f"{spec.name}: a varlen variant; `check` runs dense batches (varlen kernels are "
+            "checked by tests/gpu/test_varlen.py and run through "
+            "flashgen.torch.flash_attn_varlen_func)"
+        )
     for label, value in (("b", b), ("h", h), ("tq", tq), ("tk", tk)):
         if value < 1:
             raise ValueError(f"{label}={value}: must be >= 1; attention needs a non-empty problem")

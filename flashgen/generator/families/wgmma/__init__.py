@@ -10,7 +10,7 @@ from flashgen.generator.abi import Param, tensor_map
 from flashgen.generator.families.base import Family, Preference
 from flashgen.generator.families.wgmma import bwd as wgmma_bwd
 from flashgen.generator.features import TOKENS
-from flashgen.generator.schedulers import STATIC_PERSISTENT, Scheduler
+from flashgen.generator.schedulers import STATIC_PERSISTENT, VARLEN_PERSISTENT, Scheduler
 
 if TYPE_CHECKING:
     from flashgen.generator.spec import KernelSpec
@@ -80,8 +80,9 @@ class WgmmaFamily(Family):
         return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages)
 
     def scheduler(self, spec: KernelSpec) -> Scheduler:
-        # persistent blocks over a one-dimensional grid (the kernel takes the heads and batch)
-        return STATIC_PERSISTENT
+        # persistent blocks over a one-dimensional grid (the kernel takes the heads and batch);
+        # packed sequences: the same over each sequence's own query tiles
+        return VARLEN_PERSISTENT if "varlen" in spec.features else STATIC_PERSISTENT
 
     def serves_backward(
         self, major: int, d: int, dv: int, dtype: str, deterministic: bool, strided: bool
@@ -182,6 +183,7 @@ WGMMA = WgmmaFamily(
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
     bwd_features=frozenset(TOKENS),
+    features=frozenset({*TOKENS, "varlen"}),
     bwd_whole_tiles=True,
     # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
     # deterministic variant (the mma one serves that mode on every GPU)

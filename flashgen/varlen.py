@@ -1,0 +1,326 @@
+"""Attention over packed sequences of different lengths, on torch tensors: `flash_attn_varlen_func`.
+
+Also reachable as `flashgen.torch.flash_attn_varlen_func`. The layout is the one training and
+serving stacks use for ragged batches (FlashAttention's `flash_attn_varlen_func`): no padding,
+the sequences' tokens one after another.
+
+- q: (total_q, H, d); k, v: (total_k, H_kv, d) and (total_k, H_kv, dv)
+- cu_seqlens_q, cu_seqlens_k: int32 (n_seqs + 1,) on q's device, the prefix sums of the
+  sequences' lengths: sequence b is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (and
+  O) and rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v. Zero-length sequences
+  are allowed.
+- max_seqlen_q, max_seqlen_k: Python ints, the longest sequences (they size the grid only).
+
+Each sequence is attended on its own, every mask per sequence: causal is aligned to its
+bottom-right corner (query i sees keys j <= i + len_k - len_q), and the window and ALiBi
+positions are its own. The kernel is family wgmma's forward compiled with `varlen` (Hopper;
+runtime.launch binds its sequences): the persistent blocks walk each sequence's own query
+tiles, reading the lengths on the GPU, so a call never waits for the GPU and is safe inside
+CUDA-graph capture once a first call of its signature compiled and loaded the kernel.
+
+cu_seqlens cannot be checked without a synchronization. A sequence whose key rows fall outside
+k gets NaN rows (O and LSE); one whose query rows are out of order or outside q gets nothing
+written; rows that no sequence covers are not written either.
+
+The backward pass over packed sequences is not built yet: gradients raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import torch
+except ImportError as _exc:  # one line, says what is missing
+    raise ImportError(
+        f"flashgen.varlen needs PyTorch, which cannot be imported ({_exc}); install torch"
+    ) from None
+
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.select import select
+from flashgen.generator.spec import KernelSpec
+from flashgen.kvcache import (
+    _check_int_array,
+    _check_tensor,
+    _fail,
+    dispatch_stack,
+    feature_args,
+    function_modes,
+    raw_stream,
+)
+from flashgen.runtime import feature_values, launch, op_args
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.validate import check_layout, check_scale, check_spec
+
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A validated call signature: its bound launch and what each call allocates."""
+
+    bound: launch.Bound
+    o_shape: tuple[int, int, int]
+    lse_shape: tuple[int, int]
+    device: Any
+    dtype: Any
+
+
+_entries: dict[tuple[Any, ...], _Entry] = {}
+_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
+_lock = threading.Lock()
+
+
+def _as_batch(x: Any) -> Any:
+    """A packed (total, H, d) tensor as the (1, H, total, d) view the kernels take."""
+    return x.unsqueeze(0).transpose(1, 2)
+
+
+def _check_max(name: str, value: Any, total: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+        _fail(f"{name}={value!r}: must be an int in [0, 2^31) (the longest sequence's length)")
+    if value > total:
+        _fail(
+            f"{name}={value}: longer than the {total} packed tokens; pass the longest "
+            "sequence's length"
+        )
+    return int(value)
+
+
+def _prepare(
+    key: tuple[Any, ...], q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: Any,
+    max_k: Any, causal: Any, scale: Any, variant: str | None,
+    values: feature_values.Values,
+) -> _Entry:  # fmt: skip
+    """First call of a signature: validate, select, compile, load, bind (then cached)."""
+    if causal is not True and causal is not False:
+        _fail(f"causal={causal!r}: must be True or False")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x, 3, q.device if name != "q" else None)
+        if x.dtype not in _DTYPES:
+            _fail(
+                f"{name}.dtype={x.dtype}: the varlen kernels take torch.float16 or "
+                "torch.bfloat16; convert with .to(torch.bfloat16)"
+            )
+    n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
+    if n_seqs < 0:
+        _fail(
+            f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
+            f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
+        )
+    _check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
+    _check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    if n_seqs > _INT_MAX:
+        _fail(f"cu_seqlens_q: {n_seqs} sequences; at most 2^31 - 1")
+    total_q, total_k = int(q.shape[0]), int(k.shape[0])
+    mq = _check_max("max_seqlen_q", max_q, total_q)
+    mk = _check_max("max_seqlen_k", max_k, total_k)
+    scale_value = check_scale(scale, int(q.shape[2]))
+    h, dv = int(q.shape[1]), int(v.shape[2])
+    o = torch.empty((total_q, h, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((h, total_q), dtype=torch.float32, device=q.device)
+    problem = check_layout(
+        _as_batch(q), _as_batch(k), _as_batch(v), o=_as_batch(o), lse=lse.unsqueeze(0)
+    )  # shapes, dtypes, strides, GQA, head dims: ValueError
+    features = feature_args(values, q, h)
+    dev = int(q.get_device())
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = f"sm_{major}{minor}"
+    align = problem.alignment(pointers=True)
+    pkey = (dev, problem.d, problem.value_dim, problem.dtype, causal, align, variant,
+            features.tokens)  # fmt: skip
+    made = _plans.get(pkey)
+    if made is None:
+        if variant is not None:
+            spec = KernelSpec.from_name(variant)
+            if "varlen" not in spec.features:
+                _fail(f"spec {spec.name}: not a varlen variant; add 'varlen' to its features")
+        else:
+            spec = select(
+                problem.d, problem.dtype, bool(causal), arch, alignment=align,
+                gpu_name=torch.cuda.get_device_name(dev),
+                features=(*features.tokens, "varlen"), dv=problem.value_dim,
+            )  # fmt: skip
+        with runtime.for_device_arch(arch):
+            karch = runtime.kernel_arch(spec)
+        chosen = spec
+        made = launch.plan(chosen, lambda: compile_kernel(chosen, karch).cubin, karch, dev)
+        _plans[pkey] = made
+    check_spec(made.spec, problem, check_pointers=True)
+    sizes = launch.Varlen(n_seqs=n_seqs, max_q=mq, max_k=mk)
+    bound = made.bind(_without_pointers(problem), scale_value * LOG2E, features, varlen=sizes)
+    entry = _Entry(bound, (total_q, h, dv), (h, total_q), q.device, q.dtype)
+    launch.remember(_entries, key, entry)
+    return entry
+
+
+def _without_pointers(p: Any) -> Any:
+    return dataclasses.replace(p, q_ptr=None, k_ptr=None, v_ptr=None, o_ptr=None, lse_ptr=None)
+
+
+def _key_of(x: Any) -> tuple[Any, ...]:
+    return (tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() & 15)
+
+
+def _run(
+    q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int,
+    causal: bool = False, scale: float | None = None, variant: str | None = None,
+    *feature_arguments: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
+    values = op_args.values_of(feature_arguments)
+    try:
+        key = (
+            *(_key_of(x) for x in (q, k, v, cu_q, cu_k)), max_q, max_k, causal, scale, variant,
+            feature_values.signature(values, lambda a: (a.data_ptr(), *_key_of(a))),
+        )  # fmt: skip
+        e = _entries.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
+        key, e = (), None
+    if e is None:
+        e = _prepare(key, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, values)
+    o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
+    lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
+    e.bound(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+        raw_stream(e.device.index), cu_q.data_ptr(), cu_k.data_ptr(),
+    )  # fmt: skip
+    return o, lse
+
+
+def _fake(
+    q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int,
+    causal: bool = False, scale: float | None = None, variant: str | None = None,
+    *feature_arguments: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """Shapes only (torch.compile, fake tensors): O (total_q, H, dv) like q, LSE (H, total_q)."""
+    op_args.values_of(feature_arguments)  # the scalar features' checks
+    if q.dim() != 3 or v.dim() != 3:
+        _fail(f"q.shape={tuple(q.shape)}, v.shape={tuple(v.shape)}: must be 3-D")
+    o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return o, lse
+
+
+def _no_backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
+    raise NotImplementedError(
+        "flash_attn_varlen_func: the backward pass over packed sequences is not built yet; "
+        "call it under torch.no_grad() (inference, prefill), or train on padded batches with "
+        "flashgen.torch.attention"
+    )
+
+
+def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+    ctx.mark_non_differentiable(output[1])
+
+
+SCHEMA = (
+    "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "int max_seqlen_q, int max_seqlen_k, bool causal=False, float? scale=None, "
+    f"str? variant=None, {op_args.FEATURE_SCHEMA}) -> (Tensor, Tensor)"
+)
+"""The custom op `torch.ops.flashgen.varlen_attention`."""
+
+_library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
+_LIB: Any = _library.Library("flashgen", "FRAGMENT")
+_LIB.define(SCHEMA)
+_LIB.impl("varlen_attention", _run, "CUDA")
+_LIB.impl("varlen_attention", _run, "CPU")  # validation refuses CPU tensors by name
+_library.register_fake("flashgen::varlen_attention", _fake, lib=_LIB)
+_library.register_autograd(
+    "flashgen::varlen_attention", _no_backward, setup_context=_setup_context, lib=_LIB
+)
+_OP = torch.ops.flashgen.varlen_attention.default
+
+
+def _direct(q: Any, k: Any, v: Any) -> bool:
+    """True when the dispatcher would add nothing: eager, plain tensors, no autograd, no modes."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor and q.is_cuda
+        and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
+        and not dispatch_stack()
+        and not function_modes()
+    )  # fmt: skip
+
+
+def flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    *,
+    return_lse: bool = False,
+    spec: KernelSpec | None = None,
+) -> Any:
+    """softmax(Q·Kᵀ·scale + mask)·V of each packed sequence on its own; O (and LSE).
+
+    Layouts (module docstring): q (total_q, H, d), k and v (total_k, H_kv, d | dv), float16
+    or bfloat16 on one CUDA device, the d axis contiguous; `cu_seqlens_q`/`cu_seqlens_k`
+    int32 (n_seqs + 1,) prefix sums on q's device; `max_seqlen_q`/`max_seqlen_k` the longest
+    lengths (ints). H a multiple of H_kv (GQA/MQA). `softmax_scale` defaults to 1/sqrt(d);
+    `causal` masks key j for query i when j > i + len_k - len_q in each sequence;
+    `window_size=(left, right)` (-1: unbounded), `softcap` (0: off) and `alibi_slopes`
+    (float32 (H,)) as in FlashAttention. Returns O (total_q, H, dv) in q's dtype, or (O, LSE)
+    with `return_lse` (LSE float32 (H, total_q), natural log; -inf for a row that sees no
+    key). `spec` names the variant (a forward KernelSpec with the `varlen` feature); None
+    chooses one.
+
+    Runs on the current stream, never synchronizes, allocates through torch's caching
+    allocator (CUDA-graph capturable after a first call). Forward only for now. Example::
+
+        import torch
+        from flashgen.torch import flash_attn_varlen_func
+
+        lens = torch.tensor([0, 700, 1900, 4096], dtype=torch.int32, device="cuda")
+        q = torch.randn(4096, 16, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        o = flash_attn_varlen_func(q, k, v, lens, lens, 2196, 2196, causal=True)
+    """
+    if causal is not True and causal is not False:
+        _fail(f"causal={causal!r}: must be True or False")
+    if softmax_scale is not None:
+        softmax_scale = check_scale(softmax_scale, 1)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        _fail(f"window_size={window_size!r}: must be (left, right), -1 for unbounded")
+    window = None if tuple(window_size) == (-1, -1) else (window_size[0], window_size[1])
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        _fail(f"softcap={softcap!r}: must be a float (0: off)")
+    keywords: dict[str, Any] = {}
+    if window is not None:
+        keywords["window"] = window
+    if softcap:
+        keywords["softcap"] = float(softcap)
+    if alibi_slopes is not None:
+        keywords["alibi_slopes"] = alibi_slopes
+    values = feature_values.from_keywords(keywords, "flash_attn_varlen_func")
+    if spec is not None and not isinstance(spec, KernelSpec):
+        _fail(f"spec={spec!r}: must be a forward KernelSpec with the varlen feature, or None")
+    variant = spec.name if spec is not None else None
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+            softmax_scale, variant, *op_args.op_args(values))  # fmt: skip
+    o, lse = _run(*args) if _direct(q, k, v) else _OP(*args)
+    return (o, lse) if return_lse else o
+
+
+def clear_cache() -> None:
+    """Forget every validated signature and selection (the loaded kernels stay cached)."""
+    with _lock:
+        _entries.clear()
+        _plans.clear()
+
+
+__all__ = ["SCHEMA", "clear_cache", "flash_attn_varlen_func"]

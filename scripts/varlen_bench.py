@@ -1,0 +1,140 @@
+"""Variable-length prefill on the GPU: flashgen's varlen forward against the dense forward at the
+same token count and FA4's varlen forward (when `flash_attn.cute` imports).
+
+    python3 scripts/varlen_bench.py OUT.json [--dtype bf16 fp16] [--causal 1 0] [--rounds 3]
+
+The issue 26 row set: 16 sequences of 64 to 4096 tokens, 16384 in all, H 16, d 128 (H*d 2048).
+Useful TFLOP/s: the FLOPs of the keys each query row really sees (causal: its own prefix), 4 d H
+per (row, key) pair, over the median time of CUDA graphs of REPS calls. The dense rows run
+`flashgen.torch.attention` on (B, T, H, d) views with B*T = 16384 (B 16 x T 1024, and B 4 x T
+4096). Rounds interleave the kernels (each round times every kernel once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import flashgen.torch as fgt
+
+LENGTHS = [4096, 3072, 2048, 1536, 1024, 1024, 768, 640, 512, 512, 384, 256, 256, 128, 64, 64]
+HEADS, D = 16, 128
+REPS = 10
+TIMES = 5
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Median microseconds of one call, from a CUDA graph of REPS calls."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
+        for _ in range(REPS):
+            fn()
+    torch.cuda.synchronize()
+    g.replay()
+    times = []
+    for _ in range(TIMES):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / REPS)
+    return statistics.median(times)
+
+
+def pairs(lens: list[int], causal: bool) -> int:
+    """(query row, key) pairs each sequence's rows see."""
+    return sum(n * (n + 1) // 2 if causal else n * n for n in lens)
+
+
+def _fa4() -> Any:
+    try:
+        from flash_attn.cute import interface
+    except Exception as exc:  # noqa: BLE001  (any import failure: no peer)
+        print(f"FA4 not importable ({type(exc).__name__}: {exc}); no FA4 rows", file=sys.stderr)
+        return None
+    return interface
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--dtype", nargs="+", default=["bf16", "fp16"])
+    ap.add_argument("--causal", nargs="+", type=int, default=[1])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    fa4 = _fa4()
+    total = sum(LENGTHS)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")  # fmt: skip
+    mx = max(LENGTHS)
+    rows: list[dict[str, Any]] = []
+    for dtype in args.dtype:
+        t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        for causal in map(bool, args.causal):
+            q = torch.randn(total, HEADS, D, device="cuda", dtype=t)
+            k, v = torch.randn_like(q), torch.randn_like(q)
+            kernels: dict[str, tuple[Callable[[], Any], int]] = {
+                "flashgen varlen": (
+                    lambda: fgt.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, causal=causal),
+                    pairs(LENGTHS, causal),
+                ),
+            }
+            for b, tlen in ((16, 1024), (4, 4096)):
+                x = torch.randn(b, tlen, 3, HEADS, D, device="cuda", dtype=t)
+                dq, dk, dv = (y.transpose(1, 2) for y in x.unbind(2))
+                kernels[f"flashgen dense B{b} T{tlen}"] = (
+                    lambda dq=dq, dk=dk, dv=dv: fgt.attention(dq, dk, dv, causal=causal),
+                    b * pairs([tlen], causal),
+                )
+                if fa4 is not None:
+                    bq, bk, bv = (y for y in x.unbind(2))  # (B, T, H, d)
+                    kernels[f"FA4 dense B{b} T{tlen}"] = (
+                        lambda bq=bq, bk=bk, bv=bv: fa4.flash_attn_func(bq, bk, bv, causal=causal),
+                        b * pairs([tlen], causal),
+                    )
+            if fa4 is not None:
+                kernels["FA4 varlen"] = (
+                    lambda: fa4.flash_attn_varlen_func(
+                        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
+                        max_seqlen_k=mx, causal=causal,
+                    ),
+                    pairs(LENGTHS, causal),
+                )  # fmt: skip
+            times: dict[str, list[float]] = {name: [] for name in kernels}
+            for _ in range(args.rounds):
+                for name, (fn, _) in list(kernels.items()):
+                    try:
+                        times[name].append(timed(fn))
+                    except Exception as exc:  # noqa: BLE001  (a peer that cannot run: say so)
+                        print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                        kernels.pop(name)
+                        times.pop(name)
+            for name, (_, n_pairs) in kernels.items():
+                us = statistics.median(times[name])
+                tflops = 4 * D * HEADS * n_pairs / us / 1e6
+                rows.append({"kernel": name, "dtype": dtype, "causal": causal, "us": us,
+                             "tflops": tflops, "rounds_us": times[name]})  # fmt: skip
+    by = {(r["kernel"], r["dtype"], r["causal"]): r for r in rows}
+    print(f"{'kernel':28s} {'dtype':5s} {'causal':6s} {'us':>9s} {'TFLOP/s':>8s} {'x varlen':>8s}")
+    for r in rows:
+        ours = by[("flashgen varlen", r["dtype"], r["causal"])]["tflops"]
+        print(f"{r['kernel']:28s} {r['dtype']:5s} {r['causal']!s:6s} {r['us']:9.1f} "
+              f"{r['tflops']:8.1f} {ours / r['tflops']:8.3f}")  # fmt: skip
+    with open(args.out, "w") as f:
+        json.dump({"lengths": LENGTHS, "heads": HEADS, "d": D, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

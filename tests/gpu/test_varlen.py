@@ -1,0 +1,235 @@
+"""`flashgen.torch.flash_attn_varlen_func` on the GPU (family wgmma, sm_90): packed ragged
+batches against the float64 oracle per sequence (zero-length sequences, lengths that are not
+multiples of the tiles, Tq != Tk per sequence, GQA, d 64/128, fp16/bf16, causal, window,
+softcap, ALiBi), NaN rows for key ranges outside k, CUDA-graph replay with new lengths, no
+host synchronization, torch.compile, and a clear error for gradients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from flashgen.verify.oracle import check_outputs
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("torch has no CUDA device", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("the varlen kernels are family wgmma's (sm_90)", allow_module_level=True)
+from flashgen.torch import flash_attn_varlen_func  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TORCH_TYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+NP_TYPES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _np(t: Any, dtype: str) -> np.ndarray:
+    return t.detach().float().cpu().contiguous().numpy().astype(NP_TYPES[dtype])
+
+
+def _cu(lens: list[int]) -> Any:
+    return torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32, device="cuda")
+
+
+def make_batch(
+    lens_q: list[int], lens_k: list[int], h: int, h_kv: int, d: int, dtype: str, seed: int,
+    slack: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """Packed q (total_q + slack, H, d), k and v (total_k + slack, H_kv, d); int32 prefix sums.
+    `slack` rows past the last sequence belong to no sequence."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    t = TORCH_TYPES[dtype]
+    tq, tk = sum(lens_q) + slack, sum(lens_k) + slack
+    return {
+        "q": torch.randn(tq, h, d, device="cuda", dtype=t, generator=g),
+        "k": torch.randn(tk, h_kv, d, device="cuda", dtype=t, generator=g),
+        "v": torch.randn(tk, h_kv, d, device="cuda", dtype=t, generator=g),
+        "cu_q": _cu(lens_q),
+        "cu_k": _cu(lens_k),
+        "lens_q": lens_q,
+        "lens_k": lens_k,
+    }
+
+
+def assert_matches_oracle(
+    o: Any, lse: Any, c: dict[str, Any], causal: bool, dtype: str, scale: float | None = None,
+    **features: Any,
+) -> None:  # fmt: skip
+    torch.cuda.synchronize()
+    d = c["q"].shape[-1]
+    feats = {
+        key: (val.cpu().numpy() if hasattr(val, "cpu") else val) for key, val in features.items()
+    }
+    cq, ck = c["cu_q"].tolist(), c["cu_k"].tolist()
+    for s, (nq, nk) in enumerate(zip(c["lens_q"], c["lens_k"], strict=True)):
+        if nq == 0:
+            continue
+        rows = slice(cq[s], cq[s] + nq)
+        if nk == 0:  # no key: zeros and -inf (the oracle takes no empty key axis)
+            assert (o[rows] == 0).all() and (lse[:, rows] == float("-inf")).all(), s
+            continue
+        keys = slice(ck[s], ck[s] + nk)
+        qs = _np(c["q"][rows].transpose(0, 1)[None], dtype)
+        ks = _np(c["k"][keys].transpose(0, 1)[None], dtype)
+        vs = _np(c["v"][keys].transpose(0, 1)[None], dtype)
+        os_ = _np(o[rows].transpose(0, 1)[None], dtype)
+        ls = lse[:, rows][None].cpu().numpy()
+        res = check_outputs(
+            os_, ls, qs, ks, vs, causal=causal, scale=scale or d**-0.5, dtype=dtype, **feats
+        )
+        assert res.passed, (s, nq, nk, res)
+
+
+CASES = [
+    # (lens_q, lens_k (None: = lens_q), h, h_kv, d, dtype, causal)
+    ([300, 0, 1, 128, 1000, 77], None, 8, 8, 128, "bf16", True),
+    ([300, 0, 1, 128, 1000, 77], None, 8, 2, 128, "fp16", False),
+    ([64, 4096, 129, 2000], None, 4, 1, 64, "bf16", True),
+    ([5, 700, 33], [900, 700, 2], 6, 3, 128, "bf16", True),  # more (and fewer) keys than rows
+    ([256, 17], [0, 400], 4, 4, 64, "fp16", True),  # a sequence with no key
+    ([1] * 40, None, 2, 1, 128, "bf16", False),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: f"n{len(c[0])}h{c[2]}/{c[3]}d{c[4]}{c[5]}{'c' if c[6] else ''}",
+)
+def test_varlen_matches_the_oracle(case: tuple[Any, ...]) -> None:
+    lens_q, lens_k, h, h_kv, d, dtype, causal = case
+    lens_k = lens_k or lens_q
+    c = make_batch(lens_q, lens_k, h, h_kv, d, dtype, seed=sum(lens_q) + d)
+    o, lse = flash_attn_varlen_func(
+        c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], max(lens_q), max(lens_k), causal=causal,
+        return_lse=True,
+    )  # fmt: skip
+    assert o.shape == c["q"].shape and lse.shape == (h, c["q"].shape[0])
+    assert_matches_oracle(o, lse, c, causal, dtype)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"window_size": (100, 0)},
+        {"window_size": (64, 200)},
+        {"softcap": 20.0},
+        {"alibi": True},
+        {"window_size": (50, 3), "softcap": 10.0},
+    ],
+    ids=["window-causal", "window", "softcap", "alibi", "window+softcap"],
+)
+def test_features(features: dict[str, Any]) -> None:
+    lens = [700, 90, 0, 1300]
+    c = make_batch(lens, lens, 8, 2, 128, "bf16", seed=3)
+    if features.pop("alibi", False):
+        features["alibi_slopes"] = torch.rand(8, device="cuda", dtype=torch.float32)
+    causal = features.get("window_size", (0, 0))[1] == 0
+    o, lse = flash_attn_varlen_func(
+        c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], 1300, 1300, causal=causal,
+        return_lse=True, **features,
+    )  # fmt: skip
+    oracle = {}
+    if "window_size" in features:
+        oracle["window"] = features["window_size"]
+    if "softcap" in features:
+        oracle["softcap"] = features["softcap"]
+    if "alibi_slopes" in features:
+        oracle["alibi_slopes"] = features["alibi_slopes"]
+    assert_matches_oracle(o, lse, c, causal, "bf16", **oracle)
+
+
+def test_scale_and_strided_views() -> None:
+    # q, k, v as views of one packed (total, 3, H, d) projection: strided rows
+    lens = [100, 513]
+    qkv = torch.randn(sum(lens), 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(1)
+    c = {"q": q, "k": k, "v": v, "cu_q": _cu(lens), "cu_k": _cu(lens), "lens_q": lens,
+         "lens_k": lens}  # fmt: skip
+    o, lse = flash_attn_varlen_func(
+        q, k, v, c["cu_q"], c["cu_k"], 513, 513, softmax_scale=0.3, causal=True, return_lse=True
+    )
+    assert_matches_oracle(o, lse, c, True, "bf16", scale=0.3)
+
+
+def test_key_ranges_outside_k_give_nan_rows() -> None:
+    lens = [200, 300]
+    c = make_batch(lens, lens, 4, 4, 128, "bf16", seed=9)
+    bad_k = torch.tensor([0, 200, 10_000], dtype=torch.int32, device="cuda")  # past k's end
+    o, lse = flash_attn_varlen_func(
+        c["q"], c["k"], c["v"], c["cu_q"], bad_k, 300, 300, causal=True, return_lse=True
+    )
+    torch.cuda.synchronize()
+    assert torch.isnan(o[200:]).all() and torch.isnan(lse[:, 200:]).all()
+    assert not torch.isnan(o[:200]).any()
+
+
+def test_graph_replay_with_new_lengths() -> None:
+    total = 3000
+    h, d = 8, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    cu = torch.zeros(5, dtype=torch.int32, device="cuda")
+    sets = [[1000, 1000, 500, 500], [1, 2999, 0, 0], [750, 750, 750, 750]]
+    cu.copy_(_cu(sets[0]))
+    flash_attn_varlen_func(q, k, v, cu, cu, 3000, 3000, causal=True)  # compile and load
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, lse = flash_attn_varlen_func(q, k, v, cu, cu, 3000, 3000, causal=True, return_lse=True)
+    for lens in sets:
+        cu.copy_(_cu(lens))
+        graph.replay()
+        c = {"q": q, "k": k, "v": v, "cu_q": cu, "cu_k": cu, "lens_q": lens, "lens_k": lens}
+        assert_matches_oracle(o, lse, c, True, "bf16")
+
+
+def test_no_host_synchronization() -> None:
+    lens = [500, 12, 900]
+    c = make_batch(lens, lens, 4, 2, 128, "fp16", seed=1)
+    args = (c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], 900, 900)
+    flash_attn_varlen_func(*args, causal=True)  # first call: compile, load, bind
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = flash_attn_varlen_func(*args, causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_matches_oracle(o, flash_attn_varlen_func(*args, causal=True, return_lse=True)[1], c,
+                          True, "fp16")  # fmt: skip
+
+
+def test_torch_compile_fullgraph() -> None:
+    lens = [64, 1000, 3]
+    c = make_batch(lens, lens, 4, 4, 64, "bf16", seed=2)
+
+    def f(q: Any, k: Any, v: Any, cu: Any) -> Any:
+        return flash_attn_varlen_func(q * 1.0, k, v, cu, cu, 1000, 1000, causal=True,
+                                      return_lse=True)  # fmt: skip
+
+    o, lse = torch.compile(f, fullgraph=True)(c["q"], c["k"], c["v"], c["cu_q"])
+    assert_matches_oracle(o, lse, c, True, "bf16")
+
+
+def test_gradients_raise_a_clear_error() -> None:
+    lens = [100, 50]
+    c = make_batch(lens, lens, 2, 2, 64, "bf16", seed=4)
+    q = c["q"].requires_grad_()
+    o = flash_attn_varlen_func(q, c["k"], c["v"], c["cu_q"], c["cu_k"], 100, 100, causal=True)
+    with pytest.raises(NotImplementedError, match="backward pass over packed sequences"):
+        o.sum().backward()
+
+
+def test_bad_inputs_name_the_value() -> None:
+    c = make_batch([10, 20], [10, 20], 2, 2, 64, "bf16", seed=6)
+    with pytest.raises(ValueError, match="cu_seqlens_k.dtype"):
+        flash_attn_varlen_func(c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"].long(), 20, 20)
+    with pytest.raises(ValueError, match="max_seqlen_q=99"):
+        flash_attn_varlen_func(c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], 99, 20)
+    with pytest.raises(ValueError, match="cu_seqlens_k.shape"):
+        flash_attn_varlen_func(c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"][:2], 20, 20)

@@ -1,0 +1,116 @@
+"""Packed variable-length batches without a GPU: the `varlen` token, its ABI block, the grid,
+what refuses it, the torch front door's checks and its registered op."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flashgen.generator import abi
+from flashgen.generator.compile import compile_kernel
+from flashgen.generator.render import render
+from flashgen.generator.schedulers import VARLEN_PERSISTENT
+from flashgen.generator.spec import KernelSpec, SpecError
+
+NAME = "flash_fwd_wgmma_d128_br128_bc128_bf16_causal_varlen_s2"
+
+
+def test_a_varlen_spec_has_a_name_that_reads_back():
+    s = KernelSpec.from_name(NAME)
+    assert "varlen" in s.features and s.name == NAME
+    w = KernelSpec.from_name("flash_fwd_wgmma_d128_br128_bc128_bf16_causal_window_softcap_varlen_s2")
+    assert w.features == ("window", "softcap", "varlen")
+
+
+@pytest.mark.parametrize(
+    "name, rule",
+    [
+        ("flash_fwd_mma_d128_br64_bc64_bf16_causal_varlen_w4", "not supported by family mma"),
+        ("flash_bwd_wgmma_d128_br64_bc128_bf16_causal_varlen_s2", "drop varlen for direction"),
+    ],
+)
+def test_families_and_directions_without_varlen_refuse_it(name: str, rule: str):
+    with pytest.raises(SpecError, match=rule):
+        KernelSpec.from_name(name)
+
+
+def test_only_varlen_variants_take_the_sequences_block():
+    assert abi.forward(("window",)) == abi.FWD
+    assert abi.forward(("varlen",)) == (*abi.FWD, *abi.VARLEN)
+    names = [p.name for p in abi.VARLEN]
+    assert names == ["cu_seqlens_q", "cu_seqlens_k", "n_seqs"]
+    src = render(KernelSpec.from_name(NAME)).source
+    assert "const int* __restrict__ cu_seqlens_q" in src or "const int* cu_seqlens_q" in src
+    assert "WorkList work(cu_seqlens_q, cu_seqlens_k, n_seqs, n_heads, tq, tk);" in src
+    plain = render(KernelSpec.from_name(NAME.replace("_varlen", ""))).source
+    assert "cu_seqlens" not in plain and "varlen_persistent" not in plain
+
+
+def test_the_grid_bounds_the_items_by_the_totals():
+    s = KernelSpec.from_name(NAME)
+    # 16 sequences, 16k tokens, 16 heads: at most (128 + 16) tiles per head; persistent on 132
+    # SMs when the longest sequences see few key tiles
+    assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 132) == (132, 1, 1)
+    assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 0) == (144 * 16, 1, 1)
+    # one long non-causal sequence: a block per item
+    n = KernelSpec.from_name(NAME.replace("causal", "noncausal"))
+    assert VARLEN_PERSISTENT.varlen_grid(n, 1, 8, 32768, 32768, 32768, 132) == (257 * 8, 1, 1)
+    assert VARLEN_PERSISTENT.varlen_grid(s, 3, 2, 0, 0, 0, 132) == (6, 1, 1)  # all empty
+    with pytest.raises(TypeError, match="varlen_grid"):
+        VARLEN_PERSISTENT.grid(s, 1, 1, 1, 1, 132)
+
+
+def test_check_and_bundles_refuse_a_varlen_spec():
+    from flashgen.bundle.emit import BundleError, bundle_context
+    from flashgen.verify.checks import check_problem
+
+    s = KernelSpec.from_name(NAME)
+    with pytest.raises(ValueError, match="a varlen variant; `check` runs dense batches"):
+        check_problem(s, b=1, h=1, tq=1, tk=1, seed=0, scale=None)
+    with pytest.raises(BundleError, match="varlen variants are not bundled yet"):
+        bundle_context([s])
+
+
+def test_the_torch_front_door_refuses_bad_calls_with_one_clear_error():
+    torch = pytest.importorskip("torch")
+    from flashgen.torch import flash_attn_varlen_func
+
+    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"q on cpu: must be on a CUDA device"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
+    with pytest.raises(ValueError, match=r"causal='yes': must be True or False"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, causal="yes")
+    with pytest.raises(ValueError, match=r"window_size=5: must be \(left, right\)"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, window_size=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"softcap='x': must be a float"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, softcap="x")  # type: ignore[arg-type]
+
+
+def test_the_varlen_op_is_registered_and_traces_with_fake_tensors():
+    torch = pytest.importorskip("torch")
+    import flashgen.torch  # noqa: F401  (registers the ops)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(100, 4, 64, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty(90, 2, 32, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        o, lse = torch.ops.flashgen.varlen_attention(q, v, v, cu, cu, 60, 60, True)
+    assert tuple(o.shape) == (100, 4, 32) and tuple(lse.shape) == (4, 100)
+
+
+@pytest.mark.compile_all  # nvcc runs: the compile-everything check's, not the default's
+@pytest.mark.parametrize(
+    "name",
+    [
+        NAME,
+        "flash_fwd_wgmma_d64_br128_bc128_fp16_noncausal_varlen_s2",
+        "flash_fwd_wgmma_d128_br128_bc128_bf16_causal_window_softcap_varlen_s2",
+        "flash_fwd_wgmma_d128_br128_bc128_bf16_noncausal_alibi_varlen_s2",
+    ],
+)
+def test_varlen_variants_compile_without_spills(nvcc_required: Path, name: str):
+    k = compile_kernel(KernelSpec.from_name(name), "sm_90a")
+    assert k.report.spill_bytes == 0, (name, k.report)
