@@ -24,6 +24,8 @@ import torch
 import flashgen.torch as fgt
 
 LENGTHS = [4096, 3072, 2048, 1536, 1024, 1024, 768, 640, 512, 512, 384, 256, 256, 128, 64, 64]
+# packed batches come in no particular order: the default interleaves long and short
+SHUFFLED = [512, 64, 3072, 256, 1024, 128, 4096, 640, 64, 1536, 384, 1024, 2048, 256, 768, 512]
 HEADS, D = 16, 128
 REPS = 10
 TIMES = 5
@@ -72,12 +74,15 @@ def main() -> int:
     ap.add_argument("--dtype", nargs="+", default=["bf16", "fp16"])
     ap.add_argument("--causal", nargs="+", type=int, default=[1])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sorted", action="store_true", help="longest sequence first")
+    ap.add_argument("--no-peers", action="store_true", help="flashgen's kernels only")
     args = ap.parse_args()
-    fa4 = _fa4()
-    total = sum(LENGTHS)
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32,
+    fa4 = None if args.no_peers else _fa4()
+    lengths = LENGTHS if args.sorted else SHUFFLED
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")  # fmt: skip
-    mx = max(LENGTHS)
+    mx = max(lengths)
     rows: list[dict[str, Any]] = []
     for dtype in args.dtype:
         t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -87,7 +92,7 @@ def main() -> int:
             kernels: dict[str, tuple[Callable[[], Any], int]] = {
                 "flashgen varlen": (
                     lambda: fgt.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, causal=causal),
-                    pairs(LENGTHS, causal),
+                    pairs(lengths, causal),
                 ),
             }
             for b, tlen in ((16, 1024), (4, 4096)):
@@ -109,7 +114,7 @@ def main() -> int:
                         q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
                         max_seqlen_k=mx, causal=causal,
                     ),
-                    pairs(LENGTHS, causal),
+                    pairs(lengths, causal),
                 )  # fmt: skip
             times: dict[str, list[float]] = {name: [] for name in kernels}
             for _ in range(args.rounds):
@@ -132,7 +137,7 @@ def main() -> int:
         print(f"{r['kernel']:28s} {r['dtype']:5s} {r['causal']!s:6s} {r['us']:9.1f} "
               f"{r['tflops']:8.1f} {ours / r['tflops']:8.3f}")  # fmt: skip
     with open(args.out, "w") as f:
-        json.dump({"lengths": LENGTHS, "heads": HEADS, "d": D, "rows": rows}, f, indent=1)
+        json.dump({"lengths": lengths, "heads": HEADS, "d": D, "rows": rows}, f, indent=1)
     return 0
 
 
