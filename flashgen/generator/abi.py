@@ -103,6 +103,14 @@ def forward(features: Sequence[str]) -> tuple[Param, ...]:
     return (*FWD, *HOOK_PARAMS) if hook_tokens(features) else FWD
 
 
+def backward(features: Sequence[str]) -> tuple[Param, ...]:
+    """The backward kernels' parameters for a variant with `features`: `BWD`, then the hooks'
+    aux block (`features.hook.HOOK_PARAMS`, as the forward takes it) when the variant compiles
+    in a hook. All three kernels of a hooked variant take it (one argument list); every other
+    backward's ABI is `BWD` unchanged."""
+    return (*BWD, *HOOK_PARAMS) if hook_tokens(features) else BWD
+
+
 def tensor_map(name: str) -> Param:
     """A by-value 128-byte TMA descriptor (`TensorMap` in the generated source)."""
     return Param(name, "TensorMap", "", "tensor_map")
@@ -124,6 +132,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "Param", "declarations", "forward",
-    "pointers", "struct_format", "tensor_map",
+    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "Param", "backward", "declarations",
+    "forward", "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip
