@@ -116,6 +116,14 @@ def forward(features: Sequence[str]) -> tuple[Param, ...]:
     return (*params, *HOOK_PARAMS) if hook_tokens(features) else params
 
 
+def backward(features: Sequence[str]) -> tuple[Param, ...]:
+    """The backward kernels' parameters for a variant with `features`: `BWD`, then the hooks'
+    aux block (`features.hook.HOOK_PARAMS`, as the forward takes it) when the variant compiles
+    in a hook. All three kernels of a hooked variant take it (one argument list); every other
+    backward's ABI is `BWD` unchanged."""
+    return (*BWD, *HOOK_PARAMS) if hook_tokens(features) else BWD
+
+
 def tensor_map(name: str) -> Param:
     """A by-value 128-byte TMA descriptor (`TensorMap` in the generated source)."""
     return Param(name, "TensorMap", "", "tensor_map")
@@ -137,6 +145,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "Param", "declarations", "forward",
-    "pointers", "struct_format", "tensor_map",
+    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "Param", "backward",
+    "declarations", "forward", "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip

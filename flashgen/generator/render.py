@@ -104,7 +104,7 @@ def abi_params(spec: KernelSpec) -> list[dict[str, str]]:
     ABI table of its direction after its family's leading by-value arguments."""
     fam = spec.fam
     if spec.direction == "bwd":
-        params = (*fam.bwd_prefix, *abi.BWD)
+        params = (*fam.bwd_prefix, *abi.backward(spec.features))
     elif spec.direction == "decode":
         params = abi.DECODE
     else:

@@ -345,8 +345,9 @@ def _check_features(features: object, family: str, supported: frozenset[str]) ->
 
 def _check_hooks(spec: KernelSpec, fam: Family) -> list[str]:
     """What a spec with hook tokens (`scoremod<digest>`, `maskmod<digest>`: features/hook.py)
-    must satisfy: the forward of a family whose template calls hooks (`Family.features` lists
-    `scoremod` / `maskmod`), one hook of each kind at most, no built-in score mod beside a
+    must satisfy: a forward or backward whose family's template for that direction calls
+    hooks (`Family.features` / `Family.bwd_features` list `scoremod` / `maskmod`; no decode
+    kernel takes them), one hook of each kind at most, no built-in score mod beside a
     score_mod (write softcap or ALiBi into the hook: hooks.library), no gqapack."""
     feats = spec.features
     if not isinstance(feats, (tuple, list)) or not all(isinstance(f, str) for f in feats):
@@ -356,17 +357,20 @@ def _check_hooks(spec: KernelSpec, fam: Family) -> list[str]:
         return []
     kinds = [token_kind(f) for f in hooks]
     problems = []
-    if spec.direction != "fwd":
+    if spec.direction == "decode":
         problems.append(
-            f"features: {', '.join(hooks)}: hooks are compiled into forward kernels only for "
-            f"now; drop them for direction={spec.direction!r}"
+            f"features: {', '.join(hooks)}: hooks are compiled into forward and backward "
+            f"kernels only for now; drop them for direction={spec.direction!r}"
         )
+    # the direction's own list: a family may call hooks in its forward but not its backward
+    takes_here = fam.bwd_features if spec.direction == "bwd" else fam.features
     for kind in sorted(set(kinds)):
-        if kind not in fam.features:
-            takes = [k for k in KIND_TOKENS.values() if k in fam.features]
+        if spec.direction != "decode" and kind not in takes_here:
+            takes = [k for k in KIND_TOKENS.values() if k in takes_here]
             problems.append(
-                f"features: a {kind} hook is not supported by family {fam.name}; families "
-                f"taking hooks: mma (it takes {', '.join(takes) or 'none'} here); use --family mma"
+                f"features: a {kind} hook is not supported by family {fam.name}'s "
+                f"{'backward' if spec.direction == 'bwd' else 'forward'}; families taking "
+                f"hooks: mma (it takes {', '.join(takes) or 'none'} here); use --family mma"
             )
         if kinds.count(kind) > 1:
             problems.append(
@@ -419,10 +423,10 @@ def _check_backward(spec: KernelSpec, fam: Family) -> list[str]:
                     "bit-identical gradients, or drop deterministic"
                 )
             else:
+                plain = sorted(fam.bwd_features - set(KIND_TOKENS.values()))  # hooks aside
                 problems.append(
                     f"features={feats!r}: the {fam.name} backward supports "
-                    f"{', '.join(sorted(fam.bwd_features)) or 'no features'}; drop {f} for "
-                    "direction='bwd'"
+                    f"{', '.join(plain) or 'no features'}; drop {f} for direction='bwd'"
                 )
     if spec.dv != spec.d:
         problems.append(

@@ -31,7 +31,10 @@ pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long l
 in elements (q, k, v, o, do, dq, dk, dv x batch, head, token); float scale_log2; int kv_group;
 then the forward's four feature values: int window_left, window_right; float softcap; const
 float* alibi_slopes (`features.FeatureArgs.kernel_args`: -1 an unbounded side, softcap 0.0 and
-a NULL pointer when off). Every variant takes all four, with features or without.
+a NULL pointer when off). Every variant takes all four, with features or without. A variant
+with a user hook (`scoremod<digest>` / `maskmod<digest>`, family mma) then takes the hooks'
+aux block, as its forward does (`abi.backward`: `features.hook.HOOK_PARAMS`, the values from a
+`features.hook.HookArgs`); `kernel_params` appends it for all three kernels.
 
 **Family wgmma** (`families/wgmma/bwd.py` has its rules) launches the same three kernels with
 the same argument list -- its scratch padded to whole query tiles (`scratch_shapes`), the pre
@@ -69,6 +72,7 @@ from flashgen.generator.features import (
     FeatureKeywords,
     check_fits,
 )
+from flashgen.generator.features.hook import HOOK_PARAMS, HookArgs
 from flashgen.generator.numerics import LOG2E
 from flashgen.runtime import feature_values
 from flashgen.runtime.prefix import PrefixRegistry
@@ -92,13 +96,20 @@ if TYPE_CHECKING:
 # ---- the host side ---------------------------------------------------------------------------
 # The kernels' argument list as struct codes: 11 pointers, tq, tk, 24 strides, scale_log2,
 # kv_group, and the forward's four feature values (window_left, window_right, softcap, the
-# ALiBi slopes pointer), as launch.Bound packs them.
+# ALiBi slopes pointer), as launch.Bound packs them. A hooked variant's list goes on with the
+# hooks' aux block: `abi_format(spec)`.
 ABI_FORMAT = abi.struct_format(abi.BWD)
 # q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv: the per-call arguments
 POINTERS = abi.pointers(abi.BWD)
 N_POINTERS = len(POINTERS)
 
 Strides3 = tuple[int, int, int]
+
+
+def abi_format(spec: KernelSpec) -> str:
+    """The struct codes of backward variant `spec`'s arguments: `ABI_FORMAT`, then the hooks'
+    aux block for a hooked variant (`abi.backward`)."""
+    return abi.struct_format(abi.backward(spec.features))
 
 
 @dataclass(frozen=True)
@@ -268,10 +279,12 @@ def prefix_builder(family: str) -> tuple[BwdPrefixArgs, tuple[int, ...]] | None:
 def kernel_params(
     problem: BackwardProblem, pointers: tuple[int, ...], scale_log2: float,
     prefix: Sequence[Any] = (), features: FeatureArgs = NO_FEATURES,
+    hooks: HookArgs | None = None,
 ) -> tuple[Any, list[Any]]:  # fmt: skip
     """The kernelParams array of the three kernels (and the ctypes objects of the ABI's
     arguments it points at): the `prefix` objects' addresses first (the caller keeps them
-    alive), then the ABI's arguments, the call's feature values last."""
+    alive), then the ABI's arguments, the call's feature values, and for a hooked variant
+    (`hooks`, checked against the variant by the caller) the hooks' aux block last."""
     c = ctypes
     f = problem.fwd
     left, right, cap, slopes = features.kernel_args(f.tq, f.tk)
@@ -281,6 +294,12 @@ def kernel_params(
     args += [c.c_float(scale_log2), c.c_int(f.kv_group)]
     args += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
     assert len(args) == len(ABI_FORMAT)
+    if hooks is not None:  # a hooked variant: the aux block after the features
+        for p, value in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True):
+            if p.code == "f":
+                args.append(c.c_float(float(value)))
+            else:
+                args.append(c.c_void_p(int(value)) if p.code == "P" else c.c_int(int(value)))
     addrs = [c.addressof(a) for a in (*prefix, *args)]
     params = (c.c_void_p * len(addrs))(*addrs)
     return params, args
@@ -294,20 +313,23 @@ class Prepared:
     Built once per signature (validation happens before, on the first call's arrays); a later
     call with the same shapes, strides and pointer alignment only sets the pointers. The
     call's feature values (`features`: window, softcap, the ALiBi slopes' pointer; checked
-    against the variant with `features.check_fits` here) are bound like the scale: a call
-    with other values needs another Prepared. A family with leading arguments (wgmma: tensor
+    against the variant with `features.check_fits` here) and a hooked variant's aux values
+    (`hooks`, a `features.hook.HookArgs` checked against the variant's hooks here; None is
+    enough for hooks without aux) are bound like the scale: a call with other values needs
+    another Prepared. A family with leading arguments (wgmma: tensor
     maps of q, k, v and dO) rebuilds them when a pointer they depend on changes, and only
     then.
     """
 
     def __init__(
         self, plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, scale_log2: float,
-        features: FeatureArgs = NO_FEATURES,
+        features: FeatureArgs = NO_FEATURES, hooks: HookArgs | None = None,
     ) -> None:  # fmt: skip
         from flashgen.runtime import launch as _launch
 
         check_fits(spec, features)
         features.check()  # each value by its feature's rule (ALiBi: an aligned pointer)
+        hooks = _launch.check_hook_args(spec, hooks)  # the forward's rule: by hook identity
         self.plan, self.spec, self.features = plan, spec, features
         self.launches = list(
             zip(kernel_names(spec), _functions(plan, spec), problem.grids(spec), smems(spec),
@@ -315,7 +337,7 @@ class Prepared:
         )  # fmt: skip
         self.problem = problem
         self._params, self._args = kernel_params(
-            problem, (0,) * N_POINTERS, scale_log2, features=features
+            problem, (0,) * N_POINTERS, scale_log2, features=features, hooks=hooks
         )
         self._ptrs = self._args[: N_POINTERS]  # the c_void_p objects params points at
         self._prefix = prefix_builder(spec.family)
@@ -329,7 +351,7 @@ class Prepared:
         assert self._prefix is not None
         blobs = list(self._prefix[0](self.spec, self.problem, pointers))
         addrs = [ctypes.addressof(b) for b in blobs]
-        n = len(ABI_FORMAT)
+        n = len(self._args)  # the ABI's arguments (a hooked variant's aux block included)
         if len(self._params) == len(addrs) + n:
             for i, a in enumerate(addrs):
                 self._params[i] = a
@@ -374,13 +396,14 @@ class Prepared:
 def issue(
     plan: LaunchPlan, spec: KernelSpec, problem: BackwardProblem, pointers: tuple[Any, ...],
     scale_log2: float, stream_handle: int, features: FeatureArgs = NO_FEATURES,
+    hooks: HookArgs | None = None,
 ) -> None:  # fmt: skip
     """Launch the kernels of `spec` in order on the stream `stream_handle` (a CUstream; 0: the
     legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv
     (the two fp32 scratch arrays shaped as `scratch_shapes` says; dq_accum is never read in
     deterministic mode: pass 0); `features` the call's window, softcap and ALiBi slopes
-    (default: none). Nothing waits."""
-    prepared = Prepared(plan, spec, problem, scale_log2, features)
+    (default: none); `hooks` a hooked variant's aux values. Nothing waits."""
+    prepared = Prepared(plan, spec, problem, scale_log2, features, hooks)
     prepared(tuple(int(p or 0) for p in pointers), stream_handle)
 
 
@@ -434,6 +457,7 @@ def launch_backward(
     stream: Any = None,
     *,
     sync: bool = True,
+    hooks: HookArgs | None = None,
     **features: Unpack[FeatureKeywords],
 ) -> BackwardLaunch:
     """Compute dq, dk, dv of attention on device arrays (PyCUDA GPUArrays or CUDA-array-
@@ -444,12 +468,14 @@ def launch_backward(
     forward's (`flashgen.attention`): `window=(left, right)` (-1: unbounded on that side),
     `softcap=c` (c > 0), `alibi_slopes` a float32 (H,) device array (kept alive by the caller
     until the kernels are done); a call runs a variant compiled with every feature it uses
-    (a softcap variant needs softcap > 0). Everything is validated before anything is
-    issued; the fp32 scratch is allocated here (in deterministic mode only D's: dQ needs no
-    accumulator) and the three kernels are launched in order on `stream` (None: the legacy
-    default stream). With `sync` (default) the call waits and
-    raises RuntimeError naming the kernel when one fails; without, keep the returned
-    BackwardLaunch (it owns the scratch) until the stream is done.
+    (a softcap variant needs softcap > 0). A hooked variant (family mma) takes its hooks' aux
+    values as `hooks` (`features.hook.HookArgs`: device pointers and scalars, the forward's
+    values, kept alive by the caller as the slopes are). Everything is validated before
+    anything is issued; the fp32 scratch is allocated here (in deterministic mode only D's:
+    dQ needs no accumulator) and the three kernels are launched in order on `stream` (None:
+    the legacy default stream). With `sync` (default) the call waits and raises RuntimeError
+    naming the kernel when one fails; without, keep the returned BackwardLaunch (it owns the
+    scratch) until the stream is done.
     """
     from flashgen.runtime import gpu as runtime
     from flashgen.runtime import launch as _launch
@@ -458,6 +484,7 @@ def launch_backward(
     value = check_scale(scale, spec.d)
     values = feature_values.from_keywords(features, "launch_backward")
     feats = backward_features(spec, problem, values)
+    hooks = _launch.check_hook_args(spec, hooks)  # before any GPU work, as the features
     f = problem.fwd
     ptrs = (f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, problem.dq_ptr,
             problem.dk_ptr, problem.dv_ptr)  # fmt: skip
@@ -477,7 +504,9 @@ def launch_backward(
         0 if dq_accum is None else int(dq_accum.gpudata), problem.dq_ptr, problem.dk_ptr,
         problem.dv_ptr,
     )  # fmt: skip
-    issue(plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream), feats)
+    issue(
+        plan, spec, problem, pointers, value * LOG2E, runtime.stream_handle(stream), feats, hooks
+    )
     if sync:
         runtime.wait(stream, f"backward kernels of {spec.name} failed")
     return BackwardLaunch(problem, d_buf, dq_accum)

@@ -9,11 +9,18 @@ dv). Given the upstream gradient dO of the output, the backward is FlashAttentio
     dV = Pᵀ dO                     dP = dO Vᵀ
     D  = rowsum(dO ∘ O)            dS = P ∘ (dP - D)       (softmax's Jacobian, row by row)
     dS ∘= 1 - tanh²(s / c)         with softcap c: d/ds c·tanh(s/c)
+    dS ∘= d score_mod / d s        with a score_mod hook (its `grad`), where P > 0
     dQ = scale · dS K              dK = scale · dSᵀ Q
 
 With grouped-query attention dK and dV are summed over the query heads that share a K/V
 head, so they have k's and v's shapes. A query row that sees no key has P = 0 and contributes
 nothing: its dQ row is zero and it adds nothing to dK or dV (no NaN).
+
+User hooks (`score_mod=`, `mask_mod=`: a `features.hook.HookCall` each, as `oracle.reference`
+takes them) enter as the forward applies them: the score_mod on the scaled (natural-log) score
+s = scale·q·k, the mask_mod's dropped keys at -inf. The chain rule multiplies dS by the
+score_mod's derivative at s, only where P > 0: a masked key (P = 0) adds exactly nothing even
+where the derivative is not finite there, as in the kernels.
 
 `reference_grads` is the float64 answer on the given inputs; `rounded_reference_grads` is
 what a careful fp16/bf16 kernel computes (FlashAttention's "reference in the low dtype"); its
@@ -40,6 +47,7 @@ from flashgen.verify.oracle import (
     error_ratio,
     expand_kv,
     feature_values,
+    split_hooks,
 )
 
 # The gradient rule: max|g - g64| <= GRAD_FACTOR * max|g_ref - g64| + eps, per gradient, with
@@ -133,14 +141,15 @@ def _backward(
     k3 = load(ke).reshape(b * h, tk, d)
     v3 = load(ve).reshape(b * h, tk, dv)
     do3 = load(do).reshape(b * h, tq, dv)
-    feats = feature_values(features)
+    plain, hooks = split_hooks(features)
+    feats = feature_values(plain)
     mask = _mask(tq, tk, causal, feats)
     dq = np.zeros((b * h, tq, d), work)
     dk = np.zeros((b * h, tk, d), work)
     dvv = np.zeros((b * h, tk, dv), work)
     for c in _head_chunks(b * h, tq, tk):
         raw = np.matmul(q3[c], k3[c].transpose(0, 2, 1)) * t(scale)
-        s = _finish_scores(raw, c, h, mask, feats)
+        s = _finish_scores(raw, c, h, mask, feats, hooks)
         m = s.max(axis=-1, keepdims=True)
         seen = ~np.isneginf(m)
         # A row that sees no key has every logit -inf: exp(-inf - 0) = 0 makes its P row
@@ -157,6 +166,10 @@ def _backward(
             factor = feature.dlogits(value, raw)
             if factor is not None:
                 ds = ds * factor
+        if hooks.score is not None:  # the score_mod's chain rule, on the same scaled scores
+            factor = hooks.score.dlogits(raw, c, h)
+            with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 where P = 0: dropped
+                ds = np.where(p != 0, ds * factor, t(0.0))
         ds_op = rnd(ds)  # dS as the dS·K and dSᵀ·Q operand
         # the scale is applied to the accumulators at the end, as FlashAttention does
         dq[c] = np.matmul(ds_op, k3[c]) * t(scale)
@@ -186,7 +199,7 @@ def reference_grads(
 
     q (B, H, Tq, d), k (B, H_kv, Tk, d), v (B, H_kv, Tk, dv), do (B, H, Tq, dv); the results
     have the shapes of q, k and v (dK and dV summed over each K/V head's query heads).
-    `scale` defaults to 1/sqrt(d); features as in `oracle.reference`. Rows that see no key
+    `scale` defaults to 1/sqrt(d); features and hooks as in `oracle.reference`. Rows that see no key
     contribute zero. Non-finite inputs follow IEEE arithmetic (NaN spreads).
     """
     return _backward(
@@ -268,7 +281,7 @@ def check_grads(
     reference is plain float32 arithmetic. Any NaN fails. Features as in `reference_grads`.
     """
     _store_dtype(dtype)  # an unknown dtype is refused before any work
-    feature_values(features)  # unknown keywords fail before any work
+    feature_values(split_hooks(features)[0])  # unknown keywords fail before any work
     feats: dict[str, Any] = {"scale": scale, "causal": causal, **features}
     g64 = reference_grads(q, k, v, do, **feats)
     if len(got) != 3 or any(np.shape(a) != b.shape for a, b in zip(got, g64, strict=False)):

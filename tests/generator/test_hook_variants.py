@@ -31,8 +31,9 @@ BIAS_HOOK = hk.trace_score_mod(
 def hooked(*hooks: hk.Hook, **changes: object) -> KernelSpec:
     """MMA with `changes` (a family of its own: that family's defaults) and the hooks."""
     features = (*changes.pop("features", ()), *(fh.token_of(h) for h in hooks))  # type: ignore[misc]
-    if "family" in changes:
-        return KernelSpec(**changes, features=features)  # type: ignore[arg-type]
+    if "family" in changes or "direction" in changes:  # that kind's own default tile
+        base = {"family": "mma", "d": 64, "dtype": "bf16", "causal": True, **changes}
+        return KernelSpec(**base, features=features)  # type: ignore[arg-type]
     return MMA.replace(**changes, features=features)
 
 
@@ -64,7 +65,8 @@ def test_a_name_with_an_unregistered_hook_parses_but_does_not_render():
     ("changes", "rule"),
     [
         ({"family": "simt"}, "not supported by family simt"),
-        ({"direction": "bwd"}, "forward kernels only"),
+        ({"direction": "decode"}, "forward and backward kernels only"),
+        ({"family": "wgmma", "direction": "bwd"}, "not supported by family wgmma's backward"),
         ({"features": ("softcap",)}, "write the built-in score mod into the hook"),
         ({"features": ("gqapack",), "causal": False}, "gqapack with a hook"),
     ],
@@ -140,6 +142,73 @@ def test_the_source_shows_the_hook_inline_and_calls_it_on_the_natural_log_score(
     assert src.count("hook_i3") == 1  # in the signature, after the features
 
 
+# ---- the backward -------------------------------------------------------------------------------
+BWD = KernelSpec(family="mma", d=64, dtype="bf16", causal=True, direction="bwd")
+
+
+def test_a_hooked_backward_is_named_by_its_hooks_and_round_trips():
+    for det in ((), ("deterministic",)):
+        spec = hooked(BIAS_HOOK, library.document_hook(), direction="bwd", features=det)
+        assert spec.name.startswith("flash_bwd_mma_") and f"scoremod{BIAS_HOOK.digest}" in spec.name
+        assert KernelSpec.from_name(spec.name) == spec
+    with pytest.raises(SpecError, match="write the built-in score mod into the hook"):
+        hooked(library.softcap_hook(), direction="bwd", features=("softcap",))
+
+
+def test_only_hooked_backwards_take_the_aux_block_in_all_three_kernels():
+    from flashgen.generator.backward import kernel_names
+
+    assert abi.backward(BWD.features) == abi.BWD
+    spec = hooked(library.causal_hook(), direction="bwd")
+    assert abi.backward(spec.features) == (*abi.BWD, *abi.HOOK_PARAMS)
+    src = render(spec).source
+    for symbol in kernel_names(spec):  # one argument list: the block ends every signature
+        sig = src[src.index(f" {symbol}(") :]
+        assert "const int hook_i3)" in sig[: sig.index("{")], symbol
+
+
+def _calls(src: str, name: str) -> list[str]:
+    return re.findall(rf"{name}\(([^;]*?)\)(?: \* LOG2E|\)\))", src)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_backward_recomputes_the_forwards_logit_and_takes_the_hooks_derivative(deterministic):
+    det = ("deterministic",) if deterministic else ()
+    spec = hooked(BIAS_HOOK, library.document_hook(), direction="bwd", features=det)
+    src = render(spec).source
+    name = f"score_mod_{BIAS_HOOK.digest}"
+    # value and derivative at once, on the natural-log score (scale * q.k), times log2(e) as
+    # the forward: once in the main kernel and once in the deterministic dQ kernel
+    calls = re.findall(rf"{name}_value_grad\((\w+\[nt\]\[e\]) \* scale, batch, head, row, key, "
+                       r"tq, tk, (.*?), f\) \* LOG2E", src)  # fmt: skip
+    assert [c[0] for c in calls] == ["pt[nt][e]", "p[nt][e]"][: 1 + deterministic]
+    assert {c[1] for c in calls} == {"static_cast<const float*>(hook_ptr0), hook_stride0, hook_f0"}
+    assert src.count("const bool inside = row < tq && key < tk;") == 1 + deterministic
+    mask = f"mask_mod_{library.document_hook().digest}"
+    assert src.count(f"if (!inside || !{mask}(batch, head, row, key, tq, tk, ") == 1 + deterministic
+    # dS's weight is P o f, zero wherever P is
+    assert "pt[nt][e] = p == 0.0f ? 0.0f : p * f;" in src
+    assert ("p[nt][e] = x == 0.0f ? 0.0f : x * f;" in src) == deterministic
+    assert "constexpr bool HOOK_DFAC = true;" in src
+
+
+def test_a_bias_hook_keeps_no_derivative():
+    """ALiBi as a hook: d(new)/d(score) is the constant 1, so the backward calls the plain
+    function and multiplies dS by nothing."""
+    alibi = library.alibi_hook()
+    assert fh.grad_is_one(alibi) and not fh.grad_is_one(library.softcap_hook())
+    src = render(hooked(alibi, direction="bwd")).source
+    assert "constexpr bool HOOK_DFAC = false;" in src
+    assert f"score_mod_{alibi.digest}(pt[nt][e] * scale, batch, head" in src
+    assert f"score_mod_{alibi.digest}_value_grad(pt" not in src
+    assert "p * f" not in src
+
+
+def test_an_unhooked_backward_renders_no_hook_code():
+    for feats in ((), ("deterministic",), ("window", "softcap", "alibi")):
+        assert "hook" not in render(BWD.replace(features=feats)).source.lower()
+
+
 def test_an_unhooked_mma_variant_renders_no_hook_code():
     src = render(MMA.replace(features=("window", "softcap"))).source
     assert "hook" not in src.lower()
@@ -153,6 +222,43 @@ def _no_spills(spec: KernelSpec, arch: str) -> None:
 
 def test_a_hooked_variant_compiles_without_spills(nvcc_required: Path):
     _no_spills(hooked(BIAS_HOOK, library.document_hook(), features=("window",)), "sm_90")
+
+
+def _bwd_spills(spec: KernelSpec, arch: str) -> list[str]:
+    """All three kernels of a backward variant (compile_kernel's report has the main one)."""
+    from flashgen.generator.backward import kernel_names
+    from flashgen.generator.compile import BASE_FLAGS, run_nvcc
+    from flashgen.generator.report import parse_ptxas
+
+    _, log = run_nvcc([*BASE_FLAGS, "-cubin", f"-arch={arch}"], render(spec).source)
+    reports = [parse_ptxas(log, symbol, arch) for symbol in kernel_names(spec)]
+    return [f"{spec.name} [{arch}]: {r}" for r in reports if r.spill_bytes or r.registers <= 0]
+
+
+# d 64, the backward's tile: every library hook, a custom one with every aux kind, both modes.
+# (d 128: ptxas 13.0 spills 8-116 B in some hooked backwards, as it does 48 B for the built-in
+# softcap's backward at d 128; bench/NOTES.md has the numbers.)
+BWD_VARIANTS = [
+    (library.softcap_hook, (), True, "bf16"),
+    (library.alibi_hook, (), False, "fp16"),
+    (library.document_hook, (), True, "bf16"),
+    (library.prefix_lm_hook, (), False, "bf16"),
+    (lambda: BIAS_HOOK, ("window",), True, "fp16"),
+]
+
+
+@pytest.mark.compile_all
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(("make", "features", "causal", "dtype"), BWD_VARIANTS)
+def test_hooked_backwards_compile_without_spills(
+    make, features, causal, dtype, deterministic, arch, nvcc_required
+):
+    det = ("deterministic",) if deterministic else ()
+    spec = hooked(
+        make(), d=64, causal=causal, dtype=dtype, direction="bwd", features=(*features, *det)
+    )
+    assert not _bwd_spills(spec, arch)
 
 
 LIBRARY_VARIANTS = [

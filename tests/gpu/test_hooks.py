@@ -1,4 +1,5 @@
-"""Hooked mma forwards on the GPU: against the float64 oracle evaluating the same hook, and
+"""Hooked mma forwards and backwards on the GPU: against the float64 oracle evaluating the same
+hook (the backward's dQ, dK, dV by the project's gradient rule, `oracle_bwd.check_grads`), and
 against the built-in softcap / ALiBi / window kernels they reproduce.
 
 Problems are small and ragged (Tq, Tk not multiples of the tiles, Tq != Tk, GQA), so the padded
@@ -13,12 +14,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flashgen.generator import hooks as hk
+from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.features import FeatureArgs
 from flashgen.generator.features import hook as fh
 from flashgen.generator.hooks import Hook, library
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime import backward
 from flashgen.runtime import gpu as runtime
 from flashgen.verify import oracle
+from flashgen.verify.checks import compile_all
+from flashgen.verify.oracle_bwd import GradOutcome, check_grads
 
 SCALE = 0.125
 SHAPES = [(1, 4, 2, 77, 77), (2, 4, 4, 130, 301), (1, 2, 1, 200, 65)]  # B, H, H_kv, Tq, Tk
@@ -75,6 +81,14 @@ def _aux_case(name: str, spec_h: int, tq: int, tk: int) -> tuple[tuple[Hook, ...
         return (library.document_hook(),), {"doc_ids": doc}
     if name == "prefix_lm":
         return (library.prefix_lm_hook(),), {"prefix": min(tk, 40)}
+    if name == "custom":  # every aux kind: a 2-D and a 1-D table, a float and an int scalar
+        rng = np.random.default_rng(11)
+        return (CUSTOM,), {
+            "bias": rng.standard_normal((spec_h, 64)).astype(np.float32),
+            "gain": rng.uniform(0.5, 1.5, spec_h).astype(np.float32),
+            "curve": 0.75,
+            "center": 32,
+        }
     if name == "alibi+document":
         hooks_a, aux_a = _aux_case("alibi", spec_h, tq, tk)
         hooks_d, aux_d = _aux_case("document", spec_h, tq, tk)
@@ -88,9 +102,11 @@ def _device_aux(hooks: tuple[Hook, ...], aux: dict[str, Any]) -> tuple[fh.HookAr
     values: dict[str, Any] = {}
     for name, value in aux.items():
         if isinstance(value, np.ndarray):
-            dev = runtime.to_device(value)
+            dev = runtime.to_device(np.ascontiguousarray(value))
             keep.append(dev)
-            values[name] = int(dev.gpudata)
+            # a 2-D table travels as (pointer, row stride in elements)
+            ptr = int(dev.gpudata)
+            values[name] = ptr if value.ndim == 1 else (ptr, value.shape[1])
         else:
             values[name] = value
     return fh.HookArgs(hooks, values), keep
@@ -102,6 +118,22 @@ def _oracle_kw(hooks: tuple[Hook, ...], aux: dict[str, Any]) -> dict[str, Any]:
         mine = {a.name: aux[a.name] for a in h.aux}
         kw[h.kind] = fh.HookCall(h, mine)
     return kw
+
+
+def _rel_bias(score, b, h, q_idx, kv_idx, bias, gain, curve, center):
+    # a relative-position bias table per head, a per-head gain and a smooth score-dependent
+    # term: d(new)/d(score) = gain[h] + 0.5 * curve * (1 - tanh^2(curve * score))
+    rel = hk.minimum(hk.maximum(kv_idx - q_idx + center, 0), 63)
+    return gain[h] * score + bias[h, rel] + 0.5 * hk.tanh(score * curve)
+
+
+CUSTOM = hk.trace_score_mod(
+    _rel_bias,
+    hk.Aux("bias", "float32", 2),
+    hk.Aux("gain", "float32", 1),
+    hk.Aux("curve", "float32", 0),
+    hk.Aux("center", "int32", 0),
+)
 
 
 CASES = [
@@ -170,3 +202,185 @@ def test_the_library_hooks_match_the_built_in_kernels(builtin, d, dtype, causal)
     assert via_hook.passed and built_in.passed, (via_hook, built_in)
     assert np.abs(o_h - o_b).max() <= via_hook.o_bound + built_in.o_bound
     assert np.abs(l_h - l_b).max() <= via_hook.lse_bound + built_in.lse_bound
+
+
+# ---- the backward ------------------------------------------------------------------------------
+# (hook set, d, dtype, causal, features); each in the fast mode (dQ by atomics) and the
+# deterministic one (dQ by its own kernel, which evaluates the hooks once more)
+BWD_CASES = [
+    ("softcap", 64, "fp16", True, ()),
+    ("softcap", 128, "bf16", False, ("window",)),
+    ("alibi", 64, "bf16", False, ()),
+    ("alibi", 128, "fp16", True, ()),
+    ("document", 64, "bf16", False, ()),
+    ("document", 128, "fp16", True, ()),
+    ("prefix_lm", 64, "bf16", True, ()),
+    ("prefix_lm", 128, "bf16", False, ()),
+    ("custom", 64, "fp16", False, ()),
+    ("custom", 128, "bf16", True, ()),
+    ("alibi+document", 64, "fp16", True, ("window",)),
+]
+# (B, H, H_kv, Tq, Tk): ragged one-tile, GQA with many tiles (Tq == Tk: document masks), Tq < Tk
+# ragged, Tq > Tk (causal rows with no key)
+BWD_SHAPES = [(1, 4, 2, 77, 77), (2, 4, 2, 321, 321), (2, 4, 4, 130, 301), (1, 2, 1, 200, 65)]
+BWD_MODES = [(), ("deterministic",)]
+
+
+def _bwd_pair(
+    name: str, d: int, dtype: str, causal: bool, features: tuple[str, ...], mode: tuple[str, ...]
+) -> tuple[KernelSpec, KernelSpec]:
+    """(forward, backward) variants with the case's hooks (the token registers them)."""
+    hooks, _ = _aux_case(name, 4, 1, 1)
+    tokens = tuple(fh.token_of(h) for h in hooks)
+    fwd = KernelSpec(family="mma", d=d, dtype=dtype, causal=causal, features=(*features, *tokens))
+    bwd = KernelSpec(
+        family="mma", d=d, dtype=dtype, causal=causal, direction="bwd",
+        features=(*features, *mode, *tokens),
+    )  # fmt: skip
+    return fwd, bwd
+
+
+BWD_PARAMS = [
+    pytest.param(case, mode, shape, id=f"{case[0]}-d{case[1]}-{case[2]}-"
+                 f"{'causal' if case[3] else 'noncausal'}{'-window' if case[4] else ''}-"
+                 f"{'det' if mode else 'fast'}-{'x'.join(map(str, shape))}")
+    for case in BWD_CASES
+    for mode in BWD_MODES
+    for shape in BWD_SHAPES
+    # document masks index one packed sequence (Tq == Tk); the deterministic mode on two shapes
+    if ("document" not in case[0] or shape[3] == shape[4]) and (not mode or shape[1] == 4)
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hooked_backwards() -> dict[KernelSpec, CompiledKernel | Exception]:
+    """Every hooked forward and backward the backward tests run, compiled in parallel."""
+    specs = list(dict.fromkeys(
+        s for case in BWD_CASES for mode in BWD_MODES for s in _bwd_pair(*case, mode)
+    ))  # fmt: skip
+    return compile_all(specs)
+
+
+def _built(compiled: dict[KernelSpec, CompiledKernel | Exception], spec: KernelSpec) -> None:
+    got = compiled[spec]
+    if isinstance(got, Exception):
+        pytest.fail(f"{spec.name} did not compile: {got}", pytrace=False)
+
+
+def _poisoned_like(x: np.ndarray, dtype: str) -> Any:
+    buf = runtime.empty(x.shape, dtype)
+    runtime.poison(int(buf.gpudata), x.size, dtype)  # an unwritten gradient element shows
+    return buf
+
+
+def _run_bwd(
+    fwd: KernelSpec,
+    bwd: KernelSpec,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    do: np.ndarray,
+    *,
+    features: dict[str, Any],
+    hooks: fh.HookArgs | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The hooked forward writes O and LSE; the hooked backward, with the same hook values,
+    computes (dQ, dK, dV) into NaN-poisoned arrays."""
+    qd, kd, vd, dod = (runtime.to_device(x) for x in (q, k, v, do))
+    o = runtime.empty(q.shape, fwd.dtype)
+    lse = runtime.empty(q.shape[:3], np.float32)
+    runtime.launch(
+        fwd, qd, kd, vd, o, lse, SCALE, poison_outputs=True,
+        features=FeatureArgs(window=features.get("window")), hooks=hooks,
+    )  # fmt: skip
+    dq, dk, dv = (_poisoned_like(x, bwd.dtype) for x in (q, k, v))
+    kw = {"window": features["window"]} if features.get("window") else {}
+    backward.launch_backward(bwd, qd, kd, vd, o, lse, dod, dq, dk, dv, SCALE, hooks=hooks, **kw)
+    return tuple(runtime.to_host(g).astype(np.float64) for g in (dq, dk, dv))  # type: ignore[return-value]
+
+
+def _bad(outcomes: list[GradOutcome]) -> list[str]:
+    return [
+        f"{g.name}: err {g.err:.3g} > bound {g.bound:.3g} (ref err {g.ref_err:.3g}, eps "
+        f"{g.eps:.3g}){' NaN' if g.has_nan else ''}"
+        for g in outcomes
+        if not g.passed
+    ]
+
+
+def _bwd_inputs(spec: KernelSpec, shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, ...]:
+    q, k, v = _inputs(spec, shape, seed)
+    rng = np.random.default_rng(seed + 1)
+    store = np.dtype(spec.dtype_info.numpy)
+    do = rng.standard_normal((*q.shape[:3], spec.d)).astype(store)
+    return q, k, v, do
+
+
+@pytest.mark.parametrize(("case", "mode", "shape"), BWD_PARAMS)
+def test_a_hooked_backward_passes_the_oracle_on_the_same_hook(case, mode, shape, hooked_backwards):
+    name, d, dtype, causal, features = case
+    b, h, h_kv, tq, tk = shape
+    fwd, bwd = _bwd_pair(*case, mode)
+    _built(hooked_backwards, fwd)
+    _built(hooked_backwards, bwd)
+    hooks, aux = _aux_case(name, h, tq, tk)
+    q, k, v, do = _bwd_inputs(bwd, shape, seed=len(name) * 13 + d + tq)
+    feats = {"window": (33, 5)} if "window" in features else {}
+    args, _keep = _device_aux(hooks, aux)
+    got = _run_bwd(fwd, bwd, q, k, v, do, features=feats, hooks=args)
+    outcomes = check_grads(
+        got, *_f64(q, k, v, do), dtype=dtype, scale=SCALE, causal=causal, **feats,
+        **_oracle_kw(hooks, aux),
+    )  # fmt: skip
+    bad = _bad(outcomes)
+    assert not bad, f"{bwd.name} {shape}: " + "; ".join(bad)
+    if mode:  # the deterministic mode: bit-identical on a second run
+        again = _run_bwd(fwd, bwd, q, k, v, do, features=feats, hooks=args)
+        for g_name, a, c in zip(("dq", "dk", "dv"), got, again, strict=True):
+            assert np.array_equal(a, c), f"{g_name} differs run to run"
+
+
+@pytest.mark.parametrize(("builtin", "d", "dtype", "causal"), [
+    ("softcap", 128, "bf16", True), ("softcap", 64, "fp16", False),
+    ("alibi", 128, "bf16", True), ("alibi", 64, "fp16", False),
+])  # fmt: skip
+def test_the_library_hooks_backward_matches_the_built_in_backward(builtin, d, dtype, causal):
+    """The hooked and the built-in backward on the same inputs: both pass the gradient rule,
+    and their gradients differ by no more than the rule's bounds for either."""
+    shape = (2, 4, 2, 190, 257)
+    hooks, aux = _aux_case(builtin, 4, 190, 257)
+    fwd_h, bwd_h = _bwd_pair(builtin, d, dtype, causal, (), ())
+    fwd_b = KernelSpec(family="mma", d=d, dtype=dtype, causal=causal, features=(builtin,))
+    bwd_b = KernelSpec(
+        family="mma", d=d, dtype=dtype, causal=causal, direction="bwd", features=(builtin,)
+    )
+    q, k, v, do = _bwd_inputs(bwd_b, shape, seed=9)
+    args, keep = _device_aux(hooks, aux)
+    got_h = _run_bwd(fwd_h, bwd_h, q, k, v, do, features={}, hooks=args)
+    # the built-in kernels take the same values as features
+    if builtin == "softcap":
+        fwd_feats, bwd_kw, ora = (
+            FeatureArgs(softcap=aux["softcap"]), {"softcap": aux["softcap"]},
+            {"softcap": aux["softcap"]},
+        )  # fmt: skip
+    else:
+        slopes = runtime.to_device(aux["alibi_slopes"])
+        keep.append(slopes)
+        fwd_feats, bwd_kw, ora = (
+            FeatureArgs(alibi=int(slopes.gpudata)), {"alibi_slopes": slopes},
+            {"alibi_slopes": aux["alibi_slopes"]},
+        )  # fmt: skip
+    qd, kd, vd, dod = (runtime.to_device(x) for x in (q, k, v, do))
+    o = runtime.empty(q.shape, dtype)
+    lse = runtime.empty(q.shape[:3], np.float32)
+    runtime.launch(fwd_b, qd, kd, vd, o, lse, SCALE, features=fwd_feats)
+    dq, dk, dv = (_poisoned_like(x, dtype) for x in (q, k, v))
+    backward.launch_backward(bwd_b, qd, kd, vd, o, lse, dod, dq, dk, dv, SCALE, **bwd_kw)
+    got_b = tuple(runtime.to_host(g).astype(np.float64) for g in (dq, dk, dv))
+    f64 = _f64(q, k, v, do)
+    via_hook = check_grads(got_h, *f64, dtype=dtype, scale=SCALE, causal=causal,
+                           **_oracle_kw(hooks, aux))  # fmt: skip
+    built_in = check_grads(got_b, *f64, dtype=dtype, scale=SCALE, causal=causal, **ora)
+    assert not _bad(via_hook) and not _bad(built_in), (_bad(via_hook), _bad(built_in))
+    for a, c, x, y in zip(got_h, got_b, via_hook, built_in, strict=True):
+        assert np.abs(a - c).max() <= x.bound + y.bound, x.name

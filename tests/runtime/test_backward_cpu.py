@@ -133,7 +133,9 @@ def test_a_backward_spec_takes_the_forwards_features_and_round_trips(
 def test_the_mma_backward_features_are_the_forwards_and_deterministic() -> None:
     from flashgen.generator.families import FAMILIES
 
-    assert FAMILIES["mma"].bwd_features == {"deterministic", "window", "softcap", "alibi"}
+    assert FAMILIES["mma"].bwd_features == {
+        "deterministic", "window", "softcap", "alibi", "scoremod", "maskmod"
+    }
     assert FAMILIES["wgmma"].bwd_features == {"window", "softcap", "alibi"}
 
 

@@ -61,3 +61,85 @@ def test_hook_values_must_match_the_variants_hooks(fake_gpu):
 def _block(bound: launch.Bound) -> tuple[int | float, ...]:
     """The bound aux block (a NULL pointer reads back as None from ctypes: 0 here)."""
     return tuple(0 if a is None else a for a in bound.scalar_args()[-16:])
+
+
+# ---- the backward: all three kernels take the block after the forward's features -------------
+BWD = KernelSpec(family="mma", d=64, dtype="fp16", causal=True, direction="bwd")
+
+
+def _prepared_params(monkeypatch, spec: KernelSpec, hooks: fh.HookArgs | None) -> list[list[int]]:
+    """The kernelParams of each launch of a Prepared backward on a fake driver."""
+    from types import SimpleNamespace
+
+    from flashgen.runtime import backward
+
+    seen: list[list[int]] = []
+
+    class Driver:
+        def cuCtxGetCurrent(self, ref):
+            ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p))[0] = 7
+            return 0
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            seen.append([int(a) for a in params])
+            return 0
+
+    monkeypatch.setattr(launch, "driver", lambda: Driver())
+    monkeypatch.setattr(backward, "_functions", lambda plan, spec: (101, 102, 103))
+    fwd = validate.Problem(2, 4, 100, 130, 64, spec.dtype, (25600, 6400, 64), (16640, 8320, 64),
+                           (16640, 8320, 64), (25600, 6400, 64), h_kv=2)  # fmt: skip
+    s = fwd.q_strides
+    bp = backward.BackwardProblem(fwd, s, s, fwd.k_strides, fwd.v_strides, 0, 0, 0, 0)
+    plan = SimpleNamespace(context=7, smem=spec.smem_bytes)
+    prepared = backward.Prepared(plan, spec, bp, 0.5, hooks=hooks)
+    prepared(tuple(range(16, 16 * 12, 16)), 0)
+    return seen
+
+
+@pytest.mark.parametrize("det", [(), ("deterministic",)])
+def test_a_hooked_backward_binds_the_aux_block_for_every_kernel(monkeypatch, det):
+    from flashgen.runtime import backward
+
+    alibi, doc = library.alibi_hook(), library.document_hook()
+    spec = BWD.replace(features=(*det, fh.token_of(alibi), fh.token_of(doc)))
+    hooks = fh.HookArgs((alibi, doc), {"alibi_slopes": 0x7000, "doc_ids": 0x8000})
+    seen = _prepared_params(monkeypatch, spec, hooks)
+    fmt = backward.abi_format(spec)
+    assert fmt == backward.ABI_FORMAT + abi.struct_format(abi.HOOK_PARAMS)
+    readers = {"P": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_longlong,
+               "f": ctypes.c_float}  # fmt: skip
+    assert len(seen) == 3 and all(len(call) == len(fmt) for call in seen)
+    for call in seen:  # one argument list for the three kernels
+        tail = [readers[c].from_address(a).value or 0 for c, a in zip(fmt, call, strict=True)]
+        assert tuple(tail[len(backward.ABI_FORMAT) :]) == hooks.kernel_args()
+
+
+def test_a_hooked_backward_checks_its_hook_values(monkeypatch):
+    alibi = library.alibi_hook()
+    spec = BWD.replace(features=(fh.token_of(alibi),))
+    with pytest.raises(ValueError, match="missing alibi_slopes"):
+        _prepared_params(monkeypatch, spec, None)
+    other = fh.HookArgs((library.softcap_hook(),), {"softcap": 1.0})
+    with pytest.raises(ValueError, match="the hook values are for"):
+        _prepared_params(monkeypatch, spec, other)
+    with pytest.raises(ValueError, match="the variant has no hook"):
+        _prepared_params(monkeypatch, BWD, other)
+    # an unhooked backward's argument list is unchanged: no block
+    assert all(len(c) == len(abi.BWD) for c in _prepared_params(monkeypatch, BWD, None))
+
+
+def test_launch_backward_refuses_missing_hook_values_before_the_gpu(monkeypatch):
+    from flashgen.runtime import backward
+    from flashgen.runtime import gpu as runtime
+
+    def unreachable(spec):
+        raise AssertionError("the GPU was reached")
+
+    monkeypatch.setattr(runtime, "get_function", unreachable)
+    doc = library.document_hook()
+    spec = BWD.replace(features=(fh.token_of(doc),))
+    q, k = np.zeros((1, 4, 32, 64), np.float16), np.zeros((1, 2, 40, 64), np.float16)
+    lse = np.zeros((1, 4, 32), np.float32)
+    args = (spec, q, k, k, q.copy(), lse, q.copy(), q.copy(), k.copy(), k.copy())
+    with pytest.raises(ValueError, match="missing doc_ids"):
+        backward.launch_backward(*args)

@@ -9,11 +9,11 @@ names the hook; the hook's expression lives in this process's registry (`registe
 back from a file in a fresh process.
 
 Why not a `Feature` in `RUNTIME_FEATURES`: a feature's token is fixed and its arguments join
-every kernel's ABI. A hook's token differs per hook, and its aux block (`HOOK_PARAMS`: four
-aux pointers with a row stride each, four float and four int scalars) is appended only to the
-signatures of hooked variants, so no existing kernel, launcher or bundle changes. The block is
-fixed whatever the hook (one struct format for every hooked variant); a hook's aux
-declarations are mapped onto its slots in order (`slots`).
+every kernel's ABI. A hook's token differs per hook, and its aux block (`HOOK_PARAMS`: four aux
+pointers with a row stride each, four float and four int scalars) is appended only to the
+signatures of hooked variants (forward, and all three backward kernels), so no existing kernel,
+launcher or bundle changes. The block is fixed whatever the hook (one struct format for every
+hooked variant); a hook's aux declarations are mapped onto its slots in order (`slots`).
 
 The same module holds the hook's value for the oracle (`HookCall`: the hook and its aux arrays
 by name; its float64 logits, kept keys and error terms) and for the launcher (`HookArgs`: the
@@ -188,10 +188,18 @@ def call_args(hook: Hook, block: Sequence[Slot]) -> str:
     return "".join(f", {p}" for p in parts)
 
 
+def grad_is_one(hook: Hook) -> bool:
+    """Whether a score_mod's derivative is the constant 1 (a bias added to the score, as
+    ALiBi's): the backward then multiplies dS by nothing and keeps no factor per score."""
+    grad = hook.grad
+    return grad.op == "const" and grad.value == 1.0
+
+
 def template_context(features: Sequence[str]) -> dict[str, Any]:
     """What a template needs for a spec's hooks: `hook_source` (helpers and the inline
     functions), and `hook_score` / `hook_mask` (None, or the function's `name` and the C++
-    `aux` arguments that follow its fixed inputs)."""
+    `aux` arguments that follow its fixed inputs; a score_mod's also `dfac`: whether the
+    backward multiplies dS by its derivative, False when that is the constant 1)."""
     hooks = hooks_of(features)
     block = slots(hooks)
     ctx: dict[str, Any] = {"hook_source": "", "hook_score": None, "hook_mask": None}
@@ -201,10 +209,10 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
     for h in hooks:
         name = f"{h.kind}_{h.digest}"
         parts.append(emit_hook(h, name))
-        ctx["hook_score" if h.kind == "score_mod" else "hook_mask"] = {
-            "name": name,
-            "aux": call_args(h, block),
-        }
+        call: dict[str, Any] = {"name": name, "aux": call_args(h, block)}
+        if h.kind == "score_mod":
+            call["dfac"] = not grad_is_one(h)
+        ctx["hook_score" if h.kind == "score_mod" else "hook_mask"] = call
     ctx["hook_source"] = "\n".join(parts)
     return ctx
 
@@ -299,6 +307,14 @@ class HookCall:
         (out,) = evaluate_many((self.hook.expr,), inputs, self.aux)
         return np.broadcast_to(out, s.shape).astype(s.dtype)
 
+    def dlogits(self, s: np.ndarray, rows: slice, heads: int) -> np.ndarray:
+        """score_mod: d(new score)/d(score) at scores s (rows, Tq, Tk), the backward's factor on
+        dS (`hook.grad`), evaluated in float64 and returned in s's float type."""
+        inputs = self.inputs(rows, heads, s.shape[1], s.shape[2])
+        inputs["score"] = s.astype(np.float64)
+        (out,) = evaluate_many((self.hook.grad,), inputs, self.aux)
+        return np.broadcast_to(out, s.shape).astype(s.dtype)
+
     def keep(self, rows: slice, heads: int, tq: int, tk: int) -> npt.NDArray[np.bool_]:
         """mask_mod: the kept keys (rows, Tq, Tk)."""
         (out,) = evaluate_many((self.hook.expr,), self.inputs(rows, heads, tq, tk), self.aux)
@@ -350,6 +366,7 @@ __all__ = [
     "HookNotRegistered",
     "Slot",
     "call_args",
+    "grad_is_one",
     "hook_of",
     "hook_tokens",
     "hooks_of",

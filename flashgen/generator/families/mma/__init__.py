@@ -206,8 +206,9 @@ MMA = MmaFamily(
     decode_template="mma_decode.cu.j2",
     decode_tile=(16, 16),
     decode_features=frozenset(TOKENS),
-    # the forward's run-time features, and dQ without atomics (backward.py)
-    bwd_features=frozenset({"deterministic", *TOKENS}),
+    # the forward's run-time features, dQ without atomics (backward.py), and user hooks
+    # (features/hook.py; templates/mma_bwd.cu.j2)
+    bwd_features=frozenset({"deterministic", *TOKENS, "scoremod", "maskmod"}),
     # shipped: the head dims and dtypes training uses most, in the fast mode (dQ by fp32
     # atomics) and the deterministic one (bit-identical gradients)
     bwd_axes={

@@ -6,8 +6,10 @@ warp owns 16 of the keys, so `warps` is always bc/16. It takes the forward's run
 as compile-time tokens (`window`, `softcap`, `alibi`) and the `deterministic` mode
 (generator/backward.py: dQ by a kernel of its own, a block per query tile, which recomputes P
 and dS for every key tile it sees in a fixed order -- about 2/7 more tensor-core work than the
-fast mode's five GEMMs per tile pair, the price of bit-identical gradients); it needs dv = d
-and has no `gqapack` (spec.py refuses those in one line).
+fast mode's five GEMMs per tile pair, the price of bit-identical gradients), and user hooks
+(`scoremod<digest>` / `maskmod<digest>`, features/hook.py: P recomputed with the forward's
+hooked logit, dS times the score_mod's derivative); it needs dv = d and has no `gqapack`
+(spec.py refuses those in one line).
 """
 
 from __future__ import annotations

@@ -1,0 +1,72 @@
+"""Render every shipped variant (and the backward's feature probes) and print one line each:
+the kernel name, a sha256 of its source and of its ABI (declarations and struct codes).
+
+Run it in two trees and diff the outputs: a change that must leave unhooked kernels alone
+(their source and C ABI) shows as no difference at all.
+
+    PYTHONPATH=/path/to/base python scripts/dev/render_identity.py > base.txt
+    PYTHONPATH=/path/to/new  python scripts/dev/render_identity.py > new.txt
+    diff base.txt new.txt && echo identical
+
+CPU only (rendering needs no nvcc). The probes beyond the shipped space are the backward
+feature sets the GPU tests compile (tests/gpu/test_backward.py), at d 40/64/128, both dtypes,
+causal and not, fast and deterministic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import sys
+
+from flashgen.generator import render as rd
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec, SpecError
+
+BWD_FEATURE_SETS = [
+    (), ("window",), ("softcap",), ("alibi",), ("window", "softcap"),
+    ("window", "softcap", "alibi"), ("deterministic",), ("window", "deterministic"),
+    ("softcap", "deterministic"), ("alibi", "deterministic"),
+]  # fmt: skip
+
+
+def probes() -> list[KernelSpec]:
+    """The mma backward's feature probes (those the spec accepts)."""
+    out = []
+    for feats, d, dtype, causal in itertools.product(
+        BWD_FEATURE_SETS, (40, 64, 128), ("fp16", "bf16"), (False, True)
+    ):
+        try:
+            out.append(
+                KernelSpec(
+                    family="mma", direction="bwd", d=d, dtype=dtype, causal=causal,
+                    features=feats,
+                )  # fmt: skip
+            )
+        except SpecError:
+            continue
+    return out
+
+
+def line(spec: KernelSpec) -> str:
+    src = rd.render(spec).source
+    abi = repr(rd.abi_params(spec))
+    h = hashlib.sha256(src.encode()).hexdigest()[:16]
+    a = hashlib.sha256(abi.encode()).hexdigest()[:16]
+    return f"{spec.name} src={h} abi={a}"
+
+
+def main() -> int:
+    specs = shipped() + shipped(direction="bwd") + probes()
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            continue
+        seen.add(spec.name)
+        print(line(spec))
+    print(f"# {len(seen)} variants", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
