@@ -91,7 +91,9 @@ def main() -> int:
             k, v = torch.randn_like(q), torch.randn_like(q)
             kernels: dict[str, tuple[Callable[[], Any], int]] = {
                 "flashgen varlen": (
-                    lambda: fgt.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, causal=causal),
+                    lambda q=q, k=k, v=v, c=causal: fgt.flash_attn_varlen_func(
+                        q, k, v, cu, cu, mx, mx, causal=c
+                    ),
                     pairs(lengths, causal),
                 ),
             }
@@ -99,20 +101,22 @@ def main() -> int:
                 x = torch.randn(b, tlen, 3, HEADS, D, device="cuda", dtype=t)
                 dq, dk, dv = (y.transpose(1, 2) for y in x.unbind(2))
                 kernels[f"flashgen dense B{b} T{tlen}"] = (
-                    lambda dq=dq, dk=dk, dv=dv: fgt.attention(dq, dk, dv, causal=causal),
+                    lambda dq=dq, dk=dk, dv=dv, c=causal: fgt.attention(dq, dk, dv, causal=c),
                     b * pairs([tlen], causal),
                 )
                 if fa4 is not None:
                     bq, bk, bv = (y for y in x.unbind(2))  # (B, T, H, d)
                     kernels[f"FA4 dense B{b} T{tlen}"] = (
-                        lambda bq=bq, bk=bk, bv=bv: fa4.flash_attn_func(bq, bk, bv, causal=causal),
+                        lambda bq=bq, bk=bk, bv=bv, c=causal: fa4.flash_attn_func(
+                            bq, bk, bv, causal=c
+                        ),
                         b * pairs([tlen], causal),
                     )
             if fa4 is not None:
                 kernels["FA4 varlen"] = (
-                    lambda: fa4.flash_attn_varlen_func(
+                    lambda q=q, k=k, v=v, c=causal: fa4.flash_attn_varlen_func(
                         q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=mx,
-                        max_seqlen_k=mx, causal=causal,
+                        max_seqlen_k=mx, causal=c,
                     ),
                     pairs(lengths, causal),
                 )  # fmt: skip
