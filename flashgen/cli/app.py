@@ -33,6 +33,7 @@ from flashgen.bundle.emit import (
     write_bundle,
 )
 from flashgen.cli.group import USAGE_EXIT, main, one_line
+from flashgen.cli.hook_files import OPTION, HookFileError, hook_tokens_of
 from flashgen.generator.arch import ARCHS, STATIC_SMEM_LIMIT, ArchError, arch_info, check_target
 from flashgen.generator.cache import (
     CubinCache,
@@ -50,6 +51,7 @@ from flashgen.generator.compile import (
 )
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES, WgmmaFamily, family_of
+from flashgen.generator.features.hook import hook_tokens
 from flashgen.generator.nvcc import (
     NvccNotFound,
     NvccSettingError,
@@ -295,6 +297,38 @@ def parse_features(text: str | None) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
+def hook_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--score-mod / --mask-mod FILE:NAME: a user hook compiled into the variant
+    (cli/hook_files.py; docs/hooks.md)."""
+    for kind, option in reversed(OPTION.items()):
+        fn = click.option(
+            option,
+            kind,
+            metavar="FILE:NAME",
+            help=f"A {kind} hook: NAME in Python file FILE, a traced hook "
+            f"(hk.trace_{kind}(fn, hk.Aux(...))) or a function without aux (docs/hooks.md).",
+        )(fn)
+    return fn
+
+
+def with_hooks(spec: KernelSpec, score_mod: str | None, mask_mod: str | None) -> KernelSpec:
+    """`spec` with the hooks the options name (registered in this process). A spec named by
+    --name that already carries hook tokens must name the same hooks."""
+    try:
+        tokens = hook_tokens_of(score_mod, mask_mod)
+    except HookFileError as exc:
+        raise CliError(str(exc)) from None
+    named = hook_tokens(spec.features)
+    if named:
+        if set(tokens) != set(named):
+            raise CliError(
+                f"{spec.name} carries {', '.join(named)}; pass the hooks with those digests "
+                f"(--score-mod/--mask-mod FILE:NAME; given: {', '.join(tokens) or 'none'})"
+            )
+        return spec
+    return spec.replace(features=(*spec.features, *tokens)) if tokens else spec
+
+
 def _spec(kw: dict[str, Any]) -> KernelSpec:
     keys = (
         "name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "features", "dv",
@@ -391,6 +425,7 @@ Examples:
 """
 )
 @spec_options
+@hook_options
 @click.option(
     "--arch",
     type=click.Choice(list(ARCHS)),
@@ -420,6 +455,8 @@ def build(
     out: Path,
     bundle_dir: Path | None,
     do_compile: bool,
+    score_mod: str | None,
+    mask_mod: str | None,
     **kw: Any,
 ) -> None:
     """Write OUT/<name>.cu for a spec and compile it with nvcc.
@@ -430,7 +467,7 @@ def build(
     A build the target arch refuses (an unknown arch, wgmma off sm_90a, too much shared
     memory) writes nothing.
     """
-    spec = _spec(kw)
+    spec = with_hooks(_spec(kw), score_mod, mask_mod)
     if bundle_dir is not None:
         source = click.get_current_context().get_parameter_source("out")
         if source != click.core.ParameterSource.DEFAULT:
@@ -580,10 +617,11 @@ Examples:
 """
 )
 @spec_options
+@hook_options
 @friendly
-def show(**kw: Any) -> None:
+def show(score_mod: str | None, mask_mod: str | None, **kw: Any) -> None:
     """Print a kernel's generated CUDA source (highlighted on a terminal, plain when piped)."""
-    source = render(_spec(kw)).source
+    source = render(with_hooks(_spec(kw), score_mod, mask_mod)).source
     if _stdout_is_terminal():
         from rich.console import Console
         from rich.syntax import Syntax

@@ -164,13 +164,17 @@ class KernelSpec:
 
     @property
     def build_command(self) -> str:
-        """The `flashgen build` command line that regenerates exactly this kernel (for a hooked
-        variant, which the CLI cannot build yet, the Python call that does)."""
-        if any(is_hook_token(f) for f in self.features):
+        """The `flashgen build` command line that regenerates exactly this kernel (a hooked
+        variant's names the files of its hooks by placeholder: the name carries their digests,
+        not where they were defined)."""
+        hooks = [f for f in self.features if is_hook_token(f)]
+        if hooks:
+            options = " ".join(
+                f"--{'score' if h.startswith('scoremod') else 'mask'}-mod FILE:NAME" for h in hooks
+            )
             return (
-                f"python: flashgen.generator.render.render(KernelSpec.from_name({self.name!r})) "
-                "with its hooks registered by flashgen.generator.features.hook.token_of "
-                "(the CLI takes no hooks yet)"
+                f"flashgen build --name {self.name} {options} (FILE:NAME: the hook with digest "
+                f"{', '.join(h[-12:] for h in hooks)})"
             )
         parts = [
             "flashgen build",

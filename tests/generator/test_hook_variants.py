@@ -294,5 +294,5 @@ def test_a_hooked_kernel_s_banner_names_a_way_to_rebuild_it_that_works():
 
     token = fh.token_of(library.softcap_hook())
     s = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, features=(token,))
-    assert "flashgen build" not in s.build_command  # the CLI cannot build hooks
-    assert s.name in s.build_command and "token_of" in s.build_command
+    assert s.build_command.startswith(f"flashgen build --name {s.name} --score-mod FILE:NAME")
+    assert library.softcap_hook().digest in s.build_command
