@@ -33,7 +33,6 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.kvcache needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
-from flashgen.generator.compile import compile_kernel
 from flashgen.generator.features import Feature, FeatureArgs, FeatureKeywords
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
@@ -206,9 +205,7 @@ def _prepare(
         spec = chosen
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability(index))
-    with runtime.for_device_arch(arch):
-        karch = runtime.kernel_arch(spec)
-    plan = launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, index)
+    plan = runtime.device_plan(spec, arch, index)
     tiles = row_tiles(spec, tq, h // h_kv)
     slots = plan.sms * launch.driver().resident_blocks(plan.function, spec.threads, plan.smem)
     n_splits = choose_splits(spec, b * h_kv * tiles, tk, slots, splits)

@@ -60,7 +60,6 @@ except ImportError as _exc:  # one line, says what is missing and what still wor
 import numpy as np
 
 from flashgen.generator.backward import scratch_shapes
-from flashgen.generator.compile import compile_kernel
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import (
     FeatureArgs,
@@ -330,10 +329,7 @@ def _variant_for(
             dv=problem.value_dim, kv_group=problem.kv_group, tq=problem.tq,
             kv_heads=problem.b * problem.kv_heads,
         )  # fmt: skip
-    with runtime.for_device_arch(arch):
-        karch = runtime.kernel_arch(spec)
-    chosen = spec
-    made = launch.plan(chosen, lambda: compile_kernel(chosen, karch).cubin, karch, dev)
+    made = runtime.device_plan(spec, arch, dev)
     _plans[key] = made
     return made
 
@@ -407,10 +403,7 @@ def _bwd_plan(
         spec = KernelSpec(
             family=family, d=d, dtype=dtype, causal=causal, direction="bwd", features=feats
         )
-        arch = _device_arch(dev)
-        with runtime.for_device_arch(arch):
-            karch = runtime.kernel_arch(spec)
-        hit = launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, dev)
+        hit = runtime.device_plan(spec, _device_arch(dev), dev)
         _bwd_plans[key] = hit
     return hit.spec, hit
 

@@ -39,7 +39,6 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.varlen needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
-from flashgen.generator.compile import compile_kernel
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
@@ -146,10 +145,7 @@ def _prepare(
                 gpu_name=torch.cuda.get_device_name(dev),
                 features=(*features.tokens, "varlen"), dv=problem.value_dim,
             )  # fmt: skip
-        with runtime.for_device_arch(arch):
-            karch = runtime.kernel_arch(spec)
-        chosen = spec
-        made = launch.plan(chosen, lambda: compile_kernel(chosen, karch).cubin, karch, dev)
+        made = runtime.device_plan(spec, arch, dev)
         _plans[pkey] = made
     check_spec(made.spec, problem, check_pointers=True)
     sizes = launch.Varlen(n_seqs=n_seqs, max_q=mq, max_k=mk)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from typing import Any
 
+import graph_timing  # scripts/graph_timing.py (beside this file)
 import torch
 import torch.nn.functional as F
 
@@ -34,26 +34,8 @@ ROUNDS = 7
 
 
 def timed(fn: Any) -> float:
-    """Median microseconds of one call, from CUDA graphs of REPS calls."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
-        for _ in range(REPS):
-            fn()
-    torch.cuda.synchronize()
-    g.replay()
-    times = []
-    for _ in range(ROUNDS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / REPS)
-    return statistics.median(times)
+    """Median microseconds of one call, from CUDA graphs of REPS calls (graph_timing.py)."""
+    return graph_timing.timed(fn, REPS, ROUNDS)
 
 
 _FI: list[Any] = []

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import graph_timing  # scripts/graph_timing.py (beside this file)
 import torch
 
 import flashgen.torch as fgt
@@ -31,27 +32,9 @@ REPS = 10
 TIMES = 5
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Median microseconds of one call, from a CUDA graph of REPS calls."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
-        for _ in range(REPS):
-            fn()
-    torch.cuda.synchronize()
-    g.replay()
-    times = []
-    for _ in range(TIMES):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / REPS)
-    return statistics.median(times)
+def timed(fn: Any) -> float:
+    """Median microseconds of one call, from CUDA graphs of REPS calls (graph_timing.py)."""
+    return graph_timing.timed(fn, REPS, TIMES)
 
 
 def pairs(lens: list[int], causal: bool) -> int:

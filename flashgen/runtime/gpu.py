@@ -193,6 +193,15 @@ def for_device_arch(arch: str) -> Iterator[None]:
         _arch_override.reset(token)
 
 
+def device_plan(spec: KernelSpec, device_arch: str, device: int) -> _launch.LaunchPlan:
+    """The launch plan of `spec` on torch's CUDA `device` of arch `device_arch` (`sm_90`):
+    compiled for that GPU (`kernel_arch` under `for_device_arch`; cached on disk) and loaded
+    once per (spec, arch, device). The torch front doors' one way to a plan."""
+    with for_device_arch(device_arch):
+        karch = kernel_arch(spec)
+    return _launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, device)
+
+
 def device_name() -> str:
     """The GPU's marketing name, e.g. 'NVIDIA H200' (tuning tables are keyed by it)."""
     return str(gpu().device.name())
