@@ -24,4 +24,6 @@ def test_examples_run() -> None:
 
 def test_status_note_first() -> None:
     head = DOC.read_text().split("\n\n")[1]
-    assert "family `mma`'s forward compiles hooks in" in head.replace("\n> ", " ")
+    assert "family `mma` compiles hooks into its forward and its backward" in head.replace(
+        "\n> ", " "
+    )
