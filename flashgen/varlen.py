@@ -22,7 +22,14 @@ cu_seqlens cannot be checked without a synchronization. A sequence whose key row
 k gets NaN rows (O and LSE); one whose query rows are out of order or outside q gets nothing
 written; rows that no sequence covers are not written either.
 
-The backward pass over packed sequences is not built yet: gradients raise NotImplementedError.
+Gradients (autograd, or the custom op `flashgen::varlen_attention_backward`) run family
+wgmma's backward compiled with `varlen` (d 64 or 128, dv = d; runtime.backward launches it):
+dq, dk, dv packed like q, k, v (GQA: dk, dv per K/V head), every feature of the forward
+passed on. Its fp32 scratch is padded per sequence to whole query tiles (about total_q + n_seqs * 96
+rows per head). Like the forward it never synchronizes. Rows of q that no sequence covers get
+zero dq, rows of k before cu_seqlens_k[0] or from cu_seqlens_k[n_seqs] on zero dk, dv; a
+sequence whose key rows fall outside k gets NaN dq rows (as its O), and its key range
+nothing; one whose query rows are out of order or outside q gets zero dq and zero dk, dv.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.varlen needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
+from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
@@ -51,6 +59,7 @@ from flashgen.kvcache import (
     function_modes,
     raw_stream,
 )
+from flashgen.runtime import backward as bwd_runtime
 from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.validate import check_layout, check_scale, check_spec
@@ -203,16 +212,153 @@ def _fake(
     return o, lse
 
 
-def _no_backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
-    raise NotImplementedError(
-        "flash_attn_varlen_func: the backward pass over packed sequences is not built yet; "
-        "call it under torch.no_grad() (inference, prefill), or train on padded batches with "
-        "flashgen.torch.attention"
-    )
+# ---- the backward pass: dQ, dK, dV of packed sequences (family wgmma, `varlen`) -------------
+BWD_HEAD_DIMS = (64, 128)  # family wgmma's backward (families/wgmma/bwd.py: HEAD_DIMS)
+
+
+@dataclass(frozen=True)
+class _BwdEntry:
+    """A validated backward signature: its prepared launches and the scratch a call allocates."""
+
+    prepared: Any  # runtime.backward.Prepared
+    d_shape: tuple[int, ...]
+    dq_shape: tuple[int, ...]
+    device: Any
+
+
+_bwd_entries: dict[tuple[Any, ...], _BwdEntry] = {}
+_bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
+
+
+def _bwd_prepare(
+    key: tuple[Any, ...], tensors: tuple[Any, ...], cu_q: Any, cu_k: Any, causal: Any,
+    scale: Any, values: feature_values.Values,
+) -> _BwdEntry:  # fmt: skip
+    """First backward call of a signature: validate, choose, compile, load, prepare (cached)."""
+    q, k, v, o, lse, do, dq, dk, dv = tensors
+    if causal is not True and causal is not False:
+        _fail(f"causal={causal!r}: must be True or False")
+    for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
+        _check_tensor(name, x, 3, q.device if name != "q" else None)
+    _check_tensor("lse", lse, 2, q.device)
+    n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
+    if n_seqs < 0:
+        _fail(
+            f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
+            f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
+        )
+    _check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
+    _check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    problem = check_layout(_as_batch(q), _as_batch(k), _as_batch(v))
+    if problem.dtype not in ("fp16", "bf16") or problem.d not in BWD_HEAD_DIMS:
+        _fail(
+            f"d={problem.d}, dtype={problem.dtype}: the varlen backward (family wgmma) takes "
+            f"d in {BWD_HEAD_DIMS} and fp16/bf16"
+        )
+    features = feature_args(values, q, problem.h)
+    dev = int(q.get_device())
+    major, minor = torch.cuda.get_device_capability(dev)
+    arch = f"sm_{major}{minor}"
+    pkey = (dev, problem.d, problem.dtype, causal, features.tokens)
+    made = _bwd_plans.get(pkey)
+    if made is None:
+        spec = KernelSpec(
+            family="wgmma", d=problem.d, dtype=problem.dtype, causal=causal, direction="bwd",
+            features=(*features.tokens, "varlen"),
+        )  # fmt: skip
+        made = runtime.device_plan(spec, arch, dev)
+        _bwd_plans[pkey] = made
+    spec = made.spec
+    b = _as_batch
+    bp = bwd_runtime.validate_backward(
+        spec, b(q), b(k), b(v), b(o), lse.unsqueeze(0), b(do), b(dq), b(dk), b(dv),
+        n_seqs=n_seqs,
+    )  # fmt: skip
+    value = check_scale(scale, problem.d)
+    prepared = bwd_runtime.Prepared(made, spec, bp, value * LOG2E, features)
+    d_shape, dq_shape = scratch_shapes(spec, 1, problem.h, problem.tq, problem.d, n_seqs)
+    assert dq_shape is not None  # wgmma: always the fp32 dQ accumulator
+    entry = _BwdEntry(prepared, d_shape, dq_shape, q.device)
+    launch.remember(_bwd_entries, key, entry)
+    return entry
+
+
+def _run_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, cu_q: Any, cu_k: Any,
+    causal: bool = False, scale: float | None = None, *feature_arguments: Any,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The CUDA backward: dq, dk, dv like q, k, v; the fp32 scratch from torch's allocator;
+    three kernels on the current stream, nothing synchronized (CUDA-graph safe)."""
+    values = op_args.values_of(feature_arguments)
+    # dO arrives in whatever layout autograd made; the kernels want O's kind of strides (and
+    # TMA's positive ones: an expanded dO, stride 0, is copied too)
+    do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    try:
+        key = (
+            *(_key_of(x) for x in (q, k, v, o, lse, do, dq, dk, dv, cu_q, cu_k)), causal, scale,
+            feature_values.signature(values, lambda a: (a.data_ptr(), *_key_of(a))),
+        )  # fmt: skip
+        e = _bwd_entries.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
+        key, e = (), None
+    if e is None:
+        e = _bwd_prepare(key, (q, k, v, o, lse, do, dq, dk, dv), cu_q, cu_k, causal, scale, values)
+    d_buf = torch.empty(e.d_shape, dtype=torch.float32, device=e.device)
+    dq_accum = torch.empty(e.dq_shape, dtype=torch.float32, device=e.device)
+    pointers = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
+        d_buf.data_ptr(), dq_accum.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+    )  # fmt: skip
+    e.prepared(pointers, raw_stream(e.device.index), cu_q.data_ptr(), cu_k.data_ptr())
+    return dq, dk, dv
+
+
+def _fake_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, cu_q: Any, cu_k: Any,
+    causal: bool = False, scale: float | None = None, *feature_arguments: Any,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """Shapes only (torch.compile, fake tensors): dq, dk, dv like q, k, v."""
+    op_args.values_of(feature_arguments)  # the scalar features' checks
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+# the varlen_attention op's inputs after q, k, v: cu_q, cu_k, max_q, max_k, causal, scale,
+# variant, then the features
+_N_OTHER_INPUTS = 7 + op_args.N_FEATURE_ARGS
 
 
 def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
-    ctx.mark_non_differentiable(output[1])
+    q, k, v, cu_q, cu_k, _max_q, _max_k, causal, scale, _variant, *rest = inputs
+    feature_args = op_args.full(tuple(rest))
+    o, lse = output
+    ctx.mark_non_differentiable(lse)  # gradients flow through O only
+    ctx.causal, ctx.scale = causal, scale
+    # the features are passed on: scalars in ctx, tensors (ALiBi's slopes) saved
+    tensors = [a if isinstance(a, torch.Tensor) else None for a in feature_args]
+    ctx.feature_args = tuple(None if isinstance(a, torch.Tensor) else a for a in feature_args)
+    ctx.unsupported = [] if v.shape[-1] == q.shape[-1] else ["dv != d"]
+    if q.shape[-1] not in BWD_HEAD_DIMS:
+        ctx.unsupported.append(f"head dim {q.shape[-1]} (the varlen backward takes 64 or 128)")
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, *tensors)
+
+
+def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
+    if ctx.unsupported:
+        raise NotImplementedError(
+            f"flash_attn_varlen_func: no backward pass over packed sequences with "
+            f"{', '.join(ctx.unsupported)}; call it under torch.no_grad() for inference"
+        )
+    q, k, v, o, lse, cu_q, cu_k, *tensors = ctx.saved_tensors
+    none = (None,) * _N_OTHER_INPUTS
+    if grad_o is None:
+        return (None, None, None, *none)
+    feature_args = tuple(
+        t if a is None else a for a, t in zip(ctx.feature_args, tensors, strict=True)
+    )
+    dq, dk, dv = _BWD_OP(q, k, v, o, lse, grad_o, cu_q, cu_k, ctx.causal, ctx.scale,
+                         *feature_args)  # fmt: skip
+    return (dq, dk, dv, *none)
 
 
 SCHEMA = (
@@ -221,17 +367,28 @@ SCHEMA = (
     f"str? variant=None, {op_args.FEATURE_SCHEMA}) -> (Tensor, Tensor)"
 )
 """The custom op `torch.ops.flashgen.varlen_attention`."""
+BWD_SCHEMA = (
+    "varlen_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, bool causal=False, float? scale=None, "
+    f"{op_args.FEATURE_SCHEMA}) -> (Tensor, Tensor, Tensor)"
+)
+"""The custom op `torch.ops.flashgen.varlen_attention_backward`: dq, dk, dv packed like q, k, v
+from the forward's q, k, v, o, lse (H, total_q) and dO."""
 
 _library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
 _LIB: Any = _library.Library("flashgen", "FRAGMENT")
 _LIB.define(SCHEMA)
+_LIB.define(BWD_SCHEMA)
 _LIB.impl("varlen_attention", _run, "CUDA")
 _LIB.impl("varlen_attention", _run, "CPU")  # validation refuses CPU tensors by name
 _library.register_fake("flashgen::varlen_attention", _fake, lib=_LIB)
+_LIB.impl("varlen_attention_backward", _run_backward, "CUDA")
+_library.register_fake("flashgen::varlen_attention_backward", _fake_backward, lib=_LIB)
 _library.register_autograd(
-    "flashgen::varlen_attention", _no_backward, setup_context=_setup_context, lib=_LIB
+    "flashgen::varlen_attention", _backward, setup_context=_setup_context, lib=_LIB
 )
 _OP = torch.ops.flashgen.varlen_attention.default
+_BWD_OP = torch.ops.flashgen.varlen_attention_backward.default
 
 
 def _direct(q: Any, k: Any, v: Any) -> bool:
@@ -276,7 +433,8 @@ def flash_attn_varlen_func(
     chooses one.
 
     Runs on the current stream, never synchronizes, allocates through torch's caching
-    allocator (CUDA-graph capturable after a first call). Forward only for now. Example::
+    allocator (CUDA-graph capturable after a first call). Differentiable (d 64 or 128, dv =
+    d): autograd runs the varlen backward (module docstring). Example::
 
         import torch
         from flashgen.torch import flash_attn_varlen_func
@@ -317,6 +475,8 @@ def clear_cache() -> None:
     with _lock:
         _entries.clear()
         _plans.clear()
+        _bwd_entries.clear()
+        _bwd_plans.clear()
 
 
-__all__ = ["SCHEMA", "clear_cache", "flash_attn_varlen_func"]
+__all__ = ["BWD_SCHEMA", "SCHEMA", "clear_cache", "flash_attn_varlen_func"]

@@ -117,11 +117,13 @@ def forward(features: Sequence[str]) -> tuple[Param, ...]:
 
 
 def backward(features: Sequence[str]) -> tuple[Param, ...]:
-    """The backward kernels' parameters for a variant with `features`: `BWD`, then the hooks'
-    aux block (`features.hook.HOOK_PARAMS`, as the forward takes it) when the variant compiles
-    in a hook. All three kernels of a hooked variant take it (one argument list); every other
+    """The backward kernels' parameters for a variant with `features`: `BWD`, then the
+    `VARLEN` block for a variant compiled with `varlen` (family wgmma), then the hooks' aux
+    block (`features.hook.HOOK_PARAMS`, as the forward takes it) when the variant compiles in a
+    hook. All three kernels of such a variant take the blocks (one argument list); every other
     backward's ABI is `BWD` unchanged."""
-    return (*BWD, *HOOK_PARAMS) if hook_tokens(features) else BWD
+    params = (*BWD, *VARLEN) if "varlen" in features else BWD
+    return (*params, *HOOK_PARAMS) if hook_tokens(features) else params
 
 
 def tensor_map(name: str) -> Param:

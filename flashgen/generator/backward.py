@@ -33,20 +33,46 @@ def pre_rows(spec: KernelSpec) -> int:
     return spec.threads // PRE_LANES_PER_ROW
 
 
-def scratch_rows(spec: KernelSpec, tq: int) -> int:
+VARLEN = "varlen"
+VARLEN_PAD_ALIGN = 32  # rows: a varlen sequence's scratch starts on a 128-byte line (PAD_ALIGN)
+
+
+def is_varlen(spec: KernelSpec) -> bool:
+    """True for a backward over packed sequences (family wgmma): abi.VARLEN after the
+    features, the scratch padded per sequence."""
+    return VARLEN in spec.features
+
+
+def varlen_pad_start(spec: KernelSpec, b: int, qs: int) -> int:
+    """A varlen variant's first scratch row of sequence `b`, whose first row of q is `qs`
+    (the template's pad_start): qs rounded up to VARLEN_PAD_ALIGN, plus BR + VARLEN_PAD_ALIGN
+    rows per earlier sequence. Consecutive starts differ by at least the sequence's length +
+    BR + 1, more than its whole tiles take."""
+    a = VARLEN_PAD_ALIGN
+    return -(-qs // a) * a + b * (spec.br + a)
+
+
+def scratch_rows(spec: KernelSpec, tq: int, n_seqs: int = 0) -> int:
     """Query rows per head of the fp32 scratch: tq, or for family wgmma tq rounded up to BR
     (its main kernel reads whole query tiles of LSE and D, and adds whole tiles into the dQ
-    accumulator)."""
+    accumulator). A varlen variant (tq the packed total) pads each of its `n_seqs` sequences
+    to whole tiles without a prefix scan: sequence b's tiles start at row cu_seqlens_q[b]
+    rounded up to VARLEN_PAD_ALIGN, plus b * (BR + VARLEN_PAD_ALIGN) (aligned: the main kernel
+    reads D and LSE as float2), so align(tq) + n_seqs * (BR + VARLEN_PAD_ALIGN) rows bound
+    them (the template's pad_rows; keep the two in step)."""
+    if is_varlen(spec):
+        return varlen_pad_start(spec, n_seqs, tq)
     return -(-tq // spec.br) * spec.br if spec.fam.bwd_whole_tiles else tq
 
 
 def scratch_shapes(
-    spec: KernelSpec, b: int, h: int, tq: int, d: int
+    spec: KernelSpec, b: int, h: int, tq: int, d: int, n_seqs: int = 0
 ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """Shapes of the two fp32 scratch arrays a backward call allocates: d_buf, and the dQ
     accumulator (None in deterministic mode). mma: (B, H, Tq) and (B, H, Tq, d). wgmma: D and
-    LSE*log2(e) side by side, (B, H, 2, TQP), and (B, H, TQP, d), TQP = `scratch_rows`."""
-    rows = scratch_rows(spec, tq)
+    LSE*log2(e) side by side, (B, H, 2, TQP), and (B, H, TQP, d), TQP = `scratch_rows` (a
+    varlen call: B = 1, tq the packed total and `n_seqs` its sequences)."""
+    rows = scratch_rows(spec, tq, n_seqs)
     d_buf = (b, h, 2, rows) if spec.fam.bwd_whole_tiles else (b, h, tq)
     return d_buf, None if is_deterministic(spec) else (b, h, rows, d)
 

@@ -10,6 +10,7 @@ import jinja2
 
 from flashgen._version import __version__
 from flashgen.generator import abi
+from flashgen.generator.backward import VARLEN_PAD_ALIGN
 from flashgen.generator.features.hook import template_context as hook_context
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
@@ -90,6 +91,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "elem_bytes": info.itemsize,
         "is_bf16": spec.dtype == "bf16",
         "varlen": "varlen" in spec.features,  # packed sequences (abi.VARLEN)
+        "varlen_pad_align": VARLEN_PAD_ALIGN,  # the varlen backward's scratch alignment (rows)
     }
     ctx["abi_params"] = abi_params(spec)
     ctx.update(hook_context(spec.features))  # hook_source, hook_score, hook_mask

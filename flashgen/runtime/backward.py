@@ -42,6 +42,14 @@ kernel's grid over those rows -- each preceded by by-value arguments a registere
 supplies (`register_prefix_args`; `BWD_PREFIX_PROVIDERS` names the module
 that registers it): tma.py's four tensor maps tm_q, tm_k, tm_v, tm_do. `Prepared` builds them
 on a call's pointers and again only when q, k, v or dO move.
+
+**Packed sequences** (family wgmma's `varlen` variants; flashgen.varlen's autograd runs them):
+the arrays are the packed tensors as (1, H, total, d) views and lse (1, H, total_q);
+`validate_backward(..., n_seqs=)` records the sequences, the scratch is padded per sequence
+(`scratch_shapes(..., n_seqs)`: about total_q + n_seqs * (BR + 32) rows per head), the grids
+come from the totals (`BackwardProblem.grids`), and the kernels take abi.VARLEN after the
+features: n_seqs bound, cu_seqlens_q and cu_seqlens_k per call (`Prepared.__call__(...,
+cu_q=, cu_k=)`).
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.backward import (
     is_deterministic,
+    is_varlen,
     kernel_names,
     pre_rows,
     scratch_rows,
@@ -126,6 +135,7 @@ class BackwardProblem:
     dq_ptr: int | None
     dk_ptr: int | None
     dv_ptr: int | None
+    n_seqs: int | None = None  # a varlen call's sequences (fwd is the packed (1, H, T, d) views)
 
     def kernel_strides(self) -> tuple[int, ...]:
         """The 24 stride arguments: q, k, v, o, do, dq, dk, dv (batch, head, token)."""
@@ -138,8 +148,16 @@ class BackwardProblem:
 
     def grids(self, spec: KernelSpec) -> tuple[tuple[int, int, int], ...]:
         """Grids of (pre, main, post), or deterministic (pre, main, dq): dq a block per query
-        tile of BR rows of one query head, like the forward."""
+        tile of BR rows of one query head, like the forward. A varlen call (`n_seqs`): pre over
+        the padded scratch rows, main over ceil(total_k / BC) + n_seqs key tiles per K/V head
+        (an upper bound: blocks past the last sequence's tiles end at once), post over the
+        packed query rows (each at least one block)."""
         f = self.fwd
+        if self.n_seqs is not None:
+            per_block = pre_rows(spec)
+            pre = (max(1, -(-scratch_rows(spec, f.tq, self.n_seqs) // per_block)), f.h, 1)
+            main = (max(1, -(-f.tk // spec.bc) + self.n_seqs), f.kv_heads, 1)
+            return pre, main, (max(1, -(-f.tq // per_block)), f.h, 1)
         pre = (-(-scratch_rows(spec, f.tq) // pre_rows(spec)), f.h, f.b)  # all scratch rows
         rows = (-(-f.tq // pre_rows(spec)), f.h, f.b)
         last = (-(-f.tq // spec.br), f.h, f.b) if is_deterministic(spec) else rows
@@ -158,17 +176,26 @@ def _like(name: str, x: Any, shape: tuple[int, ...], dtype: Any, what: str) -> t
 
 def validate_backward(
     spec: KernelSpec, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, dq: Any, dk: Any,
-    dv: Any, *, check_pointers: bool = True,
+    dv: Any, *, check_pointers: bool = True, n_seqs: int | None = None,
 ) -> BackwardProblem:  # fmt: skip
     """Every check for launching backward variant `spec`; ValueError naming value, rule, fix.
 
     q, k, v, o, lse are the forward's (o and lse as the forward wrote them); do has o's shape
     and dtype; dq, dk, dv have q's, k's and v's. Every operand has a contiguous d axis and
     strides (and pointers) that are multiples of 16 bytes; the gradients must not overlap
-    themselves (a zero stride on a real axis).
+    themselves (a zero stride on a real axis). A varlen variant takes `n_seqs` (its packed
+    sequences; the arrays are then (1, H, total, d) views and lse (1, H, total_q)), and only it.
     """
     if spec.direction != "bwd":
         raise ValueError(f"spec {spec.name}: a forward variant; pass spec.replace(direction='bwd')")
+    if is_varlen(spec) != (n_seqs is not None):
+        raise ValueError(
+            f"spec {spec.name}: "
+            + ("a varlen variant runs packed sequences: flashgen.torch.flash_attn_varlen_func's "
+               "gradients (n_seqs=)" if n_seqs is None else
+               "sequences given (n_seqs), but the variant is not varlen")
+            + "; launch packed sequences with a varlen variant and dense batches without"
+        )  # fmt: skip
     if o is None or lse is None:
         raise ValueError("o, lse: the forward's output and LSE are required by the backward")
     fwd = check_layout(q, k, v, o=o, lse=lse, outputs=False)  # the forward's o, lse: read here
@@ -193,8 +220,21 @@ def validate_backward(
                 f"{info.name} pointer {info.ptr:#x}: family {spec.family} needs "
                 f"{align * size}-byte alignment; pass a fresh array"
             )
+    if n_seqs is not None:
+        if fwd.b != 1:
+            raise ValueError(
+                f"b={fwd.b}: a varlen backward sees its packed tensors as one batch; pass "
+                "(1, H, total, d) views"
+            )
+        if isinstance(n_seqs, bool) or not isinstance(n_seqs, int) or n_seqs < 0:
+            raise ValueError(f"n_seqs={n_seqs!r}: must be an int >= 0 (the packed sequences)")
+        if scratch_rows(spec, fwd.tq, n_seqs) >= 2**31:
+            raise ValueError(
+                f"total_q={fwd.tq}, n_seqs={n_seqs}: the padded scratch (total_q + n_seqs * "
+                f"{spec.br} rows) must stay below 2^31 rows; split the batch"
+            )
     return BackwardProblem(
-        fwd, do_s, dq_s, dk_s, dv_s, doi.ptr, dqi.ptr, dki.ptr, dvi.ptr,
+        fwd, do_s, dq_s, dk_s, dv_s, doi.ptr, dqi.ptr, dki.ptr, dvi.ptr, n_seqs,
     )  # fmt: skip
 
 
@@ -283,8 +323,10 @@ def kernel_params(
 ) -> tuple[Any, list[Any]]:  # fmt: skip
     """The kernelParams array of the three kernels (and the ctypes objects of the ABI's
     arguments it points at): the `prefix` objects' addresses first (the caller keeps them
-    alive), then the ABI's arguments, the call's feature values, and for a hooked variant
-    (`hooks`, checked against the variant by the caller) the hooks' aux block last."""
+    alive), then the ABI's arguments, the call's feature values, for a varlen problem
+    (`problem.n_seqs`) abi.VARLEN (cu_seqlens_q, cu_seqlens_k as NULL: the caller sets them
+    per call, then n_seqs), and for a hooked variant (`hooks`, checked against the variant by
+    the caller) the hooks' aux block last."""
     c = ctypes
     f = problem.fwd
     left, right, cap, slopes = features.kernel_args(f.tq, f.tk)
@@ -294,6 +336,8 @@ def kernel_params(
     args += [c.c_float(scale_log2), c.c_int(f.kv_group)]
     args += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
     assert len(args) == len(ABI_FORMAT)
+    if problem.n_seqs is not None:  # abi.VARLEN: the cu pointers are the call's
+        args += [c.c_void_p(0), c.c_void_p(0), c.c_int(problem.n_seqs)]
     if hooks is not None:  # a hooked variant: the aux block after the features
         for p, value in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True):
             if p.code == "f":
@@ -340,6 +384,9 @@ class Prepared:
             problem, (0,) * N_POINTERS, scale_log2, features=features, hooks=hooks
         )
         self._ptrs = self._args[: N_POINTERS]  # the c_void_p objects params points at
+        # a varlen problem: the cu_seqlens_q/k slots (abi.VARLEN, after the features)
+        at = len(ABI_FORMAT)
+        self._cu = self._args[at : at + 2] if problem.n_seqs is not None else None
         self._prefix = prefix_builder(spec.family)
         self._prefix_keep: Sequence[Any] = ()  # the objects the prefix entries point at
         self._last_key: tuple[int, ...] | None = None
@@ -361,12 +408,22 @@ class Prepared:
         self._prefix_keep = blobs
         self._last_key = key
 
-    def __call__(self, pointers: tuple[int, ...], stream_handle: int) -> None:
-        """Launch the kernels in order on the stream (a CUstream; 0: the legacy default)."""
+    def __call__(
+        self, pointers: tuple[int, ...], stream_handle: int, cu_q: int = 0, cu_k: int = 0
+    ) -> None:
+        """Launch the kernels in order on the stream (a CUstream; 0: the legacy default); a
+        varlen variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k."""
         drv, threads = self._drv, self.spec.threads
+        if self._cu is not None and not (cu_q and cu_k):
+            raise ValueError(
+                f"kernels of {self.spec.name}: a varlen launch needs the cu_seqlens_q and "
+                "cu_seqlens_k device pointers (cu_q=, cu_k=)"
+            )
         with self._lock:  # the pointer slots are shared: set them and launch as one step
             for slot, ptr in zip(self._ptrs, pointers, strict=True):
                 slot.value = int(ptr or 0)
+            if self._cu is not None:
+                self._cu[0].value, self._cu[1].value = int(cu_q), int(cu_k)
             if self._prefix is not None:
                 key = tuple(int(pointers[i] or 0) for i in self._prefix[1])
                 if key != self._last_key:

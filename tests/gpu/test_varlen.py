@@ -2,7 +2,8 @@
 batches against the float64 oracle per sequence (zero-length sequences, lengths that are not
 multiples of the tiles, Tq != Tk per sequence, GQA, d 64/128, fp16/bf16, causal, window,
 softcap, ALiBi), NaN rows for key ranges outside k, CUDA-graph replay with new lengths, no
-host synchronization, torch.compile, and a clear error for gradients."""
+host synchronization, torch.compile; and the gradients (the varlen backward) against the float64
+oracle per sequence with the project's gradient rule (`oracle_bwd.check_grads`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from flashgen.verify.oracle import check_outputs
+from flashgen.verify.oracle_bwd import check_grads
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -216,13 +218,178 @@ def test_torch_compile_fullgraph() -> None:
     assert_matches_oracle(o, lse, c, True, "bf16")
 
 
-def test_gradients_raise_a_clear_error() -> None:
-    lens = [100, 50]
-    c = make_batch(lens, lens, 2, 2, 64, "bf16", seed=4)
-    q = c["q"].requires_grad_()
-    o = flash_attn_varlen_func(q, c["k"], c["v"], c["cu_q"], c["cu_k"], 100, 100, causal=True)
-    with pytest.raises(NotImplementedError, match="backward pass over packed sequences"):
-        o.sum().backward()
+# ---- gradients: the varlen backward ----------------------------------------------------------
+
+
+def _grads(
+    c: dict[str, Any], causal: bool, seed: int, **features: Any
+) -> tuple[Any, Any, Any, Any, Any]:  # fmt: skip
+    """(dq, dk, dv, o, do) of one varlen forward on c's packed tensors, through autograd."""
+    q, k, v = (c[n].detach().clone().requires_grad_() for n in ("q", "k", "v"))
+    o = flash_attn_varlen_func(
+        q, k, v, c["cu_q"], c["cu_k"], max(c["lens_q"]), max(c["lens_k"]), causal=causal,
+        **features,
+    )  # fmt: skip
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=g)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    return dq, dk, dv, o, do
+
+
+def assert_grads_match_oracle(
+    grads: tuple[Any, ...], c: dict[str, Any], causal: bool, dtype: str,
+    scale: float | None = None, **features: Any,
+) -> None:  # fmt: skip
+    """Each sequence's dq, dk, dv against the float64 gradients of its own attention."""
+    torch.cuda.synchronize()
+    dq, dk, dv, _o, do = grads
+    d = c["q"].shape[-1]
+    feats = {
+        key: (val.cpu().numpy() if hasattr(val, "cpu") else val) for key, val in features.items()
+    }
+    cq, ck = c["cu_q"].tolist(), c["cu_k"].tolist()
+    for s, (nq, nk) in enumerate(zip(c["lens_q"], c["lens_k"], strict=True)):
+        rows, keys = slice(cq[s], cq[s] + nq), slice(ck[s], ck[s] + nk)
+        if nq == 0 or nk == 0:  # no query: dK = dV = 0; no key: dQ = 0 (P = 0 everywhere)
+            assert not dk[keys].any() and not dv[keys].any(), s
+            assert not dq[rows].any(), s
+            continue
+
+        def seq(t: Any, sl: slice) -> np.ndarray:
+            return _np(t[sl].transpose(0, 1)[None], dtype)
+
+        got = (seq(dq, rows), seq(dk, keys), seq(dv, keys))
+        outcomes = check_grads(
+            got, seq(c["q"], rows), seq(c["k"], keys), seq(c["v"], keys), seq(do, rows),
+            dtype=dtype, scale=scale or d**-0.5, causal=causal, **feats,
+        )  # fmt: skip
+        bad = [
+            f"{g.name}: err {g.err:.3g} > bound {g.bound:.3g} (ref err {g.ref_err:.3g})"
+            f"{' NaN' if g.has_nan else ''}"
+            for g in outcomes
+            if not g.passed
+        ]
+        assert not bad, f"sequence {s} (Tq={nq}, Tk={nk}): " + "; ".join(bad)
+
+
+GRAD_CASES = [
+    # (lens_q, lens_k (None: = lens_q), h, h_kv, d, dtype, causal)
+    ([300, 0, 1, 128, 1000, 77], None, 4, 4, 128, "bf16", True),  # ragged, empty, one row
+    ([300, 0, 1, 128, 1000, 77], None, 4, 2, 64, "fp16", False),  # GQA
+    ([5, 700, 33], [900, 700, 2], 6, 3, 128, "bf16", True),  # Tq != Tk both ways
+    ([5, 700, 33], [900, 700, 2], 6, 3, 64, "fp16", False),
+    ([256, 17, 0], [0, 400, 70], 4, 4, 64, "bf16", True),  # no key; keys without a query
+    ([64, 129, 2000], None, 4, 1, 128, "fp16", True),  # MQA, many key tiles
+    ([1] * 40, None, 2, 1, 128, "bf16", False),  # many tiny sequences
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    GRAD_CASES,
+    ids=lambda c: f"n{len(c[0])}h{c[2]}/{c[3]}d{c[4]}{c[5]}{'c' if c[6] else ''}",
+)
+def test_varlen_gradients_match_the_oracle(case: tuple[Any, ...]) -> None:
+    lens_q, lens_k, h, h_kv, d, dtype, causal = case
+    lens_k = lens_k or lens_q
+    c = make_batch(lens_q, lens_k, h, h_kv, d, dtype, seed=sum(lens_q) + d + 1)
+    assert_grads_match_oracle(_grads(c, causal, seed=7), c, causal, dtype)
+
+
+@pytest.mark.parametrize(
+    "features",
+    [
+        {"window_size": (100, 0)},
+        {"window_size": (64, 200)},
+        {"softcap": 20.0},
+        {"alibi": True},
+        {"window_size": (50, 3), "softcap": 10.0},
+    ],
+    ids=["window-causal", "window", "softcap", "alibi", "window+softcap"],
+)
+@pytest.mark.parametrize("d, dtype", [(128, "bf16"), (64, "fp16")])
+def test_gradients_with_features(features: dict[str, Any], d: int, dtype: str) -> None:
+    features = dict(features)
+    lens = [700, 90, 0, 1300]
+    c = make_batch(lens, lens, 8, 2, d, dtype, seed=13)
+    if features.pop("alibi", False):
+        features["alibi_slopes"] = torch.rand(8, device="cuda", dtype=torch.float32)
+    causal = features.get("window_size", (0, 0))[1] == 0
+    grads = _grads(c, causal, seed=3, **features)
+    oracle = {}
+    if "window_size" in features:
+        oracle["window"] = features["window_size"]
+    if "softcap" in features:
+        oracle["softcap"] = features["softcap"]
+    if "alibi_slopes" in features:
+        oracle["alibi_slopes"] = features["alibi_slopes"]
+    assert_grads_match_oracle(grads, c, causal, dtype, **oracle)
+
+
+def test_gradients_of_strided_views_with_a_scale() -> None:
+    # q, k, v as views of one packed (total, 3, H, d) projection: the backward reads strided rows
+    lens = [100, 513]
+    qkv = torch.randn(sum(lens), 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    qkv.requires_grad_()
+    q, k, v = qkv.unbind(1)
+    cu = _cu(lens)
+    o = flash_attn_varlen_func(q, k, v, cu, cu, 513, 513, softmax_scale=0.3, causal=True)
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    c = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_q": cu, "cu_k": cu,
+         "lens_q": lens, "lens_k": lens}  # fmt: skip
+    assert_grads_match_oracle((dq, dk, dv, o, do), c, True, "bf16", scale=0.3)
+
+
+def test_rows_no_sequence_covers_get_zero_gradients() -> None:
+    lens = [200, 333]
+    c = make_batch(lens, lens, 4, 2, 128, "bf16", seed=8, slack=70)  # 70 rows past the last
+    grads = _grads(c, True, seed=2)
+    torch.cuda.synchronize()
+    dq, dk, dv = grads[:3]
+    assert not dq[533:].any() and not dk[533:].any() and not dv[533:].any()
+    assert_grads_match_oracle(grads, c, True, "bf16")
+
+
+def test_key_ranges_outside_k_give_nan_dq_rows() -> None:
+    lens = [200, 300]
+    c = make_batch(lens, lens, 4, 4, 128, "bf16", seed=9)
+    bad_k = torch.tensor([0, 200, 10_000], dtype=torch.int32, device="cuda")  # past k's end
+    q, k, v = (c[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    o = flash_attn_varlen_func(q, k, v, c["cu_q"], bad_k, 300, 300, causal=True)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    torch.cuda.synchronize()
+    assert torch.isnan(dq[200:]).all() and not torch.isnan(dq[:200]).any()
+    assert not torch.isnan(dk[:200]).any() and not torch.isnan(dv[:200]).any()
+
+
+def test_the_backward_never_synchronizes() -> None:
+    lens = [500, 12, 900]
+    c = make_batch(lens, lens, 4, 2, 128, "fp16", seed=1)
+    q, k, v = (c[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    o = flash_attn_varlen_func(q, k, v, c["cu_q"], c["cu_k"], 900, 900, causal=True)
+    do = torch.randn_like(o)
+    torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # first call: compile, load
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_grads_match_oracle((*grads, o, do), c, True, "fp16")
+
+
+def test_the_backward_op_directly() -> None:
+    lens = [130, 7, 64]
+    c = make_batch(lens, lens, 4, 4, 64, "bf16", seed=11)
+    o, lse = flash_attn_varlen_func(c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], 130, 130,
+                                    causal=False, return_lse=True)  # fmt: skip
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.ops.flashgen.varlen_attention_backward(
+        c["q"], c["k"], c["v"], o, lse, do, c["cu_q"], c["cu_k"], False
+    )
+    assert_grads_match_oracle((dq, dk, dv, o, do), c, False, "bf16")
 
 
 def test_bad_inputs_name_the_value() -> None:

@@ -27,7 +27,7 @@ def test_a_varlen_spec_has_a_name_that_reads_back():
     "name, rule",
     [
         ("flash_fwd_mma_d128_br64_bc64_bf16_causal_varlen_w4", "not supported by family mma"),
-        ("flash_bwd_wgmma_d128_br64_bc128_bf16_causal_varlen_s2", "drop varlen for direction"),
+        ("flash_bwd_mma_d128_br64_bc64_bf16_causal_varlen_w4_s1", "drop varlen for direction"),
     ],
 )
 def test_families_and_directions_without_varlen_refuse_it(name: str, rule: str):

@@ -182,7 +182,7 @@ WGMMA = WgmmaFamily(
     # the forward's run-time features, no deterministic mode (bwd.py)
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
-    bwd_features=frozenset(TOKENS),
+    bwd_features=frozenset({*TOKENS, "varlen"}),
     features=frozenset({*TOKENS, "varlen"}),
     bwd_whole_tiles=True,
     # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no

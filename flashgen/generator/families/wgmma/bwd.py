@@ -42,6 +42,9 @@ SMEM_ALIGN = 1024
 # Columns of dQ = dS K one wgmma computes: one 64-column (128-byte) swizzled slab of K at a
 # time (the template's CHUNK), so a consumer holds 32 fp32 dQ accumulators beside dK and dV.
 DQ_COLS = 64
+# A varlen variant's block keeps its sequence's rows and lengths in shared memory after the
+# barriers (the template's SEQ_INFO ints): read where they are used, not held in registers.
+VARLEN_SEQ_BYTES = 32
 
 
 def default_stages(spec: KernelSpec) -> int:
@@ -65,12 +68,13 @@ def register_estimate(spec: KernelSpec) -> int:
 def smem_bytes(spec: KernelSpec) -> int:
     """K and V of the block, a ring of `stages` Q and dO tiles, two dS^T buffers (bc x br
     each), the fp32 dQ of a query tile (br x d), the alignment slack and the mbarriers (one
-    for K/V, full and empty per stage for Q and for dO). LSE and D are read from global
-    memory."""
+    for K/V, full and empty per stage for Q and for dO); a varlen variant's sequence after
+    them (VARLEN_SEQ_BYTES). LSE and D are read from global memory."""
     item = spec.dtype_info.itemsize
     d, br, bc, n = spec.d, spec.br, spec.bc, spec.stages
     tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
-    return SMEM_ALIGN + tiles + 4 * br * d + 8 * (1 + 4 * n)
+    seq = VARLEN_SEQ_BYTES if "varlen" in spec.features else 0
+    return SMEM_ALIGN + tiles + 4 * br * d + 8 * (1 + 4 * n) + seq
 
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
