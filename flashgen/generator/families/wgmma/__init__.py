@@ -22,6 +22,9 @@ WGMMA_REGS = {1: (56, 240), 2: (24, 240), 3: (32, 160)}  # consumers -> (produce
 WGMMA_INDEX_REGS = 32
 # Bytes of the dynamic shared memory spent on aligning the base to a swizzle atom.
 WGMMA_SMEM_ALIGN = 1024
+# varlen: at most this many sequences are ordered longest first in shared memory (a rank per
+# sequence, quadratic in their number); more are walked in the order given.
+VARLEN_SORT_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ class WgmmaFamily(Family):
         tiles = spec.dtype_info.itemsize * (
             dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
         )
-        return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages)
+        order = 4 * VARLEN_SORT_MAX if "varlen" in spec.features else 0  # the sequences' order
+        return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages) + order
 
     def scheduler(self, spec: KernelSpec) -> Scheduler:
         # persistent blocks over a one-dimensional grid (the kernel takes the heads and batch);
@@ -159,6 +163,7 @@ class WgmmaFamily(Family):
             "producer_regs": producer,
             "consumer_regs": consumer,
             "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
+            "varlen_sort_max": VARLEN_SORT_MAX,
             "qk_fn": qk.fn,
             "pv_fn": pv.fn,
             "wgmma_wrappers": wrappers([qk, pv]),
