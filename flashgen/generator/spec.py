@@ -367,14 +367,22 @@ def _check_hooks(spec: KernelSpec, fam: Family) -> list[str]:
             f"kernels only for now; drop them for direction={spec.direction!r}"
         )
     # the direction's own list: a family may call hooks in its forward but not its backward
-    takes_here = fam.bwd_features if spec.direction == "bwd" else fam.features
+    bwd = spec.direction == "bwd"
+    takes_here = fam.bwd_features if bwd else fam.features
     for kind in sorted(set(kinds)):
         if spec.direction != "decode" and kind not in takes_here:
+            from flashgen.generator.families import FAMILIES
+
             takes = [k for k in KIND_TOKENS.values() if k in takes_here]
+            others = [
+                f.name for f in FAMILIES.values() if kind in (f.bwd_features if bwd else f.features)
+            ]
+            where = "backward" if bwd else "forward"
             problems.append(
-                f"features: a {kind} hook is not supported by family {fam.name}'s "
-                f"{'backward' if spec.direction == 'bwd' else 'forward'}; families taking "
-                f"hooks: mma (it takes {', '.join(takes) or 'none'} here); use --family mma"
+                f"features: a {kind} hook is not supported by family {fam.name}'s {where} "
+                f"(it takes {', '.join(takes) or 'none'} here); families whose {where} takes "
+                f"{kind} hooks: {', '.join(others) or 'none'}; use "
+                + (" or ".join(f"--family {n}" for n in others) or "no hook")
             )
         if kinds.count(kind) > 1:
             problems.append(

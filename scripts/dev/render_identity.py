@@ -10,7 +10,8 @@ Run it in two trees and diff the outputs: a change that must leave unhooked kern
 
 CPU only (rendering needs no nvcc). The probes beyond the shipped space are the backward
 feature sets the GPU tests compile (tests/gpu/test_backward.py), at d 40/64/128, both dtypes,
-causal and not, fast and deterministic.
+causal and not, fast and deterministic; the decode kernels; and wgmma forwards with every
+feature set (varlen too) at br 64/128 and stages 2/3.
 """
 
 from __future__ import annotations
@@ -48,6 +49,47 @@ def probes() -> list[KernelSpec]:
     return out
 
 
+def decode_variants() -> list[KernelSpec]:
+    """Family mma's decode kernels: d 64/128/256, both dtypes, causal and not, each feature."""
+    out = []
+    for d, dtype, causal, feats in itertools.product(
+        (64, 128, 256), ("fp16", "bf16"), (False, True),
+        ((), ("window",), ("softcap",), ("alibi",), ("window", "softcap")),
+    ):  # fmt: skip
+        try:
+            out.append(
+                KernelSpec(
+                    family="mma", direction="decode", d=d, dtype=dtype, causal=causal,
+                    features=feats,
+                )  # fmt: skip
+            )
+        except SpecError:
+            continue
+    return out
+
+
+def wgmma_probes() -> list[KernelSpec]:
+    """wgmma forwards beyond the shipped space: varlen, every feature set, br 64, stages 3."""
+    out = []
+    feature_sets = [
+        (), ("window",), ("softcap",), ("alibi",), ("window", "softcap"),
+        ("window", "softcap", "alibi"), ("varlen",), ("varlen", "window", "softcap"),
+    ]  # fmt: skip
+    for d, br, dtype, causal, feats, stages in itertools.product(
+        (64, 96, 128), (64, 128), ("fp16", "bf16"), (False, True), feature_sets, (2, 3)
+    ):
+        try:
+            out.append(
+                KernelSpec(
+                    family="wgmma", d=d, br=br, dtype=dtype, causal=causal, features=feats,
+                    stages=stages,
+                )  # fmt: skip
+            )
+        except SpecError:
+            continue
+    return out
+
+
 def line(spec: KernelSpec) -> str:
     src = rd.render(spec).source
     abi = repr(rd.abi_params(spec))
@@ -57,7 +99,7 @@ def line(spec: KernelSpec) -> str:
 
 
 def main() -> int:
-    specs = shipped() + shipped(direction="bwd") + probes()
+    specs = shipped() + shipped(direction="bwd") + probes() + decode_variants() + wgmma_probes()
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:

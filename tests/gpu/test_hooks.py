@@ -31,10 +31,15 @@ SHAPES = [(1, 4, 2, 77, 77), (2, 4, 4, 130, 301), (1, 2, 1, 200, 65)]  # B, H, H
 
 
 def _spec(
-    hooks: tuple[Hook, ...], d: int, dtype: str, causal: bool, features: tuple[str, ...] = ()
+    hooks: tuple[Hook, ...],
+    d: int,
+    dtype: str,
+    causal: bool,
+    features: tuple[str, ...] = (),
+    family: str = "mma",
 ):
     tokens = tuple(fh.token_of(h) for h in hooks)
-    return KernelSpec(family="mma", d=d, dtype=dtype, causal=causal, features=(*features, *tokens))
+    return KernelSpec(family=family, d=d, dtype=dtype, causal=causal, features=(*features, *tokens))
 
 
 def _inputs(spec: KernelSpec, shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, ...]:
@@ -93,6 +98,14 @@ def _aux_case(name: str, spec_h: int, tq: int, tk: int) -> tuple[tuple[Hook, ...
         hooks_a, aux_a = _aux_case("alibi", spec_h, tq, tk)
         hooks_d, aux_d = _aux_case("document", spec_h, tq, tk)
         return (*hooks_a, *hooks_d), {**aux_a, **aux_d}
+    if name == "softcap+document":
+        hooks_s, aux_s = _aux_case("softcap", spec_h, tq, tk)
+        hooks_d, aux_d = _aux_case("document", spec_h, tq, tk)
+        return (*hooks_s, *hooks_d), {**aux_s, **aux_d}
+    if name == "causal":
+        return (library.causal_hook(),), {}
+    if name == "window":  # the built-in window's sides as aux scalars (a side < 0: unbounded)
+        return (library.window_hook(),), {"window_left": 33, "window_right": 5}
     raise AssertionError(name)
 
 
@@ -384,3 +397,130 @@ def test_the_library_hooks_backward_matches_the_built_in_backward(builtin, d, dt
     assert not _bad(via_hook) and not _bad(built_in), (_bad(via_hook), _bad(built_in))
     for a, c, x, y in zip(got_h, got_b, via_hook, built_in, strict=True):
         assert np.abs(a - c).max() <= x.bound + y.bound, x.name
+
+
+# ---- family wgmma's forward (sm_90 only) ---------------------------------------------------------
+def _need_sm90() -> None:
+    """Skip on a GPU that is not sm_90 (the wgmma kernels are sm_90a code); without any usable
+    GPU the tier's conftest skips already."""
+    if runtime.gpu_status() is None and not runtime.device_arch().startswith("sm_90"):
+        pytest.skip("family wgmma runs on sm_90 GPUs only")
+
+
+# (hook set, d, dtype, causal, features): every library hook, a pair, and the custom one with
+# every aux kind; the masks on causal and non-causal kernels (a mask_mod beside the built-in)
+WG_CASES = [
+    ("softcap", 64, "fp16", True, ()),
+    ("softcap", 128, "bf16", False, ("window",)),
+    ("alibi", 64, "bf16", False, ()),
+    ("alibi", 128, "fp16", True, ()),
+    ("causal", 128, "bf16", False, ()),
+    ("causal", 64, "fp16", True, ()),
+    ("window", 128, "bf16", True, ()),
+    ("window", 64, "bf16", False, ()),
+    ("document", 64, "bf16", False, ()),
+    ("document", 128, "fp16", True, ()),
+    ("prefix_lm", 128, "bf16", False, ()),
+    ("prefix_lm", 64, "fp16", True, ()),
+    ("softcap+document", 128, "bf16", True, ()),
+    ("softcap+document", 64, "fp16", False, ("window",)),
+    ("custom", 64, "fp16", False, ()),
+    ("custom", 128, "bf16", True, ("window",)),
+]
+# ragged one-tile, GQA Tq < Tk, Tq > Tk (causal rows with no key), several query and key tiles
+# with Tq == Tk (document masks; tiles wholly inside the causal span), B > 1
+WG_SHAPES = [(1, 4, 2, 77, 77), (2, 4, 4, 130, 301), (1, 2, 1, 200, 65), (2, 4, 2, 700, 700)]
+
+
+WG_BUILTINS = [
+    ("softcap", 128, "bf16", True), ("softcap", 64, "fp16", False),
+    ("alibi", 128, "bf16", True), ("alibi", 64, "fp16", False),
+    ("causal", 128, "bf16", False), ("window", 128, "bf16", True), ("window", 64, "fp16", False),
+]  # fmt: skip
+
+
+def _wg_pair(builtin: str, d: int, dtype: str, causal: bool) -> tuple[KernelSpec, KernelSpec]:
+    """(hooked, built-in) wgmma variants: the library hook and the feature it reproduces
+    (causal as a mask_mod on a non-causal kernel against the causal kernel)."""
+    hooks, _ = _aux_case(builtin, 4, 1, 1)
+    plain_causal = causal or builtin == "causal"
+    feats = () if builtin == "causal" else (builtin,)
+    return (
+        _spec(hooks, d, dtype, causal, family="wgmma"),
+        KernelSpec(family="wgmma", d=d, dtype=dtype, causal=plain_causal, features=feats),
+    )
+
+
+@pytest.fixture(scope="module")
+def wgmma_hooked() -> dict[KernelSpec, CompiledKernel | Exception]:
+    """Every wgmma variant the tests below run, compiled in parallel once (sm_90 only)."""
+    _need_sm90()
+    specs = [_spec(_aux_case(c[0], 4, 1, 1)[0], *c[1:], family="wgmma") for c in WG_CASES]
+    specs += [s for case in WG_BUILTINS for s in _wg_pair(*case)]
+    return compile_all(list(dict.fromkeys(specs)))
+
+
+@pytest.mark.parametrize("shape", WG_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(("name", "d", "dtype", "causal", "features"), WG_CASES)
+def test_a_hooked_wgmma_forward_passes_the_oracle_on_the_same_hook(
+    name, d, dtype, causal, features, shape, wgmma_hooked
+):
+    b, h, h_kv, tq, tk = shape
+    if "document" in name and tq != tk:
+        pytest.skip("document masking indexes one packed sequence: Tq == Tk")
+    hooks, aux = _aux_case(name, h, tq, tk)
+    spec = _spec(hooks, d, dtype, causal, features, family="wgmma")
+    _built(wgmma_hooked, spec)
+    q, k, v = _inputs(spec, shape, seed=len(name) * 7 + d + tq)
+    window = (33, 5) if "window" in features else None
+    args, _keep = _device_aux(hooks, aux)
+    o, lse = _run(spec, q, k, v, features=FeatureArgs(window=window), hooks=args)
+    out = oracle.check_outputs(
+        o, lse, *_f64(q, k, v), causal=causal, scale=SCALE, dtype=dtype, window=window,
+        **_oracle_kw(hooks, aux),
+    )  # fmt: skip
+    assert out.passed, (spec.name, shape, out)
+
+
+@pytest.mark.parametrize(("builtin", "d", "dtype", "causal"), WG_BUILTINS)
+def test_the_library_hooks_match_the_built_in_wgmma_kernels(
+    builtin, d, dtype, causal, wgmma_hooked
+):
+    """The hooked wgmma kernel and the built-in feature's on the same inputs (causal and window
+    as mask_mods against the built-in causal / window kernels): both pass the oracle, and they
+    differ by no more than the oracle's bound for either."""
+    shape = (2, 4, 2, 390, 457)
+    hooks, aux = _aux_case(builtin, 4, 390, 457)
+    hooked, plain = _wg_pair(builtin, d, dtype, causal)
+    _built(wgmma_hooked, hooked)
+    _built(wgmma_hooked, plain)
+    keep: list[Any] = []
+    feats, kw = FeatureArgs(), {}
+    if builtin == "softcap":
+        feats, kw = FeatureArgs(softcap=aux["softcap"]), {"softcap": aux["softcap"]}
+    elif builtin == "alibi":
+        slopes_dev = runtime.to_device(aux["alibi_slopes"])
+        keep.append(slopes_dev)
+        feats = FeatureArgs(alibi=int(slopes_dev.gpudata))
+        kw = {"alibi_slopes": aux["alibi_slopes"]}
+    elif builtin == "causal":
+        kw = {"causal": True}
+    else:
+        sides = (aux["window_left"], aux["window_right"])
+        feats, kw = FeatureArgs(window=sides), {"window": sides}
+    q, k, v = _inputs(plain, shape, seed=5)
+    args, _keep = _device_aux(hooks, aux)
+    o_h, l_h = _run(hooked, q, k, v, hooks=args)
+    o_b, l_b = _run(plain, q, k, v, features=feats)
+    q64, k64, v64 = _f64(q, k, v)
+    via_hook = oracle.check_outputs(
+        o_h, l_h, q64, k64, v64, causal=causal, scale=SCALE, dtype=dtype, **_oracle_kw(hooks, aux)
+    )
+    built_in = oracle.check_outputs(
+        o_b, l_b, q64, k64, v64, scale=SCALE, dtype=dtype, **{"causal": causal, **kw}
+    )
+    assert via_hook.passed and built_in.passed, (via_hook, built_in)
+    assert np.abs(o_h - o_b).max() <= via_hook.o_bound + built_in.o_bound
+    fin = np.isfinite(l_b)
+    assert np.array_equal(fin, np.isfinite(l_h))  # the same rows see no key
+    assert np.abs(l_h[fin] - l_b[fin]).max() <= via_hook.lse_bound + built_in.lse_bound

@@ -143,3 +143,54 @@ def test_launch_backward_refuses_missing_hook_values_before_the_gpu(monkeypatch)
     args = (spec, q, k, k, q.copy(), lse, q.copy(), q.copy(), k.copy(), k.copy())
     with pytest.raises(ValueError, match="missing doc_ids"):
         backward.launch_backward(*args)
+
+
+# ---- family wgmma: the tensor maps, heads and batch first, then the ABI, then the block ---------
+def test_a_hooked_wgmma_forward_binds_prefix_abi_and_block_in_the_kernels_order(monkeypatch):
+    from flashgen.generator.render import abi_params
+    from flashgen.runtime import tma
+
+    class Encoder:  # cuTensorMapEncodeTiled: records nothing, succeeds
+        @staticmethod
+        def cuTensorMapEncodeTiled(*args):
+            return 0
+
+    seen: list[list[int]] = []
+
+    class Driver:
+        def cuCtxGetCurrent(self, ref):
+            ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p))[0] = 7
+            return 0
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            seen.append([int(params[i]) for i in range(n_args)])
+            return 0
+
+    monkeypatch.setattr(tma, "_libcuda", lambda: Encoder)
+    monkeypatch.setattr(launch, "driver", lambda: Driver())
+    alibi, doc = library.alibi_hook(), library.document_hook()
+    spec = KernelSpec(
+        family="wgmma", d=64, dtype="bf16", causal=True,
+        features=("window", fh.token_of(alibi), fh.token_of(doc)),
+    )  # fmt: skip
+    kernel_params = abi_params(spec)  # what the kernel's signature declares, in order
+    n_args = len(kernel_params)
+    assert n_args == len(spec.fam.fwd_prefix) + len(abi.FWD) + len(abi.HOOK_PARAMS)
+    strides = (4 * 128 * 64, 128 * 64, 64)
+    problem = validate.Problem(2, 4, 128, 128, 64, "bf16", strides, strides, strides, strides)
+    plan = launch.LaunchPlan(
+        spec, "sm_90a", 0, 7, 2, 3, (spec.threads, 1, 1), 0, tma.prefix_args, (0, 1, 2), 132
+    )
+    hooks = fh.HookArgs((alibi, doc), {"alibi_slopes": 0x7000, "doc_ids": 0x8000})
+    bound = plan.bind(problem, 1.0, hooks=hooks)
+    bound(0x1000, 0x2000, 0x3000, 0x4000, 0x5000)
+    (params,) = seen
+    # tensor maps (128-byte blobs), n_heads, n_batch, q .. lse, then the scalars and the block
+    assert [ctypes.c_int.from_address(a).value for a in params[3:5]] == [4, 2]
+    assert [ctypes.c_void_p.from_address(a).value for a in params[5:10]] == [
+        0x1000, 0x2000, 0x3000, 0x4000, 0x5000,
+    ]  # fmt: skip
+    assert kernel_params[5]["decl"].endswith(" q") and "hook_ptr0" in kernel_params[-16]["decl"]
+    block = [ctypes.c_void_p.from_address(a).value for a in params[-16:-14]]
+    assert block == [0x7000, 0x8000]
+    assert _block(bound) == hooks.kernel_args()

@@ -10,6 +10,7 @@ from flashgen.generator.abi import Param, tensor_map
 from flashgen.generator.families.base import Family, Preference
 from flashgen.generator.families.wgmma import bwd as wgmma_bwd
 from flashgen.generator.features import TOKENS
+from flashgen.generator.features.hook import hook_tokens, token_kind
 from flashgen.generator.schedulers import STATIC_PERSISTENT, VARLEN_PERSISTENT, Scheduler
 
 if TYPE_CHECKING:
@@ -132,6 +133,7 @@ class WgmmaFamily(Family):
                 f"features={','.join(mods)} with br=192: three consumer warpgroups have no "
                 "registers for the score mod; use br=128"
             )
+        p += self.hook_rule(spec)
         if not p:
             budget = WGMMA_REGS[self.consumers(spec)][1]
             regs = self.register_estimate(spec)
@@ -146,6 +148,33 @@ class WgmmaFamily(Family):
                 spec,
                 "2*(dp*(br + stages*bc) + dvp*stages*bc) + 1024 + barriers",
                 "lower bc or stages",
+            )
+        return p
+
+    def hook_rule(self, spec: KernelSpec) -> list[str]:
+        """What a hooked forward (features/hook.py; templates/wgmma.cu.j2) refuses beyond the
+        rules every family shares (spec.py `_check_hooks`): packed sequences, and br=192,
+        whose consumers have no registers to spare for a hook (as for the built-in mods)."""
+        hooks = hook_tokens(spec.features) if isinstance(spec.features, (tuple, list)) else ()
+        if not hooks:
+            return []
+        p = []
+        if "varlen" in spec.features:
+            p.append(
+                f"features: varlen with {', '.join(hooks)}: family wgmma's packed-sequence "
+                "forward takes no hooks yet (a hook's b and q_idx/kv_idx would have to be the "
+                "sequence's); drop the hook, or run the sequences as a padded batch"
+            )
+        if spec.br == 192:
+            # 160 registers per consumer thread, ~128 of them O, S and P at d 64: the built-in
+            # softcap and ALiBi spill there, and so do mask_mods with a few per-row operands
+            # (ptxas 13.0, d 64 bc 128: window_hook 40-108 B, prefix_lm_hook 56 B causal;
+            # causal_hook and document_hook fit), so no hook of either kind is taken there
+            kinds = sorted({token_kind(t) for t in hooks})
+            p.append(
+                f"features: a {' and a '.join(kinds)} hook with br=192: three consumer "
+                "warpgroups have no registers to spare for a hook (the built-in softcap and "
+                "ALiBi spill there too); use br=128"
             )
         return p
 
@@ -188,7 +217,9 @@ WGMMA = WgmmaFamily(
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
     bwd_features=frozenset({*TOKENS, "varlen"}),
-    features=frozenset({*TOKENS, "varlen"}),
+    # scoremod / maskmod: user hooks in the forward (features/hook.py; templates/wgmma.cu.j2;
+    # not with varlen, nor at br 192: `hook_rule`)
+    features=frozenset({*TOKENS, "varlen", "scoremod", "maskmod"}),
     bwd_whole_tiles=True,
     # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
     # deterministic variant (the mma one serves that mode on every GPU)
