@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,7 @@ from flashgen.runtime.validate import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
+from flashgen.hooked import hooked_attention  # noqa: E402
 from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     DenseDecode,
     attention_with_kvcache,
@@ -583,6 +584,9 @@ def attention(
     return_lse: bool = False,
     spec: KernelSpec | None = None,
     deterministic: bool = False,
+    score_mod: Any = None,
+    mask_mod: Any = None,
+    aux: Mapping[str, Any] | None = None,
     **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
@@ -599,6 +603,10 @@ def attention(
     `deterministic=True` makes the backward pass (when gradients are asked) use the variant
     without floating-point atomics: dQ, dK, dV bit-identical run to run, somewhat slower.
     The forward is the same either way.
+    `score_mod` / `mask_mod`: user hooks (docs/hooks.md), a traced hook or a function without
+    aux, with their aux values by name in `aux` (int32/float32 tensors on q's device, or
+    numbers); the call then runs family mma's variant compiled with them, forward and
+    backward (flashgen.hooked; not with `spec`).
 
     Runs on the current stream of q's device, never synchronizes, allocates only through
     torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
@@ -623,6 +631,17 @@ def attention(
     if scale is not None:
         scale = check_scale(scale, 1)
     args = _op_args(feature_values.from_keywords(features, "flashgen.torch.attention"))
+    if score_mod is not None or mask_mod is not None or aux is not None:
+        if spec is not None:
+            raise ValueError(
+                "spec and score_mod/mask_mod: a hooked call picks its own variant (family mma "
+                "with the hooks compiled in); drop spec"
+            )
+        o, lse = hooked_attention(
+            q, k, v, score_mod=score_mod, mask_mod=mask_mod, aux=aux, causal=causal,
+            scale=scale, deterministic=deterministic, feature_arguments=args,
+        )  # fmt: skip
+        return (o, lse) if return_lse else o
     variant = None
     if spec is not None:
         check_spec_type(spec)

@@ -20,7 +20,7 @@ CUDA-graph capture once a first call of its signature compiled and loaded the ke
 
 cu_seqlens cannot be checked without a synchronization. A sequence whose key rows fall outside
 k gets NaN rows (O and LSE); one whose query rows are out of order or outside q gets nothing
-written; rows that no sequence covers are not written either.
+written; rows after the last sequence get zeros (LSE -inf).
 
 Gradients (autograd, or the custom op `flashgen::varlen_attention_backward`) run family
 wgmma's backward compiled with `varlen` (d 64 or 128, dv = d; runtime.backward launches it):

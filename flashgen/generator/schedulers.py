@@ -159,7 +159,8 @@ class VarlenPersistent(StaticPersistent):
         """The grid for `n_seqs` packed sequences of `total_q` query tokens in all, the
         longest `max_q` query and `max_k` key tokens."""
         # not n_seqs * ceil(max_q / BR): a max_q below the truth must not drop items
-        tiles = max((-(-total_q // spec.br) + n_seqs) * heads, 1)
+        # + 1: the rows after the last sequence, if any, are one more (keyless) sequence
+        tiles = max((-(-total_q // spec.br) + n_seqs + 1) * heads, 1)
         if 0 < sms < tiles and key_tiles(spec, max_q, max_k, window) <= self.max_key_tiles:
             return (sms, 1, 1)
         return (tiles, 1, 1)

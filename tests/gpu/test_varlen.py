@@ -170,6 +170,16 @@ def test_key_ranges_outside_k_give_nan_rows() -> None:
     assert not torch.isnan(o[:200]).any()
 
 
+def test_rows_after_the_last_sequence_get_zeros() -> None:
+    lens = [200, 300]
+    c = make_batch(lens, lens, 4, 2, 128, "bf16", seed=11, slack=77)  # 77 padding rows
+    o, lse = flash_attn_varlen_func(
+        c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], 300, 300, causal=True, return_lse=True
+    )
+    assert_matches_oracle(o, lse, c, True, "bf16")
+    assert (o[500:] == 0).all() and (lse[:, 500:] == float("-inf")).all()
+
+
 def test_graph_replay_with_new_lengths() -> None:
     total = 3000
     h, d = 8, 128

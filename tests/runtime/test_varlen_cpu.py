@@ -49,14 +49,14 @@ def test_only_varlen_variants_take_the_sequences_block():
 
 def test_the_grid_bounds_the_items_by_the_totals():
     s = KernelSpec.from_name(NAME)
-    # 16 sequences, 16k tokens, 16 heads: at most (128 + 16) tiles per head; persistent on 132
+    # 16 sequences, 16k tokens, 16 heads: at most (128 + 16 + 1 padding) tiles per head; persistent on 132
     # SMs when the longest sequences see few key tiles
     assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 132) == (132, 1, 1)
-    assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 0) == (144 * 16, 1, 1)
+    assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 0) == (145 * 16, 1, 1)
     # one long non-causal sequence: a block per item
     n = KernelSpec.from_name(NAME.replace("causal", "noncausal"))
-    assert VARLEN_PERSISTENT.varlen_grid(n, 1, 8, 32768, 32768, 32768, 132) == (257 * 8, 1, 1)
-    assert VARLEN_PERSISTENT.varlen_grid(s, 3, 2, 0, 0, 0, 132) == (6, 1, 1)  # all empty
+    assert VARLEN_PERSISTENT.varlen_grid(n, 1, 8, 32768, 32768, 32768, 132) == (258 * 8, 1, 1)
+    assert VARLEN_PERSISTENT.varlen_grid(s, 3, 2, 0, 0, 0, 132) == (8, 1, 1)  # all empty
     with pytest.raises(TypeError, match="varlen_grid"):
         VARLEN_PERSISTENT.grid(s, 1, 1, 1, 1, 132)
 

@@ -34,6 +34,7 @@ from flashgen.generator.features.base import U32
 from flashgen.generator.hooks import Aux, DType, Hook
 from flashgen.generator.hooks.cuda import emit_hook, helpers
 from flashgen.generator.hooks.expr import postorder
+from flashgen.generator.hooks.hook import live_hook
 from flashgen.generator.hooks.numpy_eval import evaluate_many
 from flashgen.generator.param import Param
 
@@ -78,6 +79,11 @@ def token_kind(token: str) -> str:
 def hook_of(token: str) -> Hook:
     """The registered hook of `token`; HookNotRegistered (with the fix) when there is none."""
     hook = _REGISTRY.get(token)
+    m = _TOKEN.fullmatch(token)
+    if hook is None and m is not None:  # made (traced) here, its token built elsewhere
+        hook = live_hook("score_mod" if m[1] == "scoremod" else "mask_mod", m[2])
+        if hook is not None:
+            _REGISTRY[token] = hook
     if hook is None:
         raise HookNotRegistered(
             f"feature {token}: no hook with digest {token[-12:]} is registered in this process "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from functools import cached_property
 from typing import Literal
 
@@ -26,6 +27,8 @@ class Hook:
     expr: Expr
     aux: tuple[Aux, ...]
     name: str
+    canonical: str  # the canonical form (canonical.py): the text the identity is hashed from
+    digest: str  # a short hex digest of the canonical form, for kernel names
 
     def __init__(self, kind: Kind, expr: Expr, aux: tuple[Aux, ...], name: str = "") -> None:
         want = DType.FLOAT if kind == "score_mod" else DType.BOOL
@@ -35,20 +38,15 @@ class Hook:
         object.__setattr__(self, "expr", expr)
         object.__setattr__(self, "aux", tuple(aux))
         object.__setattr__(self, "name", name)
+        # identity computed here, not lazily: torch.compile traces the front door's reads of
+        # it (flashgen.hooked), and dynamo cannot trace hashlib inside a lazy property
+        object.__setattr__(self, "canonical", canonical_form(kind, (expr,), self.aux))
+        object.__setattr__(self, "digest", digest(self.canonical))
+        _LIVE[(kind, self.digest)] = self
 
     def __setattr__(self, name: str, value: object) -> None:
         # cached_property writes the instance __dict__ directly, never through here
         raise AttributeError(f"a Hook is immutable (setting {name!r})")
-
-    @cached_property
-    def canonical(self) -> str:
-        """The canonical form (canonical.py): the text the hook's identity is hashed from."""
-        return canonical_form(self.kind, (self.expr,), self.aux)
-
-    @cached_property
-    def digest(self) -> str:
-        """A short hex digest of the canonical form, for kernel names."""
-        return digest(self.canonical)
 
     @cached_property
     def grad(self) -> Expr:
@@ -68,3 +66,15 @@ class Hook:
     def __repr__(self) -> str:
         aux = ", ".join(f"{a.name}: {a.dtype}[{a.ndim}]" for a in self.aux)
         return f"<{self.kind} {self.name or '?'} {self.digest} ({aux}): {self.expr}>"
+
+
+# Every hook alive in this process by (kind, digest), weakly (a traced hook that is dropped
+# goes). A hooked kernel's token names the digest; the feature registry falls back to this
+# when the token was made where its registration could not run (inside torch.compile's
+# tracing, which does not replay writes to module dicts).
+_LIVE: weakref.WeakValueDictionary[tuple[Kind, str], Hook] = weakref.WeakValueDictionary()
+
+
+def live_hook(kind: Kind, digest: str) -> Hook | None:
+    """The hook of `kind` with `digest` made in this process and still alive, or None."""
+    return _LIVE.get((kind, digest))

@@ -1,0 +1,379 @@
+"""Attention with user hooks on torch tensors: `flashgen.torch.attention(..., score_mod=...,
+mask_mod=..., aux={...})` lands here.
+
+A hook is a traced `Hook` (`flashgen.generator.hooks.trace_score_mod(fn, hk.Aux(...))`) or a
+plain function of the hook's arguments without aux, traced on first use. The call runs family
+mma's variant compiled with the hooks (docs/hooks.md), forward and backward: the custom ops
+`torch.ops.flashgen.hooked_attention` and `hooked_attention_backward` (fake implementations
+for torch.compile; CUDA-graph safe like `flashgen.torch.attention`). The hooks travel through
+the ops as their feature tokens (`scoremod<digest>,maskmod<digest>`, registered in this
+process by the front door), and their aux values as three lists in the order of the kernel's
+aux block (`features.hook.slots`): tensors, float scalars, int scalars.
+
+Aux tensors are int32 or float32 on q's device, 1-D or 2-D as declared, the last axis
+contiguous; the kernels read them without bounds checks (docs/hooks.md: clamp indices in the
+hook). Gradients flow to q, k and v, not to aux values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+try:
+    import torch
+except ImportError as _exc:  # one line, says what is missing
+    raise ImportError(
+        f"flashgen.hooked needs PyTorch, which cannot be imported ({_exc}); install torch"
+    ) from None
+
+from flashgen.generator.backward import scratch_shapes
+from flashgen.generator.features.hook import HookArgs, Slot, hook_of, slots, token_of
+from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
+from flashgen.generator.numerics import LOG2E
+from flashgen.generator.select import select
+from flashgen.generator.space import shipped
+from flashgen.generator.spec import KernelSpec
+from flashgen.kvcache import dispatch_stack, feature_args, function_modes, raw_stream
+from flashgen.runtime import feature_values, launch, op_args
+from flashgen.runtime import gpu as runtime
+from flashgen.runtime.validate import check_head_dims, check_layout, check_scale, check_spec
+
+_HOOK_FAMILY = "mma"  # the family whose kernels compile hooks in, forward and backward
+_AUX_DTYPES = {"int32": torch.int32, "float32": torch.float32}
+
+
+def _fail(msg: str) -> Any:
+    raise ValueError(msg)
+
+
+# ---- the front door's side: hooks and aux values into op arguments ---------------------------
+def resolve_hook(value: Any, kind: str) -> Hook:
+    """`value` as a traced hook of `kind`: a Hook as it is, a function traced without aux."""
+    if isinstance(value, Hook):
+        hook = value
+    elif callable(value):
+        trace = trace_score_mod if kind == "score_mod" else trace_mask_mod
+        try:
+            hook = trace(value)
+        except Exception as exc:  # the tracer's message says what the function may not do
+            _fail(
+                f"{kind}={getattr(value, '__name__', value)!r}: tracing it failed "
+                f"({type(exc).__name__}: {exc}); a hook that reads aux values is traced first: "
+                f"hk.trace_{kind}(fn, hk.Aux(...)) (docs/hooks.md)"
+            )
+    else:
+        _fail(f"{kind}={value!r}: must be a traced hook (flashgen.generator.hooks) or a function")
+    if hook.kind != kind:
+        _fail(f"{kind}: the hook given is a {hook.kind}; pass it as {hook.kind}=")
+    return hook
+
+
+def hook_op_args(
+    score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None, q: Any
+) -> tuple[str, list[Any], list[float], list[int]]:
+    """The hooks' op arguments: their tokens joined by commas, then the aux tensors, float
+    scalars and int scalars in the order of the kernel's aux block. ValueError naming the aux
+    value and its rule when one does not fit its declaration."""
+    hooks = []
+    if score_mod is not None:
+        hooks.append(resolve_hook(score_mod, "score_mod"))
+    if mask_mod is not None:
+        hooks.append(resolve_hook(mask_mod, "mask_mod"))
+    values = dict(aux or {})
+    block = slots(hooks)
+    names = {s.aux.name for s in block}
+    if set(values) != names:
+        missing, unknown = sorted(names - set(values)), sorted(set(values) - names)
+        _fail(
+            f"aux={sorted(values)}: the hooks read {sorted(names) or 'no aux values'}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unknown {', '.join(unknown)}" if unknown else "")
+            + "; pass one value per aux declaration, by name"
+        )
+    tensors: list[Any] = []
+    floats: list[float] = []
+    ints: list[int] = []
+    for s in block:
+        v = values[s.aux.name]
+        if s.kind == "ptr":
+            tensors.append(_aux_tensor(s, v, q))
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            _fail(f"aux {s.aux.name}={v!r}: a {s.aux.dtype} scalar; pass a Python number")
+        elif s.kind == "float":
+            floats.append(float(v))
+        elif isinstance(v, float) and not v.is_integer():
+            _fail(f"aux {s.aux.name}={v!r}: an int32 scalar; pass an int")
+        else:
+            ints.append(int(v))
+    return ",".join(token_of(h) for h in hooks), tensors, floats, ints
+
+
+def _aux_tensor(slot: Slot, v: Any, q: Any) -> Any:
+    a = slot.aux
+    if not isinstance(v, torch.Tensor):
+        _fail(f"aux {a.name}: a {type(v).__name__}; pass a torch tensor on q's device")
+    if v.dtype != _AUX_DTYPES[a.dtype] or v.dim() != a.ndim:
+        _fail(
+            f"aux {a.name}: {v.dtype} with {v.dim()} dimensions; the hook declares {a.dtype} "
+            f"with {a.ndim}: pass {a.name}.to(torch.{a.dtype})"
+        )
+    if v.device != q.device:
+        _fail(f"aux {a.name} on {v.device}, q on {q.device}: move it with .to(q.device)")
+    if v.stride(-1) != 1 or (a.ndim == 2 and v.stride(0) < v.shape[1]):
+        _fail(f"aux {a.name}: its last axis must be contiguous; pass {a.name}.contiguous()")
+    return v
+
+
+# ---- the ops' side: op arguments into a launch ---------------------------------------------
+def _hooks(tokens: str) -> tuple[Hook, ...]:
+    return tuple(hook_of(t) for t in tokens.split(",") if t)
+
+
+def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
+               ints: list[int]) -> HookArgs:  # fmt: skip
+    """The launcher's aux values (`HookArgs`) from the op's lists."""
+    values: dict[str, Any] = {}
+    it: dict[str, Iterator[Any]] = {"ptr": iter(tensors), "float": iter(floats), "int": iter(ints)}
+    for s in slots(hooks):
+        v = next(it[s.kind])
+        if s.kind == "ptr":
+            values[s.aux.name] = (v.data_ptr(), v.stride(0)) if s.aux.ndim == 2 else v.data_ptr()
+        else:
+            values[s.aux.name] = v
+    return HookArgs(hooks, values)
+
+
+def _key_of(x: Any) -> tuple[Any, ...]:
+    return (tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr())
+
+
+def _arch(dev: int) -> str:
+    return "sm_{}{}".format(*torch.cuda.get_device_capability(dev))
+
+
+_entries: dict[tuple[Any, ...], Any] = {}
+_lock = threading.Lock()
+
+
+def _forward_spec(problem: Any, causal: bool, dev: int, tokens: tuple[str, ...]) -> KernelSpec:
+    """Family mma's shipped tile for the call, compiled with the hooks and features."""
+    plain = select(
+        problem.d, problem.dtype, causal, _arch(dev), alignment=problem.alignment(pointers=True),
+        candidates=shipped(_HOOK_FAMILY), dv=problem.value_dim,
+    )  # fmt: skip
+    return plain.replace(features=tokens)
+
+
+def _run(
+    q: Any, k: Any, v: Any, causal: bool, scale: float | None, hooks: str,
+    aux_tensors: list[Any], aux_floats: list[float], aux_ints: list[int], *rest: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The CUDA forward: signature lookup, allocate, launch on the current stream. `rest`:
+    the feature arguments, then `deterministic` (for the backward only)."""
+    feature_arguments = rest[: op_args.N_FEATURE_ARGS]
+    values = op_args.values_of(feature_arguments)
+    key = (
+        "fwd", *(_key_of(x) for x in (q, k, v)), causal, scale, hooks,
+        tuple(_key_of(t) for t in aux_tensors), tuple(aux_floats), tuple(aux_ints),
+        feature_values.signature(values, _key_of),
+    )  # fmt: skip
+    e = _entries.get(key)
+    if e is None:
+        if causal is not True and causal is not False:
+            _fail(f"causal={causal!r}: must be True or False")
+        problem = check_layout(q, k, v)
+        check_head_dims(problem)
+        value = check_scale(scale, problem.d)
+        dev = int(q.get_device())
+        features = feature_args(values, q, problem.h)
+        tokens = _hooks(hooks)
+        spec = _forward_spec(problem, causal, dev, (*features.tokens, *hooks.split(",")))
+        made = runtime.device_plan(spec, _arch(dev), dev)
+        shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))
+        o = torch.empty(shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
+        full = check_layout(q, k, v, o=o, lse=lse)
+        check_spec(spec, full, check_pointers=True)
+        bare = dataclasses.replace(
+            full, q_ptr=None, k_ptr=None, v_ptr=None, o_ptr=None, lse_ptr=None
+        )
+        bound = made.bind(
+            bare, value * LOG2E, features, hooks=_hook_args(tokens, aux_tensors, aux_floats,
+                                                             aux_ints),
+        )  # fmt: skip
+        e = (bound, shape, q.device, q.dtype)
+        launch.remember(_entries, key, e)
+    bound, shape, device, dtype = e
+    o = torch.empty(shape, dtype=dtype, device=device)
+    lse = torch.empty(shape[:3], dtype=torch.float32, device=device)
+    bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+          raw_stream(device.index))  # fmt: skip
+    return o, lse
+
+
+def _run_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
+    deterministic: bool, hooks: str, aux_tensors: list[Any], aux_floats: list[float],
+    aux_ints: list[int], *feature_arguments: Any,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The CUDA backward: family mma's hooked backward variant, three kernels on the current
+    stream (fp32 scratch from torch's allocator), nothing synchronized."""
+    from flashgen.runtime import backward
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
+    values = op_args.values_of(feature_arguments)
+    tensors = (q, k, v, o, lse, do)
+    key = (
+        "bwd", *(_key_of(x)[:4] for x in tensors), tuple(t.data_ptr() & 15 for t in tensors),
+        causal, scale, bool(deterministic), hooks, tuple(_key_of(t) for t in aux_tensors),
+        tuple(aux_floats), tuple(aux_ints), feature_values.signature(values, _key_of),
+    )  # fmt: skip
+    hit = _entries.get(key)
+    if hit is None:
+        problem = check_layout(q, k, v)
+        dev = int(q.get_device())
+        features = feature_args(values, q, problem.h)
+        det = ("deterministic",) if deterministic else ()
+        spec = KernelSpec(
+            family=_HOOK_FAMILY, d=problem.d, dtype=problem.dtype, causal=bool(causal),
+            direction="bwd", features=(*features.tokens, *hooks.split(","), *det),
+        )  # fmt: skip
+        plan = runtime.device_plan(spec, _arch(dev), dev)
+        bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
+        value = check_scale(scale, problem.d)
+        args = _hook_args(_hooks(hooks), aux_tensors, aux_floats, aux_ints)
+        hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev)
+        launch.remember(_entries, key, hit)
+    prepared, dev = hit
+    b, h, tq, d = (int(n) for n in q.shape)
+    d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
+    d_buf = torch.empty(d_shape, dtype=torch.float32, device=q.device)
+    accum = 0
+    if dq_shape is not None:
+        dq_accum = torch.empty(dq_shape, dtype=torch.float32, device=q.device)
+        accum = dq_accum.data_ptr()
+    pointers = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
+        d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+    )  # fmt: skip
+    prepared(pointers, raw_stream(dev))
+    return dq, dk, dv
+
+
+def _fake(
+    q: Any, k: Any, v: Any, causal: bool, scale: float | None, hooks: str,
+    aux_tensors: list[Any], aux_floats: list[float], aux_ints: list[int], *rest: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    op_args.values_of(rest[: op_args.N_FEATURE_ARGS])  # the scalar features' checks
+    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    return o, q.new_empty(tuple(q.shape[:3]), dtype=torch.float32)
+
+
+def _fake_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, *rest: Any
+) -> tuple[Any, Any, Any]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+    q, k, v, causal, scale, hooks, aux_tensors, aux_floats, aux_ints, *rest = inputs
+    n = op_args.N_FEATURE_ARGS
+    feature_arguments = rest[:n]
+    ctx.deterministic = rest[n]
+    ctx.causal, ctx.scale, ctx.hooks = causal, scale, hooks
+    ctx.aux_floats, ctx.aux_ints, ctx.n_aux = list(aux_floats), list(aux_ints), len(aux_tensors)
+    arrays = [a if isinstance(a, torch.Tensor) else None for a in feature_arguments]
+    ctx.feature_arguments = tuple(
+        None if isinstance(a, torch.Tensor) else a for a in feature_arguments
+    )
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, o, lse, *aux_tensors, *arrays)
+
+
+def _backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:
+    q, k, v, o, lse, *rest = ctx.saved_tensors
+    aux_tensors, arrays = rest[: ctx.n_aux], rest[ctx.n_aux :]
+    # one entry per input in the inputs' structure, which torch checks: causal, scale, hooks,
+    # aux_tensors (a list: a None per tensor), aux_floats, aux_ints (a number list: None; an
+    # empty list: []), the features, deterministic
+    none = (None, None, None, [None] * ctx.n_aux, [] if not ctx.aux_floats else None,
+            [] if not ctx.aux_ints else None, *(None,) * op_args.N_FEATURE_ARGS, None)  # fmt: skip
+    if grad_o is None:
+        return (None, None, None, *none)
+    feature_arguments = tuple(
+        t if a is None else a for a, t in zip(ctx.feature_arguments, arrays, strict=True)
+    )
+    dq, dk, dv = _BWD_OP(
+        q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, ctx.hooks,
+        list(aux_tensors), ctx.aux_floats, ctx.aux_ints, *feature_arguments,
+    )  # fmt: skip
+    return (dq, dk, dv, *none)
+
+
+# No defaults in the forward's schema: the dispatcher drops trailing arguments equal to their
+# defaults before autograd sees them, and with a tensor list among the inputs torch wants the
+# backward's gradients in exactly the structure of what is left. With every argument always
+# passed (hooked_attention does), _backward returns one entry per schema argument.
+_FEATURES_NO_DEFAULTS = re.sub(r"=[^,]+", "", op_args.FEATURE_SCHEMA)
+SCHEMA = (
+    "hooked_attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str hooks, "
+    "Tensor[] aux_tensors, float[] aux_floats, int[] aux_ints, "
+    f"{_FEATURES_NO_DEFAULTS}, bool deterministic) -> (Tensor, Tensor)"
+)
+BWD_SCHEMA = (
+    "hooked_attention_backward(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor do, "
+    "bool causal, float? scale, bool deterministic, str hooks, Tensor[] aux_tensors, "
+    f"float[] aux_floats, int[] aux_ints, {op_args.FEATURE_SCHEMA}) -> (Tensor, Tensor, Tensor)"
+)
+_library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
+_LIB: Any = _library.Library("flashgen", "FRAGMENT")
+_LIB.define(SCHEMA)
+_LIB.define(BWD_SCHEMA)
+_LIB.impl("hooked_attention", _run, "CUDA")
+_LIB.impl("hooked_attention_backward", _run_backward, "CUDA")
+_library.register_fake("flashgen::hooked_attention", _fake, lib=_LIB)
+_library.register_fake("flashgen::hooked_attention_backward", _fake_backward, lib=_LIB)
+_library.register_autograd(
+    "flashgen::hooked_attention", _backward, setup_context=_setup_context, lib=_LIB
+)
+_OP = torch.ops.flashgen.hooked_attention.default
+_BWD_OP = torch.ops.flashgen.hooked_attention_backward.default
+
+
+def _direct(q: Any, k: Any, v: Any, aux_tensors: list[Any]) -> bool:
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor and q.is_cuda
+        and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))
+        and not dispatch_stack() and not function_modes()
+        and all(type(t) is torch.Tensor for t in aux_tensors)
+    )  # fmt: skip
+
+
+def hooked_attention(
+    q: Any, k: Any, v: Any, *, score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None,
+    causal: bool, scale: float | None, deterministic: bool, feature_arguments: tuple[Any, ...],
+) -> tuple[Any, Any]:  # fmt: skip
+    """(O, LSE) of `flashgen.torch.attention` with hooks (its docstring; module docstring)."""
+    if q.device.type != "cuda":
+        _fail(f"q on {q.device}: hooked attention runs on a CUDA device; move it with .cuda()")
+    hooks, tensors, floats, ints = hook_op_args(score_mod, mask_mod, aux, q)
+    args = (q, k, v, causal, scale, hooks, tensors, floats, ints, *feature_arguments)
+    if _direct(q, k, v, tensors):
+        return _run(*args)
+    return _OP(*args, deterministic)  # type: ignore[no-any-return]
+
+
+def clear_cache() -> None:
+    """Forget every validated signature (the loaded kernels stay cached)."""
+    with _lock:
+        _entries.clear()
+
+
+__all__ = ["BWD_SCHEMA", "SCHEMA", "clear_cache", "hook_op_args", "hooked_attention"]

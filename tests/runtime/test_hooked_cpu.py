@@ -1,0 +1,179 @@
+"""`flashgen.torch.attention(..., score_mod=, mask_mod=, aux=)` without a GPU: the hooks' op
+arguments (aux values in the kernel's slot order, one clear error per bad value), the refusals,
+and the registered ops under fake tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flashgen.generator import hooks as hk  # noqa: E402
+from flashgen.generator.features.hook import token_of  # noqa: E402
+from flashgen.generator.hooks import library  # noqa: E402
+from flashgen.hooked import hook_op_args  # noqa: E402
+
+Q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+
+
+def _mixed() -> hk.Hook:
+    def f(score, b, h, q_idx, kv_idx, bias, cap, shift):
+        return cap * hk.tanh(score / cap) + bias[h, kv_idx] + hk.to_float(shift)
+
+    return hk.trace_score_mod(
+        f, hk.Aux("bias", "float32", 2), hk.Aux("cap", "float32", 0), hk.Aux("shift", "int32", 0)
+    )
+
+
+def test_aux_values_travel_in_the_kernel_slot_order():
+    docs = torch.zeros(16, dtype=torch.int32)
+    bias = torch.zeros(2, 16, dtype=torch.float32)
+    tokens, tensors, floats, ints = hook_op_args(
+        _mixed(), library.document_hook(), {"doc_ids": docs, "bias": bias, "cap": 30,
+                                             "shift": 2}, Q,
+    )  # fmt: skip
+    assert tokens == f"{token_of(_mixed())},{token_of(library.document_hook())}"
+    assert tensors[0] is bias and tensors[1] is docs  # score_mod's aux first
+    assert floats == [30.0] and ints == [2]
+
+
+def test_a_plain_function_is_traced():
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    tokens, tensors, floats, ints = hook_op_args(None, causal, None, Q)
+    assert tokens.startswith("maskmod") and not (tensors or floats or ints)
+
+
+@pytest.mark.parametrize(
+    "aux, message",
+    [
+        ({}, "missing softcap"),
+        ({"softcap": 30.0, "cap": 1.0}, "unknown cap"),
+        ({"softcap": "30"}, "a float32 scalar; pass a Python number"),
+        ({"softcap": True}, "a float32 scalar"),
+    ],
+)
+def test_bad_scalar_aux_values_are_named(aux: dict[str, object], message: str):
+    with pytest.raises(ValueError, match=message):
+        hook_op_args(library.softcap_hook(), None, aux, Q)
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (torch.zeros(16, dtype=torch.int64), "torch.int64 with 1 dimensions; the hook declares"),
+        (torch.zeros(2, 8, dtype=torch.int32), "with 2 dimensions; the hook declares int32 with 1"),
+        (torch.zeros(32, dtype=torch.int32)[::2], "last axis must be contiguous"),
+        ([0] * 16, "a list; pass a torch tensor"),
+    ],
+)
+def test_bad_aux_tensors_are_named(value: object, message: str):
+    with pytest.raises(ValueError, match=message):
+        hook_op_args(None, library.document_hook(), {"doc_ids": value}, Q)
+
+
+def test_an_int_aux_refuses_a_fraction_and_kinds_are_checked():
+    with pytest.raises(ValueError, match="an int32 scalar; pass an int"):
+        hook_op_args(None, library.prefix_lm_hook(), {"prefix": 3.5}, Q)
+    with pytest.raises(ValueError, match="is a mask_mod; pass it as mask_mod="):
+        hook_op_args(library.document_hook(), None, {"doc_ids": torch.zeros(16)}, Q)
+    with pytest.raises(ValueError, match="must be a traced hook"):
+        hook_op_args(3, None, None, Q)
+
+
+def test_the_front_door_refuses_cpu_tensors_and_a_spec_with_hooks():
+    import flashgen.torch as fgt
+    from flashgen.generator.spec import KernelSpec
+
+    with pytest.raises(ValueError, match="q on cpu: hooked attention runs on a CUDA device"):
+        fgt.attention(Q, Q, Q, score_mod=library.softcap_hook(), aux={"softcap": 30.0})
+    spec = KernelSpec(family="mma", d=64)
+    with pytest.raises(ValueError, match="a hooked call picks its own variant"):
+        fgt.attention(Q, Q, Q, spec=spec, mask_mod=library.causal_hook())
+
+
+def test_the_hooked_ops_trace_with_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import flashgen.torch as fgt  # registers the ops
+    from flashgen.runtime import feature_values
+
+    token = token_of(library.document_hook())
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty(2, 4, 90, 32, dtype=torch.bfloat16, device="cuda")
+        ids = torch.empty(100, dtype=torch.int32, device="cuda")
+        features = fgt._op_args(feature_values.from_keywords({}, "test"))
+        o, lse = torch.ops.flashgen.hooked_attention(
+            q, v, v, True, None, token, [ids], [], [], *features, False
+        )
+        dq, dk, dv = torch.ops.flashgen.hooked_attention_backward(
+            q, v, v, o, lse, o, True, None, False, token, [ids], [], []
+        )
+    assert tuple(o.shape) == (2, 4, 100, 32) and tuple(lse.shape) == (2, 4, 100)
+    assert dq.shape == q.shape and dk.shape == v.shape
+
+
+def test_the_hooks_op_arguments_trace_under_torch_compile_fullgraph():
+    # torch.compile traces the front door's Python: the hooks' tokens and the aux plan must
+    # be traceable (no hashing at trace time), only the aux tensors become graph inputs
+    hook = library.document_hook()
+    token = token_of(hook)
+
+    def f(q: object, ids: object) -> object:
+        tokens, tensors, floats, ints = hook_op_args(None, hook, {"doc_ids": ids}, q)
+        assert tokens == token and floats == [] and ints == []
+        return tensors[0] + 1
+
+    ids = torch.arange(16, dtype=torch.int32)
+    out = torch.compile(f, fullgraph=True, backend="eager")(Q, ids)
+    assert torch.equal(out, ids + 1)
+
+
+@pytest.mark.parametrize("with_aux", [True, False])
+def test_the_backward_gives_one_gradient_entry_per_input(with_aux: bool):
+    # the registered autograd formula returns a structure torch accepts (a list of Nones for
+    # the aux tensor list): checked through autograd with stand-in CPU kernels for the ops
+    import flashgen.torch as fgt  # registers the ops
+    from flashgen.runtime import feature_values
+
+    def fwd(q, k, v, *rest):  # type: ignore[no-untyped-def]
+        return q * 2.0, torch.zeros(q.shape[:-1], dtype=torch.float32)
+
+    def bwd(q, k, v, o, lse, do, *rest):  # type: ignore[no-untyped-def]
+        return do * 2.0, torch.zeros_like(k), torch.zeros_like(v)
+
+    lib = torch.library.Library("flashgen", "IMPL")
+    try:
+        lib.impl("hooked_attention", fwd, "CPU")
+        lib.impl("hooked_attention_backward", bwd, "CPU")
+        hook = library.document_hook() if with_aux else library.causal_hook()
+        aux = [torch.zeros(16, dtype=torch.int32)] if with_aux else []
+        q = torch.randn(1, 2, 16, 64).requires_grad_()
+        k = torch.randn(1, 2, 16, 64).requires_grad_()
+        # every argument, as flashgen.hooked passes them: the features' defaults, deterministic
+        features = fgt._op_args(feature_values.from_keywords({}, "test"))
+        o, _ = torch.ops.flashgen.hooked_attention(
+            q, k, k, True, None, token_of(hook), aux, [], [], *features, False
+        )
+        (dq,) = torch.autograd.grad(o.sum(), (q,))
+        assert torch.equal(dq, torch.full_like(q, 2.0))
+    finally:
+        lib._destroy()
+
+
+def test_a_token_made_without_registering_still_finds_its_live_hook():
+    # inside torch.compile the front door's token_of runs at trace time, and its write to the
+    # registry is not replayed: rendering must find the hook by its digest all the same
+    from flashgen.generator.features import hook as feature_hook
+
+    def fresh(b, h, q_idx, kv_idx):  # type: ignore[no-untyped-def]
+        return q_idx - kv_idx < 77
+
+    hook = hk.trace_mask_mod(fresh)
+    token = f"maskmod{hook.digest}"
+    feature_hook._REGISTRY.pop(token, None)
+    assert feature_hook.hook_of(token) is hook
+    with pytest.raises(feature_hook.HookNotRegistered, match="no hook with digest 0123456789ab"):
+        feature_hook.hook_of("scoremod0123456789ab")
