@@ -43,8 +43,11 @@ SMEM_ALIGN = 1024
 # time (the template's CHUNK), so a consumer holds 32 fp32 dQ accumulators beside dK and dV.
 DQ_COLS = 64
 # A varlen variant's block keeps its sequence's rows and lengths in shared memory after the
-# barriers (the template's SEQ_INFO ints): read where they are used, not held in registers.
-VARLEN_SEQ_BYTES = 32
+# barriers (the template's SEQ_INFO ints): read where they are used, not held in registers;
+# after them the walk order of the sequences (longest first) and each one's first item
+# (VARLEN_SORT_MAX + VARLEN_SORT_MAX + 1 ints; see the main kernel).
+VARLEN_SORT_MAX = 256
+VARLEN_SEQ_BYTES = 4 * (8 + 2 * VARLEN_SORT_MAX + 1)
 
 
 def default_stages(spec: KernelSpec) -> int:
@@ -148,6 +151,7 @@ def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
         "pre_name": names[0],
         "last_name": names[2],
         "pre_lanes": PRE_LANES_PER_ROW,
+        "varlen_sort_max": VARLEN_SORT_MAX,
         "pre_rows": pre_rows(spec),
         "sdp_fn": sdp.fn,
         "dkv_fn": dkv.fn,
