@@ -30,17 +30,22 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.hooked needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
-from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.features.hook import HookArgs, Slot, hook_of, slots, token_of
 from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
-from flashgen.kvcache import dispatch_stack, feature_args, function_modes, raw_stream
 from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.validate import check_head_dims, check_layout, check_scale, check_spec
+from flashgen.torch_support import (
+    dispatch_stack,
+    feature_args,
+    function_modes,
+    raw_stream,
+    run_backward,
+)
 
 _HOOK_FAMILY = "mma"  # the family whose kernels compile hooks in, forward and backward
 _AUX_DTYPES = {"int32": torch.int32, "float32": torch.float32}
@@ -250,18 +255,7 @@ def _run_backward(
         hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev)
         launch.remember(_entries, key, hit)
     prepared, dev = hit
-    b, h, tq, d = (int(n) for n in q.shape)
-    d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
-    d_buf = torch.empty(d_shape, dtype=torch.float32, device=q.device)
-    accum = 0
-    if dq_shape is not None:
-        dq_accum = torch.empty(dq_shape, dtype=torch.float32, device=q.device)
-        accum = dq_accum.data_ptr()
-    pointers = (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
-        d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-    )  # fmt: skip
-    prepared(pointers, raw_stream(dev))
+    run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), raw_stream(dev))
     return dq, dk, dv
 
 

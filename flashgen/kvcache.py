@@ -22,9 +22,8 @@ synchronization: that sequence's rows come back NaN (O and LSE), never silently 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 try:
     import torch
@@ -33,7 +32,7 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.kvcache needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
-from flashgen.generator.features import Feature, FeatureArgs, FeatureKeywords
+from flashgen.generator.features import FeatureKeywords
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, launch, op_args
@@ -48,6 +47,15 @@ from flashgen.runtime.decode import (
     scratch_sizes,
 )
 from flashgen.runtime.validate import check_scale
+from flashgen.torch_support import (
+    check_int_array,
+    check_tensor,
+    dispatch_stack,
+    fail,
+    feature_args,
+    function_modes,
+    raw_stream,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
@@ -73,10 +81,6 @@ _counters: dict[tuple[int, int], Any] = {}  # (device, stream) -> int32 zeros (k
 _lock = threading.Lock()
 
 
-def _fail(msg: str) -> NoReturn:
-    raise ValueError(msg)
-
-
 def _array_key(x: Any) -> tuple[Any, ...]:
     """What a remembered signature holds of a tensor: shape, strides, dtype, device."""
     return (tuple(x.shape), x.stride(), x.dtype, x.device)
@@ -87,46 +91,19 @@ def _ptr(x: Any) -> int:
     return 0 if x is None else int(x.data_ptr())
 
 
-def _check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
-    if not isinstance(x, torch.Tensor):
-        _fail(f"{name}: a {type(x).__name__}, expected a torch tensor on a CUDA device")
-    if not x.is_cuda:
-        _fail(f"{name} on {x.device}: must be on a CUDA device; move it with .cuda()")
-    if device is not None and x.device != device:
-        _fail(
-            f"{name} on {x.device}, q on {device}: must be on one device; "
-            "move it with .to(q.device)"
-        )
-    if x.dim() != dims:
-        _fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
-
-
 def _check_operand(name: str, x: Any) -> None:
     """The d axis contiguous; every stride a multiple of 8 elements and the base 16-byte
     aligned (the kernel moves rows in 16-byte copies)."""
     if x.stride(-1) != 1:
-        _fail(
+        fail(
             f"{name}.stride()={tuple(x.stride())}: the last (d) axis must be contiguous; "
             f"pass {name}.contiguous()"
         )
     if any(s % 8 for s in x.stride()[:-1]) or x.data_ptr() % 16:
-        _fail(
+        fail(
             f"{name}: strides {tuple(x.stride())} and base address must be multiples of 8 "
             f"elements (16 bytes); pass {name}.contiguous()"
         )
-
-
-def _check_int_array(name: str, x: Any, shape: tuple[int, ...], device: Any) -> None:
-    _check_tensor(name, x, len(shape), device)
-    if x.dtype != torch.int32:
-        _fail(f"{name}.dtype={x.dtype}: must be torch.int32; pass {name}.to(torch.int32)")
-    if tuple(x.shape[: len(shape) - 1]) != shape[:-1] or (
-        shape[-1] >= 0 and x.shape[-1] != shape[-1]
-    ):
-        want = ", ".join("n" if n < 0 else str(n) for n in shape)
-        _fail(f"{name}.shape={tuple(x.shape)}: must be ({want})")
-    if x.stride(-1) != 1:
-        _fail(f"{name}: its last axis must be contiguous; pass {name}.contiguous()")
 
 
 def _prepare(
@@ -136,59 +113,59 @@ def _prepare(
 ) -> _Entry:  # fmt: skip
     """First call of a signature: validate everything, choose and load the variant. O's
     (batch, head, token) strides: `o_strides`, or None for a contiguous (B, Tq, H, dv)."""
-    _check_tensor("q", q, 4)
+    check_tensor("q", q, 4)
     dev = q.device
-    _check_tensor("k_cache", k, 4, dev)
-    _check_tensor("v_cache", v, 4, dev)
+    check_tensor("k_cache", k, 4, dev)
+    check_tensor("v_cache", v, 4, dev)
     dtype = _DTYPES.get(q.dtype)
     if dtype is None:
-        _fail(f"q.dtype={q.dtype}: the decode kernel takes torch.float16 or torch.bfloat16")
+        fail(f"q.dtype={q.dtype}: the decode kernel takes torch.float16 or torch.bfloat16")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        _fail(f"dtypes q {q.dtype}, k_cache {k.dtype}, v_cache {v.dtype}: must be one dtype")
+        fail(f"dtypes q {q.dtype}, k_cache {k.dtype}, v_cache {v.dtype}: must be one dtype")
     b, tq, h, d = (int(n) for n in q.shape)
     n0, n1, h_kv, dk = (int(n) for n in k.shape)
     dv = int(v.shape[3])
     if tuple(v.shape[:3]) != (n0, n1, h_kv):
-        _fail(
+        fail(
             f"v_cache.shape={tuple(v.shape)}: must match k_cache.shape={tuple(k.shape)} "
             "but in the last axis"
         )
     if dk != d:
-        _fail(f"k_cache.shape[-1]={dk}, q.shape[-1]={d}: the head dims must match")
+        fail(f"k_cache.shape[-1]={dk}, q.shape[-1]={d}: the head dims must match")
     if b < 1 or tq < 1 or h < 1 or h_kv < 1:
-        _fail(
+        fail(
             f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k.shape)}: every axis must be "
             "at least 1"
         )
     if h % h_kv:
-        _fail(f"H={h}, H_kv={h_kv}: the query heads must be a multiple of the K/V heads (GQA)")
+        fail(f"H={h}, H_kv={h_kv}: the query heads must be a multiple of the K/V heads (GQA)")
     for name, x in (("q", q), ("k_cache", k), ("v_cache", v)):
         _check_operand(name, x)
     if table is None:
         if n0 != b:
-            _fail(
+            fail(
                 f"k_cache.shape[0]={n0}, B={b}: a contiguous cache holds one row per sequence; "
                 "pass block_table for a paged cache"
             )
         tk, page_size, bt_stride, n_pages = n1, 0, 0, 0
     else:
-        _check_int_array("block_table", table, (b, -1), dev)
+        check_int_array("block_table", table, (b, -1), dev)
         page_size, n_pages = n1, n0
         tk = int(table.shape[1]) * page_size
         bt_stride = int(table.stride(0))
         if tk > _INT_MAX:
-            _fail(f"block_table.shape[1] x page_size = {tk}: must be below 2^31 keys per sequence")
+            fail(f"block_table.shape[1] x page_size = {tk}: must be below 2^31 keys per sequence")
     if isinstance(seqlens, torch.Tensor):
-        _check_int_array("cache_seqlens", seqlens, (b,), dev)
+        check_int_array("cache_seqlens", seqlens, (b,), dev)
     elif seqlens is not None:
         if isinstance(seqlens, bool) or not isinstance(seqlens, int) or not 0 <= seqlens <= tk:
-            _fail(
+            fail(
                 f"cache_seqlens={seqlens!r}: must be an int in [0, {tk}] (the cache's "
                 "capacity), or an int32 (B,) tensor"
             )
         tk = int(seqlens)
     if tq * (h // h_kv) > _INT_MAX or tk > _INT_MAX:
-        _fail(f"Tq={tq} x group={h // h_kv}, Tk={tk}: must stay below 2^31")
+        fail(f"Tq={tq} x group={h // h_kv}, Tk={tk}: must stay below 2^31")
     scale_value = check_scale(scale, d)
     features = feature_args(values, q, h)
     spec = decode_spec(d, dv, dtype, causal, tq * (h // h_kv), features.tokens)
@@ -197,7 +174,7 @@ def _prepare(
         if not isinstance(chosen, KernelSpec) or chosen.direction != "decode" or (
             chosen.d, chosen.dv, chosen.dtype, chosen.causal, chosen.features
         ) != want:  # fmt: skip
-            _fail(
+            fail(
                 f"spec={getattr(chosen, 'name', chosen)!r}: must be a decode KernelSpec for "
                 f"d={d}, dv={dv}, dtype={dtype}, causal={causal}, features={want[4]}; e.g. "
                 f"{spec.name}"
@@ -269,26 +246,6 @@ def dense_decode(
     return DenseDecode(entry)
 
 
-def feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:
-    """A call's feature values validated for q's device and its `h` query heads: scalar ones
-    by their feature, array ones' shape, dtype, layout and device (shared with flashgen.torch)."""
-
-    def pointer(feature: Feature, tensor: Any) -> int:
-        feature.check_array(tuple(tensor.shape), tensor.dtype, h)
-        if not tensor.is_contiguous():
-            _fail(f"{feature.keyword}: must be contiguous; pass {feature.keyword}.contiguous()")
-        if tensor.device != q.device:
-            _fail(
-                f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one "
-                "device; move them with .to(q.device)"
-            )
-        ptr = int(tensor.data_ptr())
-        feature.check(ptr)
-        return ptr
-
-    return feature_values.bind(values, pointer)
-
-
 def _counter_buffer(dev: int, stream: int, n: int) -> Any:
     """An int32 buffer of at least n zeros for (device, stream): the kernel leaves it zeroed."""
     key = (dev, stream)
@@ -352,13 +309,13 @@ def attention_with_kvcache(
         )
     values = feature_values.from_keywords(features, "attention_with_kvcache")
     if spec is not None and not isinstance(spec, KernelSpec):
-        _fail(f"spec={spec!r}: must be a decode KernelSpec or None")
+        fail(f"spec={spec!r}: must be a decode KernelSpec or None")
     variant = spec.name if spec is not None else None
     lens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     if lens is None and cache_seqlens is not None and (
         isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int)
     ):  # fmt: skip
-        _fail(f"cache_seqlens={cache_seqlens!r}: must be an int32 (B,) tensor, an int or None")
+        fail(f"cache_seqlens={cache_seqlens!r}: must be an int32 (B,) tensor, an int or None")
     seqlen = None if lens is not None else cache_seqlens
     args = (q, k_cache, v_cache, lens, seqlen, block_table, causal, scale, num_splits, variant)
     if _direct(q):
@@ -377,23 +334,6 @@ def _direct(q: Any) -> bool:
         and not dispatch_stack()
         and not function_modes()
     )
-
-
-# torch's own probes, shared with flashgen.torch (which imports them from here)
-dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
-function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
-
-
-def _raw_stream_fn() -> Callable[[int], int]:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw  # type: ignore[no-any-return]
-    return lambda dev: int(torch.cuda.current_stream(dev).cuda_stream)
-
-
-raw_stream: Callable[[int], int] = _raw_stream_fn()
-"""The current CUDA stream of a device as a CUstream handle (torch's C entry point when it has
-one: a call per launch, so the cheapest)."""
 
 
 def _run(
@@ -441,7 +381,7 @@ def _fake(
     """Shapes only (torch.compile, fake tensors): O (B, Tq, H, dv) like q, LSE (B, H, Tq)."""
     op_args.values_of(feature_args)  # the scalar features' checks
     if q.dim() != 4 or v_cache.dim() != 4:
-        _fail(f"q.shape={tuple(q.shape)}, v_cache.shape={tuple(v_cache.shape)}: must be 4-D")
+        fail(f"q.shape={tuple(q.shape)}, v_cache.shape={tuple(v_cache.shape)}: must be 4-D")
     b, tq, h, _ = q.shape
     o = q.new_empty((b, tq, h, v_cache.shape[3]))
     lse = q.new_empty((b, h, tq), dtype=torch.float32)

@@ -59,7 +59,6 @@ except ImportError as _exc:  # one line, says what is missing and what still wor
 
 import numpy as np
 
-from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features import (
     FeatureArgs,
@@ -88,10 +87,13 @@ from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     DenseDecode,
     attention_with_kvcache,
     dense_decode,
+)
+from flashgen.torch_support import (  # noqa: E402
     dispatch_stack,
     feature_args,
     function_modes,
     raw_stream,
+    run_backward,
 )
 from flashgen.varlen import flash_attn_varlen_func  # noqa: E402
 
@@ -243,7 +245,7 @@ def _run(
     return o, lse
 
 
-_raw_stream = raw_stream  # flashgen.kvcache's
+_raw_stream = raw_stream  # flashgen.torch_support's (tests stand a CPU one in)
 
 
 def _device_arch(dev: int) -> str:
@@ -437,18 +439,7 @@ def _run_backward(
     if hit is None:  # first call of this signature: validate everything, then reuse
         hit = _bwd_prepare(key, (*tensors, dq, dk, dv), bool(causal), scale, det, feature_args)
     prepared, dev = hit
-    b, h, tq, d = (int(n) for n in q.shape)
-    d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
-    d_buf = torch.empty(d_shape, dtype=torch.float32, device=q.device)
-    accum = 0
-    if dq_shape is not None:  # the fast mode's fp32 dQ accumulator (what blocks add into)
-        dq_accum = torch.empty(dq_shape, dtype=torch.float32, device=q.device)
-        accum = dq_accum.data_ptr()
-    pointers = (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
-        d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-    )  # fmt: skip
-    prepared(pointers, _raw_stream(dev))
+    run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), _raw_stream(dev))
     return dq, dk, dv
 
 

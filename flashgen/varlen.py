@@ -50,19 +50,19 @@ from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
-from flashgen.kvcache import (
-    _check_int_array,
-    _check_tensor,
-    _fail,
-    dispatch_stack,
-    feature_args,
-    function_modes,
-    raw_stream,
-)
 from flashgen.runtime import backward as bwd_runtime
 from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.validate import check_layout, check_scale, check_spec
+from flashgen.torch_support import (
+    check_int_array,
+    check_tensor,
+    dispatch_stack,
+    fail,
+    feature_args,
+    function_modes,
+    raw_stream,
+)
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _INT_MAX = 2**31 - 1
@@ -91,9 +91,9 @@ def _as_batch(x: Any) -> Any:
 
 def _check_max(name: str, value: Any, total: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
-        _fail(f"{name}={value!r}: must be an int in [0, 2^31) (the longest sequence's length)")
+        fail(f"{name}={value!r}: must be an int in [0, 2^31) (the longest sequence's length)")
     if value > total:
-        _fail(
+        fail(
             f"{name}={value}: longer than the {total} packed tokens; pass the longest "
             "sequence's length"
         )
@@ -107,24 +107,24 @@ def _prepare(
 ) -> _Entry:  # fmt: skip
     """First call of a signature: validate, select, compile, load, bind (then cached)."""
     if causal is not True and causal is not False:
-        _fail(f"causal={causal!r}: must be True or False")
+        fail(f"causal={causal!r}: must be True or False")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, x, 3, q.device if name != "q" else None)
+        check_tensor(name, x, 3, q.device if name != "q" else None)
         if x.dtype not in _DTYPES:
-            _fail(
+            fail(
                 f"{name}.dtype={x.dtype}: the varlen kernels take torch.float16 or "
                 "torch.bfloat16; convert with .to(torch.bfloat16)"
             )
     n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
     if n_seqs < 0:
-        _fail(
+        fail(
             f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
             f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
         )
-    _check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
-    _check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
+    check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
     if n_seqs > _INT_MAX:
-        _fail(f"cu_seqlens_q: {n_seqs} sequences; at most 2^31 - 1")
+        fail(f"cu_seqlens_q: {n_seqs} sequences; at most 2^31 - 1")
     total_q, total_k = int(q.shape[0]), int(k.shape[0])
     mq = _check_max("max_seqlen_q", max_q, total_q)
     mk = _check_max("max_seqlen_k", max_k, total_k)
@@ -147,7 +147,7 @@ def _prepare(
         if variant is not None:
             spec = KernelSpec.from_name(variant)
             if "varlen" not in spec.features:
-                _fail(f"spec {spec.name}: not a varlen variant; add 'varlen' to its features")
+                fail(f"spec {spec.name}: not a varlen variant; add 'varlen' to its features")
         else:
             spec = select(
                 problem.d, problem.dtype, bool(causal), arch, alignment=align,
@@ -206,7 +206,7 @@ def _fake(
     """Shapes only (torch.compile, fake tensors): O (total_q, H, dv) like q, LSE (H, total_q)."""
     op_args.values_of(feature_arguments)  # the scalar features' checks
     if q.dim() != 3 or v.dim() != 3:
-        _fail(f"q.shape={tuple(q.shape)}, v.shape={tuple(v.shape)}: must be 3-D")
+        fail(f"q.shape={tuple(q.shape)}, v.shape={tuple(v.shape)}: must be 3-D")
     o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return o, lse
@@ -237,21 +237,21 @@ def _bwd_prepare(
     """First backward call of a signature: validate, choose, compile, load, prepare (cached)."""
     q, k, v, o, lse, do, dq, dk, dv = tensors
     if causal is not True and causal is not False:
-        _fail(f"causal={causal!r}: must be True or False")
+        fail(f"causal={causal!r}: must be True or False")
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
-        _check_tensor(name, x, 3, q.device if name != "q" else None)
-    _check_tensor("lse", lse, 2, q.device)
+        check_tensor(name, x, 3, q.device if name != "q" else None)
+    check_tensor("lse", lse, 2, q.device)
     n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
     if n_seqs < 0:
-        _fail(
+        fail(
             f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
             f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
         )
-    _check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
-    _check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
+    check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
     problem = check_layout(_as_batch(q), _as_batch(k), _as_batch(v))
     if problem.dtype not in ("fp16", "bf16") or problem.d not in BWD_HEAD_DIMS:
-        _fail(
+        fail(
             f"d={problem.d}, dtype={problem.dtype}: the varlen backward (family wgmma) takes "
             f"d in {BWD_HEAD_DIMS} and fp16/bf16"
         )
@@ -445,14 +445,14 @@ def flash_attn_varlen_func(
         o = flash_attn_varlen_func(q, k, v, lens, lens, 2196, 2196, causal=True)
     """
     if causal is not True and causal is not False:
-        _fail(f"causal={causal!r}: must be True or False")
+        fail(f"causal={causal!r}: must be True or False")
     if softmax_scale is not None:
         softmax_scale = check_scale(softmax_scale, 1)
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        _fail(f"window_size={window_size!r}: must be (left, right), -1 for unbounded")
+        fail(f"window_size={window_size!r}: must be (left, right), -1 for unbounded")
     window = None if tuple(window_size) == (-1, -1) else (window_size[0], window_size[1])
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        _fail(f"softcap={softcap!r}: must be a float (0: off)")
+        fail(f"softcap={softcap!r}: must be a float (0: off)")
     keywords: dict[str, Any] = {}
     if window is not None:
         keywords["window"] = window
@@ -462,7 +462,7 @@ def flash_attn_varlen_func(
         keywords["alibi_slopes"] = alibi_slopes
     values = feature_values.from_keywords(keywords, "flash_attn_varlen_func")
     if spec is not None and not isinstance(spec, KernelSpec):
-        _fail(f"spec={spec!r}: must be a forward KernelSpec with the varlen feature, or None")
+        fail(f"spec={spec!r}: must be a forward KernelSpec with the varlen feature, or None")
     variant = spec.name if spec is not None else None
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
             softmax_scale, variant, *op_args.op_args(values))  # fmt: skip

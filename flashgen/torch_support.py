@@ -1,0 +1,112 @@
+"""What flashgen's PyTorch front doors share for one call (flashgen.torch, .hooked, .varlen,
+.kvcache): argument checks with one clear error each, the feature values bound for q's
+device, torch's dispatch probes, the current stream as a raw handle, and the dense backward's
+launch with its fp32 scratch from torch's allocator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+try:
+    import torch
+except ImportError as _exc:  # one line, says what is missing
+    raise ImportError(
+        f"flashgen's torch front doors need PyTorch, which cannot be imported ({_exc}); "
+        "install torch"
+    ) from None
+
+from flashgen.generator.backward import scratch_shapes
+from flashgen.generator.features import Feature, FeatureArgs
+from flashgen.runtime import backward, feature_values
+
+
+def fail(msg: str) -> NoReturn:
+    """Raise the ValueError a bad argument gets (value, rule and fix in `msg`)."""
+    raise ValueError(msg)
+
+
+def check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
+    """`x` is a torch tensor with `dims` dimensions on a CUDA device (`device` when given)."""
+    if not isinstance(x, torch.Tensor):
+        fail(f"{name}: a {type(x).__name__}, expected a torch tensor on a CUDA device")
+    if not x.is_cuda:
+        fail(f"{name} on {x.device}: must be on a CUDA device; move it with .cuda()")
+    if device is not None and x.device != device:
+        fail(
+            f"{name} on {x.device}, q on {device}: must be on one device; "
+            "move it with .to(q.device)"
+        )
+    if x.dim() != dims:
+        fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
+
+
+def check_int_array(name: str, x: Any, shape: tuple[int, ...], device: Any) -> None:
+    """`x` is an int32 tensor of `shape` (a negative last extent: any) on `device`, its last
+    axis contiguous."""
+    check_tensor(name, x, len(shape), device)
+    if x.dtype != torch.int32:
+        fail(f"{name}.dtype={x.dtype}: must be torch.int32; pass {name}.to(torch.int32)")
+    if tuple(x.shape[: len(shape) - 1]) != shape[:-1] or (
+        shape[-1] >= 0 and x.shape[-1] != shape[-1]
+    ):
+        want = ", ".join("n" if n < 0 else str(n) for n in shape)
+        fail(f"{name}.shape={tuple(x.shape)}: must be ({want})")
+    if x.stride(-1) != 1:
+        fail(f"{name}: its last axis must be contiguous; pass {name}.contiguous()")
+
+
+def feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:
+    """A call's feature values validated for q's device and its `h` query heads: scalar ones
+    by their feature, array ones' shape, dtype, layout and device."""
+
+    def pointer(feature: Feature, tensor: Any) -> int:
+        feature.check_array(tuple(tensor.shape), tensor.dtype, h)
+        if not tensor.is_contiguous():
+            fail(f"{feature.keyword}: must be contiguous; pass {feature.keyword}.contiguous()")
+        if tensor.device != q.device:
+            fail(
+                f"{feature.keyword} on {tensor.device}, q on {q.device}: must be on one "
+                "device; move them with .to(q.device)"
+            )
+        ptr = int(tensor.data_ptr())
+        feature.check(ptr)
+        return ptr
+
+    return feature_values.bind(values, pointer)
+
+
+# torch's own probes: a call may launch directly only when no dispatch or function mode is on
+dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def _raw_stream_fn() -> Callable[[int], int]:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw  # type: ignore[no-any-return]
+    return lambda dev: int(torch.cuda.current_stream(dev).cuda_stream)
+
+
+raw_stream: Callable[[int], int] = _raw_stream_fn()
+"""The current CUDA stream of a device as a CUstream handle (torch's C entry point when it has
+one: a call per launch, so the cheapest)."""
+
+
+def run_backward(prepared: backward.Prepared, tensors: tuple[Any, ...], stream: int) -> None:
+    """Launch a dense backward's kernels on (q, k, v, o, lse, do, dq, dk, dv) on `stream` (a
+    CUstream handle: `raw_stream(device)`), its fp32 scratch (D and LSE; the fast mode's dQ accumulator) allocated
+    through torch's caching allocator (CUDA-graph safe, nothing synchronized)."""
+    q, k, v, o, lse, do, dq, dk, dv = tensors
+    b, h, tq, d = (int(n) for n in q.shape)
+    d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
+    d_buf = torch.empty(d_shape, dtype=torch.float32, device=q.device)
+    accum = 0
+    if dq_shape is not None:  # the fast mode's fp32 dQ accumulator (what blocks add into)
+        dq_accum = torch.empty(dq_shape, dtype=torch.float32, device=q.device)
+        accum = dq_accum.data_ptr()
+    pointers = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
+        d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+    )  # fmt: skip
+    prepared(pointers, stream)
