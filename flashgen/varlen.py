@@ -172,6 +172,23 @@ def _key_of(x: Any) -> tuple[Any, ...]:
     return (tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() & 15)
 
 
+def _remembered(
+    entries: dict[tuple[Any, ...], Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...],
+    values: feature_values.Values,
+) -> tuple[tuple[Any, ...], Any]:  # fmt: skip
+    """(the call's signature key, its remembered entry or None). The key holds the tensors'
+    layouts, the scalars and the feature values (array ones by address); an argument that is
+    not a tensor or not hashable gives ((), None), and validation then names it."""
+    try:
+        key = (
+            *(_key_of(x) for x in tensors), *scalars,
+            feature_values.signature(values, lambda a: (a.data_ptr(), *_key_of(a))),
+        )  # fmt: skip
+        return key, entries.get(key)
+    except (AttributeError, TypeError):
+        return (), None
+
+
 def _run(
     q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int,
     causal: bool = False, scale: float | None = None, variant: str | None = None,
@@ -179,14 +196,9 @@ def _run(
 ) -> tuple[Any, Any]:  # fmt: skip
     """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
     values = op_args.values_of(feature_arguments)
-    try:
-        key = (
-            *(_key_of(x) for x in (q, k, v, cu_q, cu_k)), max_q, max_k, causal, scale, variant,
-            feature_values.signature(values, lambda a: (a.data_ptr(), *_key_of(a))),
-        )  # fmt: skip
-        e = _entries.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
-        key, e = (), None
+    key, e = _remembered(
+        _entries, (q, k, v, cu_q, cu_k), (max_q, max_k, causal, scale, variant), values
+    )
     if e is None:
         e = _prepare(key, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, values)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
@@ -294,14 +306,9 @@ def _run_backward(
     # TMA's positive ones: an expanded dO, stride 0, is copied too)
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    try:
-        key = (
-            *(_key_of(x) for x in (q, k, v, o, lse, do, dq, dk, dv, cu_q, cu_k)), causal, scale,
-            feature_values.signature(values, lambda a: (a.data_ptr(), *_key_of(a))),
-        )  # fmt: skip
-        e = _bwd_entries.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
-        key, e = (), None
+    key, e = _remembered(
+        _bwd_entries, (q, k, v, o, lse, do, dq, dk, dv, cu_q, cu_k), (causal, scale), values
+    )
     if e is None:
         e = _bwd_prepare(key, (q, k, v, o, lse, do, dq, dk, dv), cu_q, cu_k, causal, scale, values)
     d_buf = torch.empty(e.d_shape, dtype=torch.float32, device=e.device)
