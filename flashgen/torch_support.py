@@ -95,8 +95,9 @@ one: a call per launch, so the cheapest)."""
 
 def run_backward(prepared: backward.Prepared, tensors: tuple[Any, ...], stream: int) -> None:
     """Launch a dense backward's kernels on (q, k, v, o, lse, do, dq, dk, dv) on `stream` (a
-    CUstream handle: `raw_stream(device)`), its fp32 scratch (D and LSE; the fast mode's dQ accumulator) allocated
-    through torch's caching allocator (CUDA-graph safe, nothing synchronized)."""
+    CUstream handle: `raw_stream(device)`), its fp32 scratch (D and LSE; the fast mode's dQ
+    accumulator) allocated through torch's caching allocator (CUDA-graph safe, nothing
+    synchronized)."""
     q, k, v, o, lse, do, dq, dk, dv = tensors
     b, h, tq, d = (int(n) for n in q.shape)
     d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)

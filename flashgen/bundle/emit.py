@@ -22,6 +22,18 @@ then launches the three kernels in order on the stream with `BackwardProblem.gri
 kernels take the forward's four feature values last (backward.ABI_FORMAT); the launcher passes
 them off (-1, -1, 0.0f, NULL), and backward variants with features are not bundled yet.
 
+Varlen forward variants (family wgmma with `varlen`: packed sequences, `abi.VARLEN` after the
+features) get `flashgen_varlen_params`, the dispatch `flashgen_varlen_fwd` and per variant
+`<symbol>_fwd`/`_check`/`_device_check` on those params: the launcher checks them as a dense call
+of one batch over the packed totals (what flashgen.varlen binds), encodes the maps over the
+totals and sizes the grid as `VarlenPersistent.varlen_grid` does, never reading cu_seqlens.
+Decode variants (family mma, direction "decode": `abi.DECODE`) get `flashgen_decode_params`,
+`flashgen_decode` and `flashgen_decode_workspace_bytes`, and per variant `<symbol>_decode`,
+`_decode_check`, `_decode_workspace_bytes`, `_decode_device_check`: the split count as
+`runtime.decode.choose_splits` (the SMs times the occupancy the runtime reports), the split
+scratch of `scratch_sizes` in the caller's workspace (`decode_workspace_layout`), its counters
+zeroed on the stream before the one launch.
+
 Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI (its
 backward four: Q, K, V and dO). Its C launcher builds them itself with the driver's
 `cuTensorMapEncodeTiled`, fetched at run time through the CUDA runtime
@@ -49,12 +61,21 @@ from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, sc
 from flashgen.generator.cache import atomic_write
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES
+from flashgen.generator.families.mma.decode import DECODE_MERGE_MAX
 from flashgen.generator.features import RUNTIME_FEATURES, TOKENS
+from flashgen.generator.features.hook import hook_tokens
 from flashgen.generator.numerics import LOG2E as LOG2E_FLOAT
 from flashgen.generator.render import environment, render
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime.decode import (
+    DECODE_MAX_SPLITS,
+    DECODE_MIN_TILES_PER_WARP,
+    DECODE_WAVES,
+    row_tiles,
+    scratch_sizes,
+)
 from flashgen.runtime.tma import (
     BOX_COLS,
     L2_PROMOTION_128B,
@@ -78,7 +99,7 @@ TEMPLATES: dict[str, str] = {
 }
 NAME_PREFIX = "flash_fwd_"  # dropped from kernel names in the C symbols: flashgen_<short>_fwd
 # ... and per direction: a backward variant's C functions are flashgen_<short>_bwd
-NAME_PREFIXES = {"fwd": NAME_PREFIX, "bwd": "flash_bwd_"}
+NAME_PREFIXES = {"fwd": NAME_PREFIX, "bwd": "flash_bwd_", "decode": "flash_decode_"}
 KERNEL_GLOB = "flash_*.cu"  # every kernel file a bundle may hold
 # The caller's fp32 workspace of a backward call: d_buf, then the dQ accumulator at the next
 # multiple of this many bytes (its float4 accesses and bulk reductions), and the workspace
@@ -100,6 +121,22 @@ EXAMPLE_WINDOW = {False: (17, 3), True: (17, 0)}
 EXAMPLE_SOFTCAP = "30.0"
 EXAMPLE_ALIBI = "0.5"
 EXAMPLE_O_BOUND = {"fp32": "1e-4", "fp16": "2e-2", "bf16": "2e-2"}
+# The example's varlen problems: given (query, key) lengths -- an empty sequence, a single
+# row, a sequence with more queries than keys (causal: its first rows see nothing) -- over
+# (H, H_kv) = (4, 2) heads, with 3 query and 2 key rows after the last sequence; and 24
+# sequences of random lengths up to 150 over 8 heads, enough query tiles for persistent blocks
+EXAMPLE_VARLEN_LENGTHS = ((77, 131), (1, 64), (0, 5), (131, 77), (40, 40))
+EXAMPLE_VARLEN_GIVEN: dict[str, Any] = {"heads": 4, "kv_heads": 2, "pad_q": 3, "pad_k": 2}
+EXAMPLE_VARLEN_RANDOM: dict[str, Any] = {"heads": 8, "kv_heads": 8, "n_random": 24, "longest": 150}
+# The example's decode problems: (B, Tq, H, H_kv, cache columns, page size (0: contiguous),
+# cache_seqlens (None: the whole cache), num_splits (0: the launcher's choice)). Paged caches of
+# 16- and 7-key pages in shuffled order, lengths that differ (0: O = 0, LSE -inf; causal with
+# L < Tq: rows that see nothing), a split merge in one level and in two (20 splits).
+EXAMPLE_DECODE = (
+    (3, 1, 8, 2, 25, 16, (400, 37, 0), 0),
+    (3, 4, 8, 2, 57, 7, (293, 399, 2), 20),
+    (2, 3, 4, 4, 150, 0, None, 3),
+)
 EXAMPLE_LSE_BOUND = "1e-3"
 # The backward example judges dQ, dK and dV with flashgen's gradient rule (oracle_bwd.
 # check_grads, FlashAttention's): max|g - g64| <= GRAD_FACTOR * max|g_ref - g64| + eps, g64 in
@@ -182,6 +219,10 @@ class Variant:
         """The values the bundle templates use for this variant (no arithmetic in templates)."""
         if self.spec.direction == "bwd":
             return self.bwd_context()
+        if self.spec.direction == "decode":
+            return self.decode_context()
+        if "varlen" in self.spec.features:
+            return self.varlen_context()
         s = self.spec
         info = s.dtype_info
         return {
@@ -210,6 +251,54 @@ class Variant:
                 *([EXAMPLE_CAUSAL_TALL] if s.causal else []),
                 EXAMPLE_GQA,
             ],
+        }
+
+    def _feature_context(self) -> dict[str, Any]:
+        """The run-time features of a forward-like variant (forward, varlen, decode): what it
+        is compiled with, its dispatch bits, and the values the example runs it with."""
+        s = self.spec
+        runtime = [f for f in s.features if f in FEATURE_BITS]
+        return {
+            "features": runtime,
+            "features_list": ", ".join(runtime) or "none",
+            "features_text": "".join(f", {f}" for f in runtime),
+            "feature_bits": sum(FEATURE_BITS[f] for f in runtime),
+            "o_bound": EXAMPLE_O_BOUND[s.dtype],
+            "ex_window": EXAMPLE_WINDOW[s.causal] if "window" in s.features else (-1, -1),
+            "ex_use_window": int("window" in s.features),
+            "ex_softcap": EXAMPLE_SOFTCAP if "softcap" in s.features else "0.0",
+            "ex_alibi": EXAMPLE_ALIBI if "alibi" in s.features else "0.0",
+        }
+
+    def varlen_context(self) -> dict[str, Any]:
+        """A varlen forward's template values (family wgmma: packed sequences, `abi.VARLEN`
+        after the features, the varlen_persistent grid)."""
+        s = self.spec
+        info = s.dtype_info
+        return {
+            **self._common(),
+            **self._feature_context(),
+            "tma": s.fam.tensor_maps,
+            "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
+            "kernel_params": abi.declarations(
+                (*s.fam.fwd_prefix, *abi.forward(s.features)), elem=info.ctype, restrict=False
+            ),
+            "problems": [
+                _varlen_problem(EXAMPLE_VARLEN_LENGTHS, **EXAMPLE_VARLEN_GIVEN),
+                _varlen_problem((), **EXAMPLE_VARLEN_RANDOM),
+            ],
+        }
+
+    def decode_context(self) -> dict[str, Any]:
+        """A decode variant's template values (family mma: `abi.DECODE`, grid (splits, row
+        tiles x K/V heads, B), the split scratch in the caller's workspace)."""
+        s = self.spec
+        return {
+            **self._common(),
+            **self._feature_context(),
+            "tma": False,
+            "kernel_params": abi.declarations(abi.DECODE, elem=s.dtype_info.ctype, restrict=False),
+            "problems": [_decode_problem(s, *pb) for pb in EXAMPLE_DECODE],
         }
 
     def bwd_context(self) -> dict[str, Any]:
@@ -241,6 +330,63 @@ class Variant:
                 EXAMPLE_GQA,
             ],
         }
+
+
+def _varlen_problem(
+    lengths: Sequence[tuple[int, int]], *, heads: int, kv_heads: int, n_random: int = 0,
+    longest: int = 0, pad_q: int = 0, pad_k: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """One varlen problem of the example: its (query, key) lengths given, or `n_random`
+    sequences of random lengths in [0, longest] drawn by the example; `pad_q` and `pad_k`
+    rows after the last sequence's (O must come back zero there, LSE -inf)."""
+    return {
+        "n_seqs": len(lengths) or n_random,
+        "lens_q": [q for q, _ in lengths],
+        "lens_k": [k for _, k in lengths],
+        "longest": longest,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "pad_q": pad_q,
+        "pad_k": pad_k,
+    }
+
+
+def _decode_problem(
+    spec: KernelSpec, b: int, tq: int, h: int, h_kv: int, columns: int, page: int,
+    seqlens: Sequence[int] | None, splits: int,
+) -> dict[str, Any]:  # fmt: skip
+    """One decode problem of the example: the cache holds `columns` keys per sequence
+    (contiguous, page 0) or `columns` pages of `page` keys; `seqlens` per sequence, or None
+    for the whole cache; `splits` forced (0: the launcher's choice). Also the workspace the
+    launcher must ask for when the split count is forced (-1: chosen on the device)."""
+    tk = columns * (page or 1)
+    tiles = row_tiles(spec, tq, h // h_kv)
+    ws = -1
+    if splits:
+        n = min(splits, max(1, min(DECODE_MAX_SPLITS, -(-tk // spec.bc))))
+        ws = decode_workspace_layout(spec, b, h_kv, tiles, n)[-1]
+    return {
+        "B": b, "Tq": tq, "H": h, "H_kv": h_kv, "columns": columns, "page": page,
+        "seqlens": list(seqlens) if seqlens is not None else [], "splits": splits,
+        "workspace": ws,
+    }  # fmt: skip
+
+
+def decode_workspace_layout(
+    spec: KernelSpec, b: int, h_kv: int, tiles: int, splits: int
+) -> tuple[int, int, int]:
+    """(byte offset of lse_part, byte offset of the counters, total bytes) of a decode call's
+    workspace: `runtime.decode.scratch_sizes`'s o_part (fp32), lse_part (fp32) and counters
+    (int32), each at a multiple of BWD_WORKSPACE_ALIGN bytes; 0 in all when one split (the
+    kernel then stores O itself and touches no scratch). The launcher's
+    `<symbol>_decode_workspace_bytes` computes the same."""
+    if splits == 1:
+        return 0, 0, 0
+    n_o, n_l, n_c = scratch_sizes(spec, b, h_kv, tiles, splits)
+    a = BWD_WORKSPACE_ALIGN
+    lse_at = -(-n_o * 4 // a) * a
+    counters_at = lse_at + -(-n_l * 4 // a) * a
+    return lse_at, counters_at, counters_at + n_c * 4
 
 
 def machine_eps(dtype: str) -> float:
@@ -358,44 +504,16 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
     if not specs:
         raise BundleError("no variants: a bundle needs at least one kernel spec")
     for s in specs:
-        if s.direction == "decode":
-            raise BundleError(
-                f"{s.name}: decode kernels are not bundled yet (the bundle's launchers take "
-                "forward and backward variants); bundle forward variants, or call decode from "
-                "flashgen.torch.attention_with_kvcache"
-            )
-        if s.direction == "bwd" and not s.fam.bwd_template:
-            with_bwd = sorted(f.name for f in FAMILIES.values() if f.bwd_template)
-            raise BundleError(
-                f"{s.name}: bundles launch the backward kernels of family "
-                f"{'/'.join(with_bwd)} only; bundle a backward variant of family {with_bwd[0]}"
-            )
-        feats = [f for f in s.features if f in BWD_FEATURES_LATER]
-        if s.direction == "bwd" and feats:  # the params have no feature values for them yet
-            raise BundleError(
-                f"{s.name}: backward variants with {', '.join(feats)} are not bundled yet (the "
-                "bundle's backward launcher passes the features off); bundle the plain backward "
-                "variant; backward features in bundles come later"
-            )
-        if "deterministic" in s.features:  # its kernels are _pre, main, _dq: not the launcher's
-            raise BundleError(
-                f"{s.name}: deterministic backward variants are not bundled yet (the bundle's "
-                "launcher runs _pre, main and _post); bundle the variant without deterministic"
-            )
-        if "varlen" in s.features:  # its sequences ride in abi.VARLEN: not the launcher's ABI
-            raise BundleError(
-                f"{s.name}: varlen variants are not bundled yet (the bundle's launcher takes "
-                "dense batches); bundle the variant without varlen"
-            )
-        if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
-            raise BundleError(
-                f"{s.name}: gqapack variants are not bundled yet (their grid runs per K/V "
-                "head); bundle the variant without gqapack: it serves the same calls"
-            )
+        _check_bundled(s)
     unique = _check_unique(specs)
-    contexts = [Variant(s).context() for s in unique if s.direction == "fwd"]
+    fwd = [s for s in unique if s.direction == "fwd"]
+    contexts = [Variant(s).context() for s in fwd if "varlen" not in s.features]
+    varlen_contexts = [Variant(s).context() for s in fwd if "varlen" in s.features]
+    decode_contexts = [Variant(s).context() for s in unique if s.direction == "decode"]
     bwd_contexts = [Variant(s).context() for s in unique if s.direction == "bwd"]
-    every = sorted([*contexts, *bwd_contexts], key=lambda c: c["kernel"])
+    every = sorted(
+        [*contexts, *varlen_contexts, *decode_contexts, *bwd_contexts], key=lambda c: c["kernel"]
+    )
     fwd_keys = {(c["d"], c["dtype"], c["causal"]) for c in contexts if not c["features"]}
     for c in bwd_contexts:  # the example runs the bundle's forward first when it has one
         c["has_fwd"] = (c["d"], c["dtype"], c["causal"]) in fwd_keys
@@ -407,19 +525,20 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "launcher": LAUNCHER,
         # the C constants of the forward variants' tile schedulers (their grid code reads them)
         "scheduler_constants": sorted(
-            {
-                c
-                for s in unique
-                if s.direction == "fwd"
-                for c in s.fam.scheduler(s).launch_constants()
-            }
+            {c for s in fwd for c in s.fam.scheduler(s).launch_constants()}
         ),
-        # forward variants (the templates' `variants`), backward ones apart
+        # dense forward variants (the templates' `variants`); varlen, decode, backward apart
         "variants": contexts,
+        "varlen_variants": varlen_contexts,
+        "decode_variants": decode_contexts,
         "bwd_variants": bwd_contexts,
+        # the launcher's shared forward checks serve the dense and the varlen launchers
+        "fwd_checks": bool(contexts or varlen_contexts),
         # dispatch order: fewest features first, so a call runs the least extra work
         "variants_by_features": sorted(contexts, key=lambda c: len(c["features"])),
-        # every kernel file, both directions, for the build
+        "varlen_by_features": sorted(varlen_contexts, key=lambda c: len(c["features"])),
+        "decode_by_features": sorted(decode_contexts, key=lambda c: len(c["features"])),
+        # every kernel file, every direction, for the build
         "plain_variants": [c for c in every if not c["exact_cc"]],
         "arch_specific_variants": [c for c in every if c["exact_cc"]],
         # TMA tensor maps: the launcher builds them for these (the docs say so per direction)
@@ -428,8 +547,67 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "has_bwd_tma": any(c["tma"] for c in bwd_contexts),
         "num_variants": len(unique),
         "num_fwd_variants": len(contexts),
+        "num_varlen_variants": len(varlen_contexts),
+        "num_decode_variants": len(decode_contexts),
         "num_bwd_variants": len(bwd_contexts),
         "bwd_workspace_align": BWD_WORKSPACE_ALIGN,
+        "decode": {
+            "max_splits": DECODE_MAX_SPLITS,
+            "merge_max": DECODE_MERGE_MAX,
+            "waves": DECODE_WAVES,
+            "min_tiles_per_warp": DECODE_MIN_TILES_PER_WARP,
+        },
+        **_shared_context(unique, headers, names),
+    }
+
+
+def _check_bundled(s: KernelSpec) -> None:
+    """BundleError naming value, rule and fix for a variant bundles do not take (yet)."""
+    if s.direction == "decode" and s.family != "mma":
+        raise BundleError(
+            f"{s.name}: bundles launch the decode kernels of family mma only; bundle a "
+            "decode variant of family mma"
+        )
+    if s.direction == "bwd" and not s.fam.bwd_template:
+        with_bwd = sorted(f.name for f in FAMILIES.values() if f.bwd_template)
+        raise BundleError(
+            f"{s.name}: bundles launch the backward kernels of family "
+            f"{'/'.join(with_bwd)} only; bundle a backward variant of family {with_bwd[0]}"
+        )
+    feats = [f for f in s.features if f in BWD_FEATURES_LATER]
+    if s.direction == "bwd" and feats:  # the params have no feature values for them yet
+        raise BundleError(
+            f"{s.name}: backward variants with {', '.join(feats)} are not bundled yet (the "
+            "bundle's backward launcher passes the features off); bundle the plain backward "
+            "variant; backward features in bundles come later"
+        )
+    if "deterministic" in s.features:  # its kernels are _pre, main, _dq: not the launcher's
+        raise BundleError(
+            f"{s.name}: deterministic backward variants are not bundled yet (the bundle's "
+            "launcher runs _pre, main and _post); bundle the variant without deterministic"
+        )
+    if "varlen" in s.features and s.direction == "bwd":  # its scratch is per sequence
+        raise BundleError(
+            f"{s.name}: varlen backward variants are not bundled yet (the bundle's backward "
+            "launcher takes dense batches); bundle the varlen forward, or the backward "
+            "without varlen"
+        )
+    if hook_tokens(s.features):  # their aux block is not in the bundle's params
+        raise BundleError(
+            f"{s.name}: variants with a user hook ({', '.join(hook_tokens(s.features))}) "
+            "are not bundled yet (the bundle's params have no hook values); bundle the "
+            "variant without the hook"
+        )
+    if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
+        raise BundleError(
+            f"{s.name}: gqapack variants are not bundled yet (their grid runs per K/V "
+            "head); bundle the variant without gqapack: it serves the same calls"
+        )
+
+
+def _shared_context(unique: Sequence[KernelSpec], headers: list[str], names: str) -> dict[str, Any]:
+    """The bundle-wide template values that do not depend on which kinds of variant it holds."""
+    return {
         "grad_factor": repr(GRAD_FACTOR),
         "grad_eps_ulps": repr(GRAD_EPS_ULPS),
         "cancel_ulps": repr(CANCEL_ULPS),
@@ -483,7 +661,7 @@ def _bounds_summary(specs: Sequence[KernelSpec]) -> str:
         if any(s.direction == "bwd" for s in specs)
         else []
     )
-    specs = [s for s in specs if s.direction == "fwd"]
+    specs = [s for s in specs if s.direction in ("fwd", "decode")]
     if not specs:
         return ", ".join(grads)
     for relative in (False, True):

@@ -56,6 +56,23 @@ BIG = KernelSpec(family="mma", d=128, br=128, bc=64, dtype="fp16", warps=4, stag
 # the bundle the CPU stand-ins play: every kind of variant, both directions
 STAND_IN = [*PAIR, BIG, WGMMA, *FEATURED, WGMMA_DV, *BWD, BWD_W]
 
+# packed sequences (wgmma with varlen: the smallest tile, and one with every feature and its own
+# value head dim) and decode variants (a plain one, GQA-packed rows of 16, and one with every
+# feature): the stand-in bundle of tests/bundle/test_seq.py
+VARLEN = KernelSpec(
+    family="wgmma", d=64, br=128, bc=64, dtype="fp16", causal=True, features=("varlen",)
+)
+VARLEN_F = KernelSpec(
+    family="wgmma", d=128, dv=64, dtype="bf16", causal=False,
+    features=("window", "softcap", "alibi", "varlen"),
+)  # fmt: skip
+DECODE = KernelSpec(family="mma", direction="decode", d=64, br=16, bc=16, dtype="bf16")
+DECODE_F = KernelSpec(
+    family="mma", direction="decode", d=128, br=16, bc=16, dtype="fp16", causal=True,
+    features=("window", "softcap", "alibi"),
+)  # fmt: skip
+SEQ = [VARLEN, VARLEN_F, DECODE, DECODE_F]
+
 # cudaError_t values
 INVALID, NOT_SUPPORTED = 1, 801  # cudaErrorInvalidValue, cudaErrorNotSupported
 INVALID_DEVICE_FUNCTION, INSUFFICIENT_DRIVER = 98, 35
@@ -163,6 +180,12 @@ def _stand_in_line(s: KernelSpec) -> str:
     if s.direction == "bwd":
         args = f"{s.d}, {s.bc}, {pre_rows(s)}, {s.threads}, {s.smem_bytes}, {flag}"
         return f"STAND_IN_BWD({s.name}, {s.dtype_info.ctype}, {args})"
+    if s.direction == "decode":
+        args = f"{s.d}, {s.dv}, {s.br}, {s.threads}, {s.smem_bytes}, {flag}"
+        return f"STAND_IN_DECODE({s.name}, {s.dtype_info.ctype}, {args})"
+    if "varlen" in s.features:
+        args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
+        return f"STAND_IN_VARLEN({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
     if s.family == "wgmma":
         args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
         return f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"

@@ -142,8 +142,8 @@ def test_the_torch_front_door_refuses_cpu_tensors_with_one_clear_error():
         attention_with_kvcache(q, k, k, windw=(1, 1))
 
 
-def test_forward_entry_points_check_and_bundles_refuse_a_decode_spec():
-    from flashgen.bundle.emit import BundleError, bundle_context
+def test_forward_entry_points_refuse_a_decode_spec_and_bundles_take_it():
+    from flashgen.bundle.emit import bundle_context
     from flashgen.runtime.validate import check_spec_type
     from flashgen.verify.checks import check_problem
 
@@ -152,8 +152,7 @@ def test_forward_entry_points_check_and_bundles_refuse_a_decode_spec():
         check_spec_type(s)
     with pytest.raises(ValueError, match="a decode variant; `check` runs forward and backward"):
         check_problem(s, b=1, h=1, tq=1, tk=1, seed=0, scale=None)
-    with pytest.raises(BundleError, match="decode kernels are not bundled yet"):
-        bundle_context([s])
+    assert bundle_context([s])["decode_variants"][0]["kernel"] == s.name  # its own launcher
 
 
 def test_the_decode_op_is_registered_and_traces_under_torch_compile():

@@ -49,8 +49,8 @@ def test_only_varlen_variants_take_the_sequences_block():
 
 def test_the_grid_bounds_the_items_by_the_totals():
     s = KernelSpec.from_name(NAME)
-    # 16 sequences, 16k tokens, 16 heads: at most (128 + 16 + 1 padding) tiles per head; persistent on 132
-    # SMs when the longest sequences see few key tiles
+    # 16 sequences, 16k tokens, 16 heads: at most (128 + 16 + 1 padding) tiles per head;
+    # persistent on 132 SMs when the longest sequences see few key tiles
     assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 132) == (132, 1, 1)
     assert VARLEN_PERSISTENT.varlen_grid(s, 16, 16, 16384, 4096, 4096, 0) == (145 * 16, 1, 1)
     # one long non-causal sequence: a block per item
@@ -61,15 +61,14 @@ def test_the_grid_bounds_the_items_by_the_totals():
         VARLEN_PERSISTENT.grid(s, 1, 1, 1, 1, 132)
 
 
-def test_check_and_bundles_refuse_a_varlen_spec():
-    from flashgen.bundle.emit import BundleError, bundle_context
+def test_check_refuses_a_varlen_spec_and_bundles_take_it():
+    from flashgen.bundle.emit import bundle_context
     from flashgen.verify.checks import check_problem
 
     s = KernelSpec.from_name(NAME)
     with pytest.raises(ValueError, match="a varlen variant; `check` runs dense batches"):
         check_problem(s, b=1, h=1, tq=1, tk=1, seed=0, scale=None)
-    with pytest.raises(BundleError, match="varlen variants are not bundled yet"):
-        bundle_context([s])
+    assert bundle_context([s])["varlen_variants"][0]["kernel"] == s.name  # its own launcher
 
 
 def test_the_torch_front_door_refuses_bad_calls_with_one_clear_error():

@@ -15,10 +15,14 @@
 //                                    cudaGetDriverEntryPoint (CUDA < 12.5), not ...ByVersion
 //   MOCK_LAUNCH_LOG=path             each forward launch appends its arguments to that file
 //   MOCK_MAP_LOG=path                each wgmma backward main kernel appends its four maps
+//   MOCK_OCCUPANCY=n                 blocks one SM holds (cudaOccupancy...; default 3)
+//   MOCK_GRID_ONLY=path              varlen and decode kernels append their grid (and decode
+//                                    its arguments) to that file and compute nothing
 // The counters and switches below (stand_in_*) are for test programs linked with this file.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +49,7 @@ static const char* g_last_kernel = "";
 static int g_fail_in, g_fail_code;
 static cudaError_t g_pending = cudaSuccess;
 static int g_bwd_phase;
+static int g_memsets_async;  // cudaMemsetAsync calls (the decode launcher zeroes its counters)
 // the window sides the last forward kernel was launched with
 static int g_window[2] = {-9, -9};
 
@@ -53,6 +58,8 @@ int stand_in_calls(void) { return g_launches + g_opt_ins; }
 int stand_in_launches(void) { return g_launches; }
 int stand_in_opt_ins(void) { return g_opt_ins; }
 int stand_in_encodes(void) { return g_encoded; }
+int stand_in_memsets_async(void) { return g_memsets_async; }
+void stand_in_grid(unsigned* x, unsigned* y, unsigned* z) { *x = g_grid.x, *y = g_grid.y, *z = g_grid.z; }
 const char* stand_in_last_kernel(void) { return g_last_kernel; }
 void stand_in_window(int* left, int* right) { *left = g_window[0], *right = g_window[1]; }
 // the n-th launch from now is refused with `code` (cudaGetLastError returns it once, the
@@ -111,6 +118,20 @@ cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* d, int v, size_t n) { std::memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
+  ++g_memsets_async;
+  std::memset(d, v, n);
+  return cudaSuccess;
+}
+// (cuda_runtime.h's template for a kernel pointer calls the ...WithFlags entry point)
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, const void* f, int threads,
+                                                                   size_t smem, unsigned) {
+  if (f == nullptr || threads < 1) die("occupancy asked for no kernel");
+  if (smem > 48 * 1024 && g_smem_attr[f] < (int)smem) die("occupancy asked before the opt-in above 48 KiB");
+  const char* occ = std::getenv("MOCK_OCCUPANCY");
+  *n = occ ? std::atoi(occ) : 3;
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
@@ -636,5 +657,226 @@ static void bwd_through_maps(const char* name, const TensorMap* maps, BwdArgs<T>
     bwd_through_maps(#NAME, maps, a, (int)g_grid.y, (int)g_grid.z, D, BR, BC, DTYPE, false);    \
     g_last_kernel = #NAME "_post";                                                              \
     bwd_post<T, D, PRE_ROWS, THREADS, BR>((const void*)&NAME##_post, a);                        \
+  }
+
+// ---- the varlen forward (templates/wgmma.cu.j2 with `varlen`) and the decode kernel
+// (templates/mma_decode.cu.j2), in fp32 on the CPU, each sequence on its own as the kernels
+// attend it. Varlen: three tensor maps over the packed totals as one batch (check_map), n_batch
+// 1, a one-dimensional grid of ceil(tq / BR) + n_seqs + 1 query tiles per head (or 132
+// persistent blocks); a sequence whose key rows fall outside k gets NaN rows, one whose query
+// rows are out of order gets nothing, the rows after the last sequence zeros (LSE -inf).
+// Decode: grid (splits, row tiles x K/V heads, B); with several splits the scratch (o_part,
+// lse_part, counters) must lie in the caller's allocation, 16-byte aligned and apart, and the
+// counters must be zero at launch (the launcher zeroes them: the example hands it garbage).
+// MOCK_BUG=perturb moves the first row's first O element by 0.5.
+static bool grid_only(const char* fmt, ...) {
+  const char* path = std::getenv("MOCK_GRID_ONLY");
+  if (!path) return false;
+  FILE* f = std::fopen(path, "a");
+  if (!f) die("MOCK_GRID_ONLY: cannot open");
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(f, fmt, args);
+  va_end(args);
+  std::fclose(f);
+  g_configured = false;
+  return true;
+}
+
+// One row of one sequence (keys key(j), values value(j), j < n): O and LSE (natural log).
+template <class T, int D, int DV, class Key, class Value>
+static int attend_row(const T* qi, int pos, int n, bool causal, int wl, int wr, float scale_log2,
+                      float cap, float slope, Key key, Value value, float* out, float* lse) {
+  static float s[1 << 16];
+  const float log2e = 1.4426950408889634f;
+  float m = -INFINITY, l = 0.0f;
+  int seen = 0;
+  for (int x = 0; x < DV; ++x) out[x] = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const bool hidden = (causal && j > pos) || (wl >= 0 && j < pos - wl) || (wr >= 0 && j > pos + wr);
+    s[j] = -INFINITY;
+    if (hidden) continue;
+    const T* kj = key(j);
+    float dot = 0.0f;
+    for (int x = 0; x < D; ++x) dot += to_f32(qi[x]) * to_f32(kj[x]);
+    float x2 = dot * scale_log2;
+    if (cap > 0.0f) x2 = cap * log2e * std::tanh(x2 / (cap * log2e));
+    x2 -= slope * log2e * std::fabs((float)(pos - j));
+    s[j] = x2;
+    m = x2 > m ? x2 : m;
+    ++seen;
+  }
+  for (int j = 0; j < n && seen; ++j) {
+    if (s[j] == -INFINITY) continue;
+    const float p = std::exp2(s[j] - m);
+    const T* vj = value(j);
+    l += p;
+    for (int x = 0; x < DV; ++x) out[x] += p * to_f32(vj[x]);
+  }
+  for (int x = 0; x < DV && seen; ++x) out[x] /= l;
+  *lse = seen ? (m + std::log2(l)) * 0.6931471805599453f : -INFINITY;
+  return seen;
+}
+
+template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
+static void varlen(const char* name, const void* self, int H, int n_batch, const T* q, const T* k,
+                   const T* v, T* o, float* lse, int tq, int tk, const long long* s, float scale_log2,
+                   int group, int wl, int wr, float cap, const float* slopes, const int* cu_q,
+                   const int* cu_k, int n_seqs) {
+  if (!g_configured) die("varlen kernel called without a launch configuration");
+  g_last_kernel = name;
+  if (n_batch != 1) die("varlen: n_batch is not 1");
+  if (!cu_q || !cu_k || n_seqs < 0) die("varlen: no sequences");
+  const long long tiles = ((long long)(tq + BR - 1) / BR + n_seqs + 1) * H;
+  const unsigned want = tiles > 132 && g_grid.x == 132 ? 132u : (unsigned)tiles;
+  if (g_grid.x != want || g_grid.y != 1 || g_grid.z != 1 || g_block.x != THREADS) die("varlen grid or block");
+  if (g_smem != SMEM) die("varlen dynamic shared memory");
+  if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("varlen: no opt-in above 48 KiB");
+  if (group < 1 || H % group) die("varlen: kv_group does not divide the heads");
+  if (wl < -1 || wr < -1 || wl >= tk || wr >= tq) die("varlen: window sides out of range");
+  if (grid_only("%s|%u|%d|%d|%d|%d|%d|%d\n", name, g_grid.x, n_seqs, H, tq, tk, wl, wr)) return;
+  g_configured = false;
+  const bool perturb = env_is("MOCK_BUG", "perturb");
+  float out[DV];
+  const long long q_sh = s[1], q_st = s[2], k_sh = s[4], k_st = s[5], v_sh = s[7], v_st = s[8];
+  const long long o_sh = s[10], o_st = s[11];
+  auto write = [&](int t, int h, const float* vals, float row_lse, bool nan) {
+    T* oi = o + h * o_sh + (long long)t * o_st;
+    for (int x = 0; x < DV; ++x) oi[x] = from_f32<T>(nan ? NAN : vals[x]);
+    lse[(long long)h * tq + t] = nan ? NAN : row_lse;
+  };
+  for (int b = 0; b <= n_seqs; ++b) {  // b == n_seqs: the rows after the last sequence
+    const bool pad = b == n_seqs;
+    const int qs = cu_q[b], qe = pad ? tq : cu_q[b + 1];
+    if (!(0 <= qs && qs <= qe && qe <= tq)) continue;  // out of order: nothing written
+    const int ks = pad ? 0 : cu_k[b], ke = pad ? 0 : cu_k[b + 1];
+    const bool k_ok = 0 <= ks && ks <= ke && ke <= tk;
+    for (int h = 0; h < H; ++h) {
+      const int g = h / group;
+      auto key = [&](int j) { return k + g * k_sh + (long long)(ks + j) * k_st; };
+      auto value = [&](int j) { return v + g * v_sh + (long long)(ks + j) * v_st; };
+      for (int i = 0; i < qe - qs; ++i) {
+        float row_lse;
+        const int n = k_ok ? ke - ks : 0;
+        attend_row<T, D, DV>(q + h * q_sh + (long long)(qs + i) * q_st, i + n - (qe - qs), n, CAUSAL, wl, wr,
+                             scale_log2, cap, slopes ? slopes[h] : 0.0f, key, value, out, &row_lse);
+        if (perturb && b == 0 && h == 0 && i == 0) out[0] += 0.5f;
+        write(qs + i, h, out, row_lse, !k_ok);
+      }
+    }
+  }
+}
+
+#define STAND_IN_VARLEN(NAME, T, D, DV, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                  \
+  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, int H, int B,          \
+                       const T* q, const T* k, const T* v, T* o, float* lse, int tq, int tk,  \
+                       long long a, long long b, long long c, long long d, long long e,       \
+                       long long f, long long g, long long h, long long i, long long j,       \
+                       long long k2, long long l, float sc, int group, int wl, int wr,        \
+                       float cap, const float* slopes, const int* cu_q, const int* cu_k,      \
+                       int n_seqs) {                                                          \
+    long long s[12] = {a, b, c, d, e, f, g, h, i, j, k2, l};                                  \
+    check_map(tm_q, q, D, tq, H, 1, BR, DTYPE, a, b, c, sizeof(T), s);                        \
+    check_map(tm_k, k, D, tk, H / group, 1, BC, DTYPE, d, e, f, sizeof(T), s + 3);            \
+    check_map(tm_v, v, DV, tk, H / group, 1, BC, DTYPE, g, h, i, sizeof(T), s + 6);           \
+    varlen<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, H, B,              \
+        (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0], (const T*)tm_v.opaque[0], o, lse,  \
+        tq, tk, s, sc, group, wl, wr, cap, slopes, cu_q, cu_k, n_seqs);                       \
+  }
+
+template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
+static void decode(const char* name, const void* self, const T* q, const T* k, const T* v, T* o,
+                   float* lse, float* o_part, float* lse_part, int* counters, const int* seqlens,
+                   const int* table, int tq, int tk, int page_size, int bt_stride, int n_pages,
+                   const long long* s, float scale_log2, int group, int wl, int wr, float cap,
+                   const float* slopes) {
+  if (!g_configured) die("decode kernel called without a launch configuration");
+  g_last_kernel = name;
+  if (group < 1) die("decode: kv_group < 1");
+  const int row_tiles = (tq * group + BR - 1) / BR;
+  if (g_grid.y % row_tiles) die("decode: grid y is not row tiles x K/V heads");
+  const int splits = (int)g_grid.x, hkv = (int)g_grid.y / row_tiles, H = hkv * group, B = (int)g_grid.z;
+  if (g_block.x != THREADS || g_block.y != 1 || g_block.z != 1) die("decode block");
+  if (g_smem != SMEM) die("decode dynamic shared memory");
+  if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("decode: no opt-in above 48 KiB");
+  if (wl < -1 || wr < -1 || wl >= tk || wr >= tq) die("decode: window sides out of range");
+  if (table ? (page_size < 1 || n_pages < 1) : page_size != 1) die("decode: page arguments");
+  if (splits > 1) {  // the scratch of decode.scratch_sizes in the caller's workspace
+    const long long rt = (long long)B * hkv * row_tiles;
+    const int G = splits <= 16 ? splits : (int)std::ceil(std::sqrt((double)splits));
+    const long long groups = (splits + G - 1) / G;
+    if (!o_part || !lse_part || !counters) die("decode: split scratch missing");
+    if ((uintptr_t)o_part % 16 || (uintptr_t)lse_part % 16 || (uintptr_t)counters % 16)
+      die("decode: scratch arrays not 16-byte aligned");
+    const size_t ob = rt * splits * BR * DV * 4, lb = rt * splits * BR * 4, cb = rt * (1 + groups) * 4;
+    within_allocation(o_part, ob, "decode: o_part past the workspace");
+    within_allocation(lse_part, lb, "decode: lse_part past the workspace");
+    within_allocation(counters, cb, "decode: counters past the workspace");
+    const char* a = (const char*)o_part;
+    const char* b2 = (const char*)lse_part;
+    const char* c2 = (const char*)counters;
+    if (!(a + ob <= b2 && b2 + lb <= c2)) die("decode: scratch arrays overlap or out of order");
+    for (long long i = 0; i < rt * (1 + groups); ++i)
+      if (counters[i] != 0) die("decode: counters not zero at launch");
+  }
+  if (grid_only("%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d\n", name, splits, (int)g_grid.y, B, H, tq, tk,
+                page_size, bt_stride, n_pages, wl)) return;
+  g_configured = false;
+  const bool perturb = env_is("MOCK_BUG", "perturb");
+  float out[DV];
+  for (int b = 0; b < B; ++b) {
+    const int L = seqlens ? seqlens[b] : tk;
+    bool bad = L < 0 || L > tk;  // that sequence's rows are NaN
+    const int n = bad ? 0 : L;
+    // key j's (batch or page, token) indices
+    auto where = [&](int j, long long* at, long long* t) {
+      if (!table) {
+        *at = b, *t = j;
+        return;
+      }
+      *at = table[(long long)b * bt_stride + j / page_size], *t = j % page_size;
+    };
+    for (int j = 0; j < n; ++j) {
+      long long at, t;
+      where(j, &at, &t);
+      if (at < 0 || (table && at >= n_pages)) bad = true;
+    }
+    for (int h = 0; h < H; ++h) {
+      const int g = h / group;
+      auto key = [&](int j) {
+        long long at, t;
+        where(j, &at, &t);
+        return k + at * s[3] + g * s[4] + t * s[5];
+      };
+      auto value = [&](int j) {
+        long long at, t;
+        where(j, &at, &t);
+        return v + at * s[6] + g * s[7] + t * s[8];
+      };
+      for (int i = 0; i < tq; ++i) {
+        float row_lse;
+        attend_row<T, D, DV>(q + b * s[0] + h * s[1] + (long long)i * s[2], i + n - tq, bad ? 0 : n, CAUSAL,
+                             wl, wr, scale_log2, cap, slopes ? slopes[h] : 0.0f, key, value, out, &row_lse);
+        if (perturb && b == 0 && h == 0 && i == 0) out[0] += 0.5f;
+        T* oi = o + b * s[9] + h * s[10] + (long long)i * s[11];
+        for (int x = 0; x < DV; ++x) oi[x] = from_f32<T>(bad ? NAN : out[x]);
+        lse[((long long)b * H + h) * tq + i] = bad ? NAN : row_lse;
+      }
+    }
+  }
+}
+
+#define STAND_IN_DECODE(NAME, T, D, DV, BR, THREADS, SMEM, CAUSAL)                               \
+  extern "C" void NAME(const T* q, const T* k, const T* v, T* o, float* lse, float* o_part,     \
+                       float* lse_part, int* counters, const int* seqlens, const int* table,    \
+                       int tq, int tk, int page_size, int bt_stride, int n_pages, long long a,   \
+                       long long b, long long c, long long d, long long e, long long f,          \
+                       long long g, long long h, long long i, long long j, long long k2,         \
+                       long long l, float sc, int group, int wl, int wr, float cap,             \
+                       const float* slopes) {                                                   \
+    const long long s[12] = {a, b, c, d, e, f, g, h, i, j, k2, l};                              \
+    decode<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, q, k, v, o, lse,      \
+        o_part, lse_part, counters, seqlens, table, tq, tk, page_size, bt_stride, n_pages, s,    \
+        sc, group, wl, wr, cap, slopes);                                                        \
   }
 @STAND_INS@
