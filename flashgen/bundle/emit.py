@@ -63,7 +63,16 @@ from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES
 from flashgen.generator.families.mma.decode import DECODE_MERGE_MAX
 from flashgen.generator.features import RUNTIME_FEATURES, TOKENS
-from flashgen.generator.features.hook import hook_tokens
+from flashgen.generator.features.hook import (
+    MAX_POINTERS,
+    HookNotRegistered,
+    Slot,
+    hook_tokens,
+    hooks_of,
+    slots,
+)
+from flashgen.generator.hooks import Hook, emit_hook, evaluate_hook, helpers
+from flashgen.generator.hooks.expr import postorder, to_text
 from flashgen.generator.numerics import LOG2E as LOG2E_FLOAT
 from flashgen.generator.render import environment, render
 from flashgen.generator.select import select
@@ -142,6 +151,16 @@ EXAMPLE_LSE_BOUND = "1e-3"
 # check_grads, FlashAttention's): max|g - g64| <= GRAD_FACTOR * max|g_ref - g64| + eps, g64 in
 # float64, g_ref a same-precision reference, eps = GRAD_EPS_ULPS storage ulps at max|g64| +
 # CANCEL_ULPS fp32 ulps of the cancellation in dS (see oracle_bwd).
+# A hooked variant's example problems, (B, H, Tq, Tk, H_kv): square, as packed training is (a
+# document mask indexes one doc_ids table with queries and keys), ragged against every tile;
+# the second grouped-query. The generic aux values the example fills each slot kind with:
+# int32 tensors random sorted segment ids (documents of ~1 / EXAMPLE_DOC_BREAK tokens), float32
+# tensors uniform in [0, 0.5) (slopes, biases), scalars these numbers (a cap, a window side or
+# prefix); tensors of max(Tq, Tk, H, B) elements per row (2-D: as many rows).
+EXAMPLE_HOOK_PROBLEMS = ((2, 3, 131, 131, 3), (1, 8, 97, 97, 2))
+EXAMPLE_DOC_BREAK = "0.05"
+EXAMPLE_AUX_FLOAT = "30.0"
+EXAMPLE_AUX_INT = 17
 # cuda.h's names of tma.TMA_DTYPE (the launcher static_asserts that they agree)
 TMA_DTYPE_ENUM = {
     "fp16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
@@ -225,12 +244,13 @@ class Variant:
             return self.varlen_context()
         s = self.spec
         info = s.dtype_info
+        feats = [f for f in s.features if f not in hook_tokens(s.features)]  # hooks: apart
         return {
             **self._common(),
-            "features": list(s.features),
-            "features_list": ", ".join(s.features) or "none",
-            "features_text": "".join(f", {f}" for f in s.features),
-            "feature_bits": sum(FEATURE_BITS[f] for f in s.features),
+            "features": feats,
+            "features_list": ", ".join(feats) or "none",
+            "features_text": "".join(f", {f}" for f in feats),
+            "feature_bits": sum(FEATURE_BITS[f] for f in feats),
             "tensor_cores": info.tensor_core and s.fam.tensor_cores,
             "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
@@ -251,6 +271,31 @@ class Variant:
                 *([EXAMPLE_CAUSAL_TALL] if s.causal else []),
                 EXAMPLE_GQA,
             ],
+            **self._hook_context(),
+        }
+
+    def _hook_context(self) -> dict[str, Any]:
+        """A hooked forward's template values (none for any other variant): its hooks, their
+        aux slots, the kernel's full parameter list (the aux block after the forward's), and
+        the example's square problems. `hook` is what tells the templates a variant apart."""
+        s = self.spec
+        tokens = hook_tokens(s.features)
+        if not tokens:
+            return {"hook": None}
+        hooks = hooks_of(s.features)
+        ctx = hook_set_context(tokens, hooks)
+        problems = list(EXAMPLE_HOOK_PROBLEMS)
+        return {
+            "hook": ctx,
+            "kernel_params": abi.declarations(
+                (*s.fam.fwd_prefix, *abi.forward(s.features)),
+                elem=s.dtype_info.ctype,
+                restrict=False,
+            ),
+            "problems": problems,
+            # the example's generic aux tables reach every index the hooks read on its
+            # problems (checked here with the float64 evaluator), else it runs no problem
+            "ex_runnable": all(_example_aux_fits(hooks, ctx["slots"], pb) for pb in problems),
         }
 
     def _feature_context(self) -> dict[str, Any]:
@@ -330,6 +375,127 @@ class Variant:
                 EXAMPLE_GQA,
             ],
         }
+
+
+def hook_set_name(tokens: Sequence[str]) -> str:
+    """The C name of a set of hooks: its tokens joined (`maskmod2575019a4012`); hooked
+    variants of one set share its aux macros and its dispatch `flashgen_<set>_fwd`."""
+    return "_".join(tokens)
+
+
+def hook_set_context(tokens: Sequence[str], hooks: Sequence[Hook]) -> dict[str, Any]:
+    """What the templates say of a set of hooks: each hook's kind, readable expression and
+    host C++ (the example's reference calls it), and each aux slot by name: its field of
+    `flashgen_hook_aux`, its macro, what reads it."""
+    name = hook_set_name(tokens)
+    block = slots(hooks)
+    ptrs = [sl for sl in block if sl.kind == "ptr"]
+    macro = f"FLASHGEN_{name.upper()}"
+    return {
+        "name": name,
+        "macro": macro,
+        "tokens": list(tokens),
+        "hooks": [
+            {
+                "kind": h.kind,
+                "token": t,
+                "digest": h.digest,
+                "label": h.name or "?",
+                "text": to_text(h.expr),
+                "host_name": f"host_{h.kind}_{h.digest}",
+                # host-only: the example computes its reference with exactly this code
+                "host_source": emit_hook(h, f"host_{h.kind}_{h.digest}", qualifiers="inline"),
+                "host_args": host_args(h, block),
+            }
+            for t, h in zip(tokens, hooks, strict=True)
+        ],
+        "slots": [_slot_context(sl, hooks, macro) for sl in block],
+        # the example's aux per pointer slot: 0 unused, 1 an int32 tensor, 2 a float32 one;
+        # and its rank (MAX_POINTERS slots, as flashgen_hook_aux has)
+        "ptr_types": [
+            next((1 if sl.aux.dtype == "int32" else 2 for sl in ptrs if sl.index == i), 0)
+            for i in range(MAX_POINTERS)
+        ],
+        "ptr_ndims": [
+            next((sl.aux.ndim for sl in ptrs if sl.index == i), 0) for i in range(MAX_POINTERS)
+        ],
+    }
+
+
+def host_args(hook: Hook, block: Sequence[Slot], aux: str = "aux") -> str:
+    """The C arguments that pass `hook` its aux values out of a `flashgen_hook_aux` named
+    `aux` (`, static_cast<const int*>(aux.ptr[0])`): what the kernel reads from its aux block,
+    spelled on the C struct."""
+    where = {sl.aux.name: sl for sl in block}
+    parts: list[str] = []
+    for a in hook.aux:
+        sl = where[a.name]
+        if sl.kind == "ptr":
+            parts.append(f"static_cast<const {a.ctype}*>({aux}.ptr[{sl.index}])")
+            if a.ndim == 2:
+                parts.append(f"{aux}.stride[{sl.index}]")
+        else:
+            parts.append(f"{aux}.{sl.kind[0]}[{sl.index}]")
+    return "".join(f", {p}" for p in parts)
+
+
+def _slot_context(sl: Slot, hooks: Sequence[Hook], macro: str) -> dict[str, Any]:
+    """One aux slot as the header names it: the struct field it travels in, its macro, and
+    the reads of it in the hooks' expressions (`doc_ids[q_idx], doc_ids[kv_idx]`)."""
+    a = sl.aux
+    field = f"{'ptr' if sl.kind == 'ptr' else sl.kind[0]}[{sl.index}]"
+    reads = sorted(
+        {
+            to_text(n)
+            for h in hooks
+            for n in postorder(h.expr)
+            if n.op in ("load", "scalar") and n.value.name == a.name
+        }
+    )
+    users = [h.kind for h in hooks if any(x.name == a.name for x in h.aux)]
+    shape = {0: "scalar", 1: "1-D device array", 2: "2-D device array"}[a.ndim]
+    return {
+        "name": a.name,
+        "dtype": a.dtype,
+        "ndim": a.ndim,
+        "kind": sl.kind,
+        "index": sl.index,
+        "ctype": a.ctype,
+        "field": field,
+        "macro": f"{macro}_{a.name.upper()}",
+        "text": f"{a.dtype} {shape}",
+        "reads": ", ".join(reads) or "nothing (declared, never read)",
+        "users": " and ".join(f"the {u}" for u in users),
+    }
+
+
+def _example_aux_fits(hooks: Sequence[Hook], block: Sequence[dict[str, Any]], pb: tuple[int, ...]
+                      ) -> bool:  # fmt: skip
+    """Whether the example's generic aux tables (EXAMPLE_* above) hold every index the hooks
+    read on problem `pb`: the float64 evaluator raises IndexError for one out of range (zeros
+    stand in for the random values; an index computed from aux values may still leave them,
+    which the example's reference would then read out of range too)."""
+    b, h, tq, tk, _ = pb
+    n = max(tq, tk, h, b)
+    values: dict[str, Any] = {}
+    for sl in block:
+        if sl["ndim"] == 0:
+            values[sl["name"]] = (
+                float(EXAMPLE_AUX_FLOAT) if sl["dtype"] == "float32" else EXAMPLE_AUX_INT
+            )
+        else:
+            dt = np.int32 if sl["dtype"] == "int32" else np.float32
+            values[sl["name"]] = np.zeros((n,) * sl["ndim"], dt)
+    score = np.zeros((h, tq, tk))
+    try:
+        for hook in hooks:
+            mine = {a.name: values[a.name] for a in hook.aux}
+            for bi in range(b):
+                evaluate_hook(hook, heads=range(h), tq=tq, tk=tk, b=bi, aux=mine,
+                              score=score if hook.kind == "score_mod" else None)  # fmt: skip
+    except IndexError:
+        return False
+    return True
 
 
 def _varlen_problem(
@@ -507,12 +673,18 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         _check_bundled(s)
     unique = _check_unique(specs)
     fwd = [s for s in unique if s.direction == "fwd"]
-    contexts = [Variant(s).context() for s in fwd if "varlen" not in s.features]
-    varlen_contexts = [Variant(s).context() for s in fwd if "varlen" in s.features]
+    # hooked variants compute another function: they have entry points of their own (with
+    # the aux struct), never reached by flashgen_fwd's dispatch
+    hooked = [s for s in fwd if hook_tokens(s.features)]
+    fwd_plain = [s for s in fwd if s not in hooked]
+    contexts = [Variant(s).context() for s in fwd_plain if "varlen" not in s.features]
+    hook_contexts = [Variant(s).context() for s in hooked]
+    varlen_contexts = [Variant(s).context() for s in fwd_plain if "varlen" in s.features]
     decode_contexts = [Variant(s).context() for s in unique if s.direction == "decode"]
     bwd_contexts = [Variant(s).context() for s in unique if s.direction == "bwd"]
     every = sorted(
-        [*contexts, *varlen_contexts, *decode_contexts, *bwd_contexts], key=lambda c: c["kernel"]
+        [*contexts, *hook_contexts, *varlen_contexts, *decode_contexts, *bwd_contexts],
+        key=lambda c: c["kernel"],
     )
     fwd_keys = {(c["d"], c["dtype"], c["causal"]) for c in contexts if not c["features"]}
     for c in bwd_contexts:  # the example runs the bundle's forward first when it has one
@@ -529,11 +701,28 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         ),
         # dense forward variants (the templates' `variants`); varlen, decode, backward apart
         "variants": contexts,
+        # hooked forward variants (a user score_mod / mask_mod and its aux block), and their
+        # hook sets: per set the aux macros and a dispatch on (d, dtype, causal, features)
+        "hook_variants": hook_contexts,
+        "hook_sets": _hook_sets(hook_contexts),
+        # the dense forward launchers: plain variants, then hooked ones (with the aux struct)
+        "launch_variants": [*contexts, *hook_contexts],
+        # the hooks' host C++ for the example's reference, once per hook (sets may share one)
+        "hook_host_sources": sorted(
+            {
+                h["host_name"]: h["host_source"] for c in hook_contexts for h in c["hook"]["hooks"]
+            }.items()
+        ),
+        "hook_helpers": helpers(),
+        "ex_doc_break": EXAMPLE_DOC_BREAK,
+        "ex_aux_float": EXAMPLE_AUX_FLOAT,
+        "ex_aux_int": EXAMPLE_AUX_INT,
+        "num_hook_variants": len(hook_contexts),
         "varlen_variants": varlen_contexts,
         "decode_variants": decode_contexts,
         "bwd_variants": bwd_contexts,
         # the launcher's shared forward checks serve the dense and the varlen launchers
-        "fwd_checks": bool(contexts or varlen_contexts),
+        "fwd_checks": bool(contexts or varlen_contexts or hook_contexts),
         # dispatch order: fewest features first, so a call runs the least extra work
         "variants_by_features": sorted(contexts, key=lambda c: len(c["features"])),
         "varlen_by_features": sorted(varlen_contexts, key=lambda c: len(c["features"])),
@@ -543,7 +732,7 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
         "arch_specific_variants": [c for c in every if c["exact_cc"]],
         # TMA tensor maps: the launcher builds them for these (the docs say so per direction)
         "has_tma": any(c["tma"] for c in every),
-        "has_fwd_tma": any(c["tma"] for c in contexts),
+        "has_fwd_tma": any(c["tma"] for c in [*contexts, *hook_contexts]),
         "has_bwd_tma": any(c["tma"] for c in bwd_contexts),
         "num_variants": len(unique),
         "num_fwd_variants": len(contexts),
@@ -592,17 +781,39 @@ def _check_bundled(s: KernelSpec) -> None:
             "launcher takes dense batches); bundle the varlen forward, or the backward "
             "without varlen"
         )
-    if hook_tokens(s.features):  # their aux block is not in the bundle's params
+    tokens = hook_tokens(s.features)
+    if tokens and s.direction != "fwd":  # the backward launcher passes no aux block yet
         raise BundleError(
-            f"{s.name}: variants with a user hook ({', '.join(hook_tokens(s.features))}) "
-            "are not bundled yet (the bundle's params have no hook values); bundle the "
-            "variant without the hook"
+            f"{s.name}: {s.direction} variants with a user hook ({', '.join(tokens)}) are not "
+            "bundled yet (only hooked forward variants take the aux struct); bundle the hooked "
+            "forward, and train through flashgen.torch"
         )
+    if tokens:
+        try:
+            hooks_of(s.features)
+        except HookNotRegistered:  # the name carries digests, not expressions
+            raise BundleError(
+                f"{s.name}: its hook{'s' if len(tokens) > 1 else ''} {', '.join(tokens)} "
+                "cannot be rendered (a kernel name carries a hook's digest, not its "
+                "expression); pass the hooks with --score-mod / --mask-mod FILE:NAME"
+            ) from None
     if "gqapack" in s.features:  # its grid is per K/V head: the launchers do not build it
         raise BundleError(
             f"{s.name}: gqapack variants are not bundled yet (their grid runs per K/V "
             "head); bundle the variant without gqapack: it serves the same calls"
         )
+
+
+def _hook_sets(contexts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The hook sets of the hooked variants, by name: the set's context (any of its variants'
+    `hook`) with `variants`, its variants fewest features first (the dispatch order)."""
+    sets: dict[str, dict[str, Any]] = {}
+    for c in contexts:
+        entry = sets.setdefault(c["hook"]["name"], {**c["hook"], "variants": []})
+        entry["variants"].append(c)
+    for entry in sets.values():
+        entry["variants"].sort(key=lambda c: len(c["features"]))
+    return [sets[k] for k in sorted(sets)]
 
 
 def _shared_context(unique: Sequence[KernelSpec], headers: list[str], names: str) -> dict[str, Any]:
@@ -733,6 +944,7 @@ def select_variants(
     gpu_name: str | None = None,
     features: Sequence[tuple[str, ...]] = (),
     arch: str | None = None,
+    hooks: Sequence[str] = (),
 ) -> list[KernelSpec]:
     """The variants of a `flashgen bundle` request, one per (d, dtype, causal), sorted by name,
     and beside each plain one the same tile compiled with each feature set of `features`.
@@ -746,7 +958,51 @@ def select_variants(
     those families' default tiles, generated as flashgen.attention generates them; or by the
     tuning table of `gpu_name` when it has an entry in those families. Raises BundleError (or
     SpecError for a bad name).
+
+    `hooks` (feature tokens of registered hooks, `--score-mod` / `--mask-mod`) go into every
+    variant: the forward ones the filters pick, or each named kernel (a name that carries hook
+    tokens already must carry exactly these).
     """
+    picked = _select_plain(names, families, ds, dtypes, causal, gpu_name, features, arch)
+    return _check_unique([_with_hooks(s, hooks) for s in picked]) if hooks else picked
+
+
+def _with_hooks(spec: KernelSpec, hooks: Sequence[str]) -> KernelSpec:
+    """`spec` compiled with the hooks of `hooks` (BundleError when it cannot be)."""
+    given = ", ".join(hooks)
+    named = hook_tokens(spec.features)
+    if named:
+        if set(named) != set(hooks):
+            raise BundleError(
+                f"{spec.name} carries {', '.join(named)}, not the hooks given ({given}); pass "
+                "the hooks whose digests the name carries, or name the kernel without them"
+            )
+        return spec
+    if spec.direction != "fwd":
+        raise BundleError(
+            f"hooks {given}: {spec.name} is a {spec.direction} variant; bundles take hooked "
+            "forward variants only (drop the hooks, or name forward kernels)"
+        )
+    try:
+        return spec.replace(features=(*spec.features, *hooks))
+    except ValueError as exc:
+        raise BundleError(
+            f"hooks {given}: {spec.name} cannot take them ({exc}); hooks compile into families "
+            "mma and wgmma (fp16/bf16): add --family mma, or drop --dtype fp32"
+        ) from None
+
+
+def _select_plain(
+    names: Sequence[str],
+    families: Sequence[str],
+    ds: Sequence[int],
+    dtypes: Sequence[str],
+    causal: bool | None,
+    gpu_name: str | None,
+    features: Sequence[tuple[str, ...]],
+    arch: str | None,
+) -> list[KernelSpec]:
+    """`select_variants` without the hooks."""
     if names:
         clash = [
             opt

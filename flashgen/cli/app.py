@@ -533,6 +533,7 @@ Examples:
   flashgen bundle attn/ --name flash_fwd_simt_d64_br32_bc32_fp32_noncausal
   flashgen bundle attn/ --d 128 --features window --features window,softcap
   flashgen bundle attn/ --d 128 --d 256 --arch sm_86     tiles that fit an RTX 30xx
+  flashgen bundle attn/ --d 128 --causal --mask-mod docs.py:doc_mask   (hooked: C aux struct)
   cmake -S attn -B attn/build && cmake --build attn/build && attn/build/example
 """,
 )
@@ -583,6 +584,7 @@ Examples:
     "shared memory per block), from the families that run on it (default: a portable bundle, "
     "chosen as for sm_80).",
 )
+@hook_options
 @friendly
 def bundle(
     out: Path,
@@ -594,17 +596,25 @@ def bundle(
     gpu_name: str | None,
     feature_sets: tuple[str, ...],
     arch: str | None,
+    score_mod: str | None,
+    mask_mod: str | None,
 ) -> None:
     """Write a self-contained CMake bundle to DIR: kernels, C-ABI launchers, header, example.
 
     One variant per (d, dtype, causal) from --d x --dtype x causal (both unless --causal or
     --no-causal), chosen like flashgen.attention chooses, or the kernels named with --name.
     The bundle's flashgen_fwd() dispatches on (d, dtype, causal) and returns
-    cudaErrorNotSupported for any other key. See DIR/README.md.
+    cudaErrorNotSupported for any other key. With --score-mod / --mask-mod every variant
+    compiles the hooks in and takes their aux values in a flashgen_hook_aux struct (its own
+    entry points). See DIR/README.md.
     """
+    try:
+        hooks = hook_tokens_of(score_mod, mask_mod)
+    except HookFileError as exc:
+        raise CliError(str(exc)) from None
     specs = select_variants(
         names=names, families=families, ds=ds, dtypes=dtypes, causal=causal, gpu_name=gpu_name,
-        features=[parse_features(f) for f in feature_sets], arch=arch,
+        features=[parse_features(f) for f in feature_sets], arch=arch, hooks=hooks,
     )  # fmt: skip
     _write_bundle(specs, out)
 

@@ -19,8 +19,11 @@ from pathlib import Path
 import pytest
 from _nvcc import REQUIRE_ENV, nvcc_is_required, require_nvcc
 
+from flashgen.generator import abi
 from flashgen.generator.backward import pre_rows
 from flashgen.generator.dtypes import DTYPES
+from flashgen.generator.features.hook import call_args, hook_tokens, hooks_of, slots
+from flashgen.generator.hooks import emit_hook
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.tma import TMA_DTYPE
 
@@ -171,8 +174,45 @@ def rows(output: str, kind: str) -> list[list[str]]:
 
 
 # ---- the CPU stand-ins ---------------------------------------------------------------------------
+def _hooked_stand_in(s: KernelSpec) -> str:
+    """The stand-in of a hooked forward kernel (family mma): the forward's parameters then the
+    aux block (HOOK_PARAMS), its hooks emitted as host C++ and called with the aux values as
+    the kernel template calls them (features.hook.call_args), in `attend`'s HookFns."""
+    hooks = hooks_of(s.features)
+    block = slots(hooks)
+    ctype = s.dtype_info.ctype
+    lines = [emit_hook(h, f"{s.name}_{h.kind}", qualifiers="static inline")
+             for h in hooks]  # fmt: skip
+    params = ", ".join(p.declaration(ctype, restrict=False) for p in (*abi.forward(s.features),))
+    lines.append(f'extern "C" void {s.name}({params}) {{')
+    lines.append("  HookFns fns;")
+    for h in hooks:
+        fn, args = f"{s.name}_{h.kind}", call_args(h, block)
+        if h.kind == "score_mod":
+            lines.append(
+                "  fns.score = [&](float x, int b, int h, int i, int j, int tq, int tk) "
+                f"{{ return {fn}(x, b, h, i, j, tq, tk{args}); }};"
+            )
+        else:
+            lines.append(
+                "  fns.keep = [&](int b, int h, int i, int j, int tq, int tk) "
+                f"{{ return {fn}(b, h, i, j, tq, tk{args}); }};"
+            )
+    flag = "true" if s.causal else "false"
+    lines.append(
+        f"  attend<{ctype}, {s.d}, {s.dv}, {s.br}, {s.threads}, {s.smem_bytes}, {flag}>("
+        f'"{s.name}", (const void*)&{s.name}, q, k, v, o, lse, tq, tk, q_sb, q_sh, q_st, k_sb, '
+        "k_sh, k_st, v_sb, v_sh, v_st, o_sb, o_sh, o_st, scale_log2, kv_group, window_left, "
+        "window_right, softcap, alibi_slopes, (int)g_grid.y, (int)g_grid.z, false, &fns);"
+    )
+    lines.append("}")
+    return "\n".join(lines)
+
+
 def _stand_in_line(s: KernelSpec) -> str:
     """The stand-in macro call of one variant (backward: its three kernels)."""
+    if hook_tokens(s.features):
+        return _hooked_stand_in(s)
     flag = "true" if s.causal else "false"
     if s.direction == "bwd" and s.family == "wgmma":
         args = f"{s.d}, {s.br}, {s.bc}, {pre_rows(s)}, {s.threads}, {s.smem_bytes}, {flag}"

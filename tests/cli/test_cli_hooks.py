@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from flashgen.cli.group import main
 from flashgen.generator.hooks import library
 
-HOOKS = '''
+HOOKS = """
 from flashgen.generator import hooks as hk
 
 def cap(score, b, h, q_idx, kv_idx):
@@ -21,7 +21,7 @@ def docs_fn(b, h, q_idx, kv_idx, doc_ids):
 
 docs = hk.trace_mask_mod(docs_fn, hk.Aux("doc_ids", "int32", 1))
 not_a_hook = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -101,3 +101,35 @@ def test_name_with_hook_tokens_needs_the_same_hooks(hooks_file: Path, tmp_path: 
     assert code == 0 and name in out
     code, out = _run("show", "--name", name, "--mask-mod", f"{hooks_file}:docs")
     assert code == 2 and "pass the hooks with those digests" in out, out
+
+
+def test_bundle_takes_a_mask_mod_and_writes_the_hooked_c_api(hooks_file: Path, tmp_path: Path):
+    out_dir = tmp_path / "attn"
+    code, out = _run(
+        "bundle", str(out_dir), "--d", "64", "--causal", "--mask-mod", f"{hooks_file}:docs"
+    )
+    assert code == 0, out
+    (kernel,) = (out_dir / "kernels").glob("*.cu")
+    assert "_maskmod" in kernel.name and "_mma_" in kernel.name
+    header = (out_dir / "flashgen_attention.h").read_text()
+    assert "flashgen_hook_aux" in header and "_DOC_IDS(aux) ((aux).ptr[0])" in header
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtype", "fp32"], "hooks compile into families mma and wgmma"),
+        (["--mask-mod", "nofile.py:docs"], "nofile.py is not a file"),
+        (["--score-mod", "HOOKS:docs"], "is a mask_mod hook; pass it with --mask-mod"),
+    ],
+)
+def test_bundle_refuses_a_bad_hook_in_one_line(
+    hooks_file: Path, tmp_path: Path, args: list[str], message: str
+):
+    args = [a.replace("HOOKS", str(hooks_file)) for a in args]
+    if "--mask-mod" not in args and "--score-mod" not in args:
+        args += ["--mask-mod", f"{hooks_file}:docs"]
+    code, out = _run("bundle", str(tmp_path / "attn"), "--d", "64", *args)
+    assert code == 2, out
+    assert message in out and len(out.strip().splitlines()) == 1, out
+    assert not (tmp_path / "attn").exists()

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 
 // one line of the dtype table: the host conversions of the storage type T (empty: none)
@@ -236,13 +237,24 @@ cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long
   return entry_point(symbol, fn, status);
 }
 
+// A hooked kernel's hooks, bound to the aux block it was launched with (tests/bundle/_support.py
+// writes such a kernel's stand-in): the score_mod on scale * q.k in natural log, and the
+// mask_mod, both at (b, h, q_idx, kv_idx, Tq, Tk). MOCK_HOOK=ignore drops them (a kernel that
+// forgot its hooks: the example must say FAIL).
+struct HookFns {
+  std::function<float(float, int, int, int, int, int, int)> score;
+  std::function<bool(int, int, int, int, int, int)> keep;
+};
+
 template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
 static void attend(const char* name, const void* self, const T* q, const T* k, const T* v, T* o, float* lse,
                    int tq, int tk, long long q_sb, long long q_sh, long long q_st,
                    long long k_sb, long long k_sh, long long k_st, long long v_sb,
                    long long v_sh, long long v_st, long long o_sb, long long o_sh,
                    long long o_st, float scale_log2, int kv_group, int wl, int wr, float cap,
-                   const float* slopes, int H, int B, bool persistent) {
+                   const float* slopes, int H, int B, bool persistent,
+                   const HookFns* hooks = nullptr) {
+  if (hooks != nullptr && env_is("MOCK_HOOK", "ignore")) hooks = nullptr;
   if (!g_configured) die("kernel called without a launch configuration");
   g_last_kernel = name;
   // what the kernel was given: problem, window sides, softcap, the first ALiBi slope (0: none)
@@ -288,10 +300,13 @@ static void attend(const char* name, const void* self, const T* q, const T* k, c
           for (int x = 0; x < D; ++x) dot += to_f32(qi[x]) * to_f32(kj[x]);
           float x2 = dot * scale_log2;
           const float log2e = 1.4426950408889634f;
+          if (hooks && hooks->score)  // natural log in and out, as the kernels call it
+            x2 = hooks->score(x2 * 0.6931471805599453f, b, h, i, j, tq, tk) * log2e;
+          const bool dropped = hooks && hooks->keep && !hooks->keep(b, h, i, j, tq, tk);
           if (cap > 0.0f) x2 = cap * log2e * std::tanh(x2 / (cap * log2e));
           if (slopes) x2 -= slopes[h] * log2e * std::fabs((float)(pos - j));
-          s[j] = hidden ? -INFINITY : x2;
-          n += !hidden;
+          s[j] = hidden || dropped ? -INFINITY : x2;
+          n += s[j] != -INFINITY;
           m = s[j] > m ? s[j] : m;
         }
         for (int j = 0; j < tk && n; ++j) {
