@@ -359,3 +359,28 @@ def c_program(bundle: Path, objects: list[str], out: Path) -> Path:
     compile_all([[*c, src, "-o", "main.o"], [*c, "-DSECOND_UNIT", src, "-o", "second.o"]], out)
     compile_all([[gxx, "main.o", "second.o", *objects, "-o", "header_run"]], out)
     return out / "header_run"
+
+
+def build_example_on_stand_ins(root: Path, specs: list[KernelSpec]) -> Path:
+    """Write the bundle of `specs` into `root`, compile its launcher (nvcc) and its example
+    (g++ -Wall -Wextra -Werror) and link them with the CPU stand-ins: `root/example_on_cpu`
+    (launch.o and stand_in.o stay in `root` for tests that link programs of their own)."""
+    from flashgen.bundle.emit import LAUNCHER, bundle_files, write_bundle
+
+    nvcc, gxx = str(require_nvcc()), tool("g++")
+    inc = cuda_includes()
+    write_bundle(bundle_files(specs), root)
+    (root / "example.cpp").write_text((root / "example.cu").read_text())
+    (root / "stand_in.cpp").write_text(stand_in_source(specs))
+    compile_all(
+        [
+            [nvcc, "-std=c++17", "-c", "-Xcompiler", "-O0", f"-I{root}", str(root / LAUNCHER),
+             "-o", "launch.o"],
+            [gxx, "-std=c++17", "-O1", "-c", *inc, "stand_in.cpp", "-o", "stand_in.o"],
+            [gxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-c", f"-I{root}", *inc,
+             "example.cpp", "-o", "example.o"],
+        ],
+        root,
+    )  # fmt: skip
+    compile_all([[gxx, "example.o", "launch.o", "stand_in.o", "-o", "example_on_cpu"]], root)
+    return root / "example_on_cpu"

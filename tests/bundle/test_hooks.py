@@ -32,13 +32,13 @@ from ._support import (
     INVALID,
     PAIR,
     assert_declarations_match,
+    build_example_on_stand_ins,
     compile_all,
     cuda_includes,
     kernel_declarations,
     prose,
     require_nvcc,
     run_program,
-    stand_in_source,
     symbol,
     tool,
 )
@@ -174,23 +174,8 @@ class HookBuild:
 def hooked(tmp_path_factory: pytest.TempPathFactory) -> HookBuild:
     """The HOOKED bundle's launcher (nvcc) and example (g++ -Wall -Wextra -Werror) linked with
     the CPU stand-ins."""
-    nvcc, gxx = str(require_nvcc()), tool("g++")
-    inc = cuda_includes()
     root = tmp_path_factory.mktemp("hooked")
-    write_bundle(bundle_files(HOOKED), root)
-    (root / "example.cpp").write_text((root / "example.cu").read_text())
-    (root / "stand_in.cpp").write_text(stand_in_source(HOOKED))
-    compile_all(
-        [
-            [nvcc, "-std=c++17", "-c", "-Xcompiler", "-O0", f"-I{root}", str(root / LAUNCHER),
-             "-o", "launch.o"],
-            [gxx, "-std=c++17", "-O1", "-c", *inc, "stand_in.cpp", "-o", "stand_in.o"],
-            [gxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-c", f"-I{root}", *inc,
-             "example.cpp", "-o", "example.o"],
-        ],
-        root,
-    )  # fmt: skip
-    compile_all([[gxx, "example.o", "launch.o", "stand_in.o", "-o", "example_on_cpu"]], root)
+    build_example_on_stand_ins(root, HOOKED)
     return HookBuild(root)
 
 

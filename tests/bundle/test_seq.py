@@ -38,6 +38,7 @@ from ._support import (
     VARLEN,
     VARLEN_F,
     assert_declarations_match,
+    build_example_on_stand_ins,
     cmake_args,
     compile_all,
     cuda_includes,
@@ -45,7 +46,6 @@ from ._support import (
     prose,
     require_nvcc,
     run_program,
-    stand_in_source,
     symbol,
     tool,
 )
@@ -176,23 +176,8 @@ class SeqBuild:
 @pytest.fixture(scope="module")
 def seq(tmp_path_factory: pytest.TempPathFactory) -> SeqBuild:
     """The SEQ bundle's launcher (nvcc) and example (g++) linked with the CPU stand-ins."""
-    nvcc, gxx = str(require_nvcc()), tool("g++")
-    inc = cuda_includes()
     root = tmp_path_factory.mktemp("seq")
-    write_bundle(bundle_files(SEQ), root)
-    (root / "example.cpp").write_text((root / "example.cu").read_text())
-    (root / "stand_in.cpp").write_text(stand_in_source(SEQ))
-    compile_all(
-        [
-            [nvcc, "-std=c++17", "-c", "-Xcompiler", "-O0", f"-I{root}", str(root / LAUNCHER),
-             "-o", "launch.o"],
-            [gxx, "-std=c++17", "-O1", "-c", *inc, "stand_in.cpp", "-o", "stand_in.o"],
-            [gxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-c", f"-I{root}", *inc,
-             "example.cpp", "-o", "example.o"],
-        ],
-        root,
-    )  # fmt: skip
-    compile_all([[gxx, "example.o", "launch.o", "stand_in.o", "-o", "example_on_cpu"]], root)
+    build_example_on_stand_ins(root, SEQ)
     return SeqBuild(root)
 
 
