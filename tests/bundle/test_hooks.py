@@ -3,8 +3,9 @@ aux values in a `flashgen_hook_aux` and names each slot after the hooks' aux dec
 refusals, and the example end to end on the CPU stand-ins (sources/stand_in.cpp plays the hooked
 kernel from the very aux block the launcher passes, with the hooks emitted as host C++): its
 float64 reference evaluates the same hooks, so it passes, and fails when the kernel's output is
-wrong or the kernel ignores its hooks. The nvcc and CMake builds of real hooked kernels are
-compile_all tests."""
+wrong or the kernel ignores its hooks. The tests that build the launcher and example (g++,
+nvcc) and the nvcc and CMake builds of real hooked kernels are compile_all tests: CI runs them,
+the default command stays fast."""
 
 from __future__ import annotations
 
@@ -179,6 +180,7 @@ def hooked(tmp_path_factory: pytest.TempPathFactory) -> HookBuild:
     return HookBuild(root)
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_the_example_runs_the_hooked_variants_against_the_same_hooks(hooked: HookBuild) -> None:
     proc = hooked.run()
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -195,18 +197,21 @@ def test_the_example_runs_the_hooked_variants_against_the_same_hooks(hooked: Hoo
         )
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_the_example_fails_when_the_kernel_ignores_its_hooks(hooked: HookBuild) -> None:
     proc = hooked.run(MOCK_HOOK="ignore")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("FAIL: 0 of 4 problems")
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_the_example_fails_when_an_output_is_wrong(hooked: HookBuild) -> None:
     proc = hooked.run(MOCK_BUG="perturb")
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[-1].startswith("FAIL: 0 of 4 problems")
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_a_c99_caller_fills_the_aux_by_name(hooked: HookBuild) -> None:
     src = hooked.root / "aux_by_name.c"
     macro = f"FLASHGEN_{DOC_SET.upper()}_DOC_IDS"

@@ -2,8 +2,9 @@
 the header and launcher text, and the C API end to end on the CPU stand-ins
 (sources/stand_in.cpp plays the kernels from the very arguments the launchers pass): the bundle's
 example passes against its float64 reference, fails when an output is wrong, and the launchers'
-grids, split counts and workspaces are the Python runtime's. The nvcc builds of the real kernels
-(the declarations against their definitions, CMake) are compile_all tests."""
+grids, split counts and workspaces are the Python runtime's. The tests that build the launcher
+and example (g++, nvcc) and the nvcc builds of the real kernels (the declarations against
+their definitions, CMake) are compile_all tests: CI runs them, the default command stays fast."""
 
 from __future__ import annotations
 
@@ -181,6 +182,7 @@ def seq(tmp_path_factory: pytest.TempPathFactory) -> SeqBuild:
     return SeqBuild(root)
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_the_example_runs_varlen_and_decode_against_its_reference(seq: SeqBuild) -> None:
     proc = seq.run()
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -198,12 +200,14 @@ def test_the_example_runs_varlen_and_decode_against_its_reference(seq: SeqBuild)
     assert any("page_size=7 (0: contiguous) num_splits=20" in ln for ln in lines)
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_the_example_fails_when_an_output_is_wrong(seq: SeqBuild) -> None:
     proc = seq.run(MOCK_BUG="perturb")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("FAIL: 0 of 10 problems")
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_varlen_variants_refuse_a_gpu_other_than_9_0_and_decode_ones_run(seq: SeqBuild) -> None:
     proc = seq.run(MOCK_CC="80")
     assert proc.returncode == 1
@@ -212,6 +216,7 @@ def test_varlen_variants_refuse_a_gpu_other_than_9_0_and_decode_ones_run(seq: Se
     assert proc.stdout.splitlines()[-1].startswith("FAIL: 6 of 10 problems")
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_the_header_helpers_work_from_c99(seq: SeqBuild) -> None:
     gcc, gxx = tool("gcc"), tool("g++")
     flags = ["-std=c99", "-Wall", "-Wextra", "-Werror", f"-I{seq.root}", *cuda_includes()]
@@ -264,6 +269,7 @@ def _varlen_row(spec: KernelSpec, *problem: int) -> tuple[object, ...]:
     return (spec.d, spec.dv, f"FLASHGEN_{spec.dtype.upper()}", int(spec.causal), cap, *problem)
 
 
+@pytest.mark.compile_all  # g++/nvcc builds of the launcher and example: CI's compile check
 def test_launch_grids_splits_and_workspaces_are_the_python_runtimes(seq: SeqBuild) -> None:
     # (spec, n_seqs, total_q, total_k, max_q, max_k, H, use_window, left, right): few tiles (a
     # block each), many short ones (persistent), long sequences (a block each again), a window
