@@ -115,14 +115,7 @@ def _prepare(
                 f"{name}.dtype={x.dtype}: the varlen kernels take torch.float16 or "
                 "torch.bfloat16; convert with .to(torch.bfloat16)"
             )
-    n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
-    if n_seqs < 0:
-        fail(
-            f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
-            f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
-        )
-    check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
-    check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    n_seqs = _check_sequences(cu_q, cu_k, q)
     if n_seqs > _INT_MAX:
         fail(f"cu_seqlens_q: {n_seqs} sequences; at most 2^31 - 1")
     total_q, total_k = int(q.shape[0]), int(k.shape[0])
@@ -166,6 +159,20 @@ def _prepare(
 
 def _without_pointers(p: Any) -> Any:
     return dataclasses.replace(p, q_ptr=None, k_ptr=None, v_ptr=None, o_ptr=None, lse_ptr=None)
+
+
+def _check_sequences(cu_q: Any, cu_k: Any, q: Any) -> int:
+    """The number of sequences, once cu_seqlens_q and cu_seqlens_k are int32 (n_seqs + 1,)
+    tensors on q's device (one clear error otherwise)."""
+    n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
+    if n_seqs < 0:
+        fail(
+            f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
+            f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
+        )
+    check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
+    check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    return n_seqs
 
 
 def _key_of(x: Any) -> tuple[Any, ...]:
@@ -253,14 +260,7 @@ def _bwd_prepare(
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
         check_tensor(name, x, 3, q.device if name != "q" else None)
     check_tensor("lse", lse, 2, q.device)
-    n_seqs = int(cu_q.shape[0]) - 1 if isinstance(cu_q, torch.Tensor) and cu_q.dim() == 1 else -1
-    if n_seqs < 0:
-        fail(
-            f"cu_seqlens_q: must be an int32 (n_seqs + 1,) tensor of prefix sums on q's "
-            f"device, got {getattr(cu_q, 'shape', type(cu_q).__name__)}"
-        )
-    check_int_array("cu_seqlens_q", cu_q, (n_seqs + 1,), q.device)
-    check_int_array("cu_seqlens_k", cu_k, (n_seqs + 1,), q.device)
+    n_seqs = _check_sequences(cu_q, cu_k, q)
     problem = check_layout(_as_batch(q), _as_batch(k), _as_batch(v))
     if problem.dtype not in ("fp16", "bf16") or problem.d not in BWD_HEAD_DIMS:
         fail(

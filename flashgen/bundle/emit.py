@@ -67,6 +67,7 @@ from flashgen.generator.features.hook import (
     MAX_POINTERS,
     HookNotRegistered,
     Slot,
+    call_args,
     hook_tokens,
     hooks_of,
     slots,
@@ -426,17 +427,7 @@ def host_args(hook: Hook, block: Sequence[Slot], aux: str = "aux") -> str:
     """The C arguments that pass `hook` its aux values out of a `flashgen_hook_aux` named
     `aux` (`, static_cast<const int*>(aux.ptr[0])`): what the kernel reads from its aux block,
     spelled on the C struct."""
-    where = {sl.aux.name: sl for sl in block}
-    parts: list[str] = []
-    for a in hook.aux:
-        sl = where[a.name]
-        if sl.kind == "ptr":
-            parts.append(f"static_cast<const {a.ctype}*>({aux}.ptr[{sl.index}])")
-            if a.ndim == 2:
-                parts.append(f"{aux}.stride[{sl.index}]")
-        else:
-            parts.append(f"{aux}.{sl.kind[0]}[{sl.index}]")
-    return "".join(f", {p}" for p in parts)
+    return call_args(hook, block, lambda kind, i: f"{aux}.{kind}[{i}]")
 
 
 def _slot_context(sl: Slot, hooks: Sequence[Hook], macro: str) -> dict[str, Any]:

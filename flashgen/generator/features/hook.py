@@ -23,7 +23,7 @@ aux device pointers and scalars as kernel arguments).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,19 +178,24 @@ def slots(hooks: Sequence[Hook]) -> tuple[Slot, ...]:
     return tuple(out)
 
 
-def call_args(hook: Hook, block: Sequence[Slot]) -> str:
+def call_args(
+    hook: Hook, block: Sequence[Slot], slot: Callable[[str, int], str] | None = None
+) -> str:
     """The C++ arguments for `hook`'s aux parameters, each read from its slot of the block
-    (`, static_cast<const int*>(hook_ptr0), hook_f0`): empty for a hook without aux."""
+    (`, static_cast<const int*>(hook_ptr0), hook_f0`): empty for a hook without aux. `slot`
+    spells slot (`ptr`, `stride`, `f` or `i`, index) as C; the default is the kernel's
+    parameters (`hook_ptr0`); a bundle's launcher reads a struct instead."""
+    spell = slot or (lambda kind, i: f"hook_{kind}{i}")
     where = {s.aux.name: s for s in block}
     parts: list[str] = []
     for a in hook.aux:
         s = where[a.name]
         if s.kind == "ptr":
-            parts.append(f"static_cast<const {a.ctype}*>(hook_ptr{s.index})")
+            parts.append(f"static_cast<const {a.ctype}*>({spell('ptr', s.index)})")
             if a.ndim == 2:
-                parts.append(f"hook_stride{s.index}")
+                parts.append(spell("stride", s.index))
         else:
-            parts.append(f"hook_{s.kind[0]}{s.index}")
+            parts.append(spell(s.kind[0], s.index))
     return "".join(f", {p}" for p in parts)
 
 
