@@ -14,10 +14,21 @@ from flashgen.generator import render as rd
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.features import hook as fh
 from flashgen.generator.hooks import library
+from flashgen.generator.hooks.tiles import Box, TileClass, classify
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
 
 WG = KernelSpec(family="wgmma", d=128, dtype="bf16", causal=True)
+NONE = TileClass.NONE
+
+
+def _sinks(b, h, q_idx, kv_idx, left, right):
+    """StreamingLLM: 4 sink keys and a window; the tiles between them are dropped whole."""
+    return (kv_idx < 4) | library.window_mask(b, h, q_idx, kv_idx, left, right)
+
+
+def sinks_hook() -> hk.Hook:
+    return hk.trace_mask_mod(_sinks, *library.WINDOW_AUX)
 
 
 def _bias_score(score, b, h, q_idx, kv_idx, bias, scale2):
@@ -93,12 +104,14 @@ def test_only_hooked_wgmma_variants_take_the_aux_block_after_the_prefix():
 def test_the_source_calls_the_hooks_in_the_softmax_on_the_natural_log_score():
     doc = library.document_hook()
     src = rd.render(hooked(BIAS_HOOK, doc, features=("window",))).source
-    name = f"score_mod_{BIAS_HOOK.digest}"
-    assert f"__device__ __forceinline__ float {name}(float score, int b, int h" in src
-    call = re.search(rf"s_acc\[i\] = {name}\((.*)\) \* LOG2E;", src)
+    name = f"score_mod_{BIAS_HOOK.digest}_logit"
+    assert f"__device__ __forceinline__ float {name}(float s, float s_scale, int b, int h" in src
+    # the lowered logit (hooks/fold.py): raw score and scale in, base-2 logit out; the row and
+    # key as clamped indices and as base + constant offset
+    call = re.search(rf"s_acc\[i\] = {name}\((.*)\);", src)
     assert call is not None
     assert call[1] == (
-        "s_acc[i] * hook_scale, batch, head, hrow[h], hkey(x), tq, tk, "
+        "s_acc[i], hook_scale, batch, head, hrow[h], hkey(x), rg, 8 * h, kb, x, tq, tk, "
         "static_cast<const float*>(hook_ptr0), hook_stride0, hook_f0"
     )
     mask = f"mask_mod_{doc.digest}"
@@ -110,12 +123,90 @@ def test_the_source_calls_the_hooks_in_the_softmax_on_the_natural_log_score():
     assert "const float hook_scale = scale_log2 * LN2;" in src
     assert "const int hrow[2] = {min(rg, tq - 1), min(rg + 8, tq - 1)};" in src
     assert "decltype(masked)::value ? min(kb + x, tk - 1) : kb + x;" in src
-    # every tile takes the hooks; the logits leave them in base 2
-    assert "if constexpr (SCORE_MOD || HOOK_SCORE || HOOK_MASK || decltype(masked)::value) {" in src
+    # every tile takes the score_mod, the tiles that take a mask the mask_mod; logits in base 2
+    assert "if constexpr (SCORE_MOD || HOOK_SCORE || decltype(masked)::value) {" in src
+    assert "if constexpr (HOOK_MASK && decltype(masked)::value) {" in src
     assert "const float sl = SCORE_MOD || HOOK_SCORE ? 1.0f : scale_log2;" in src
     # order inside the element loop: score_mod, mask_mod, then the built-in masks
     loop = src[src.index("if constexpr (HOOK_SCORE)") :]
     assert loop.index("HOOK_MASK") < loop.index("if constexpr (WINDOW && decltype(masked)::value)")
+
+
+def test_a_mask_hook_skips_the_tiles_it_drops_whole_in_producer_and_consumers():
+    window = library.window_hook()
+    src = rd.render(hooked(window, causal=False)).source
+    verdict = f"mask_mod_{window.digest}_tile"
+    assert f"__device__ __forceinline__ int {verdict}(int b, int h, int q_lo, int q_hi," in src
+    assert "constexpr int FG_TILE_NONE = FG_FALSE, FG_TILE_ALL = FG_TRUE" in src
+    # rows and keys clamped into the problem, the aux scalars from the block
+    call = f"return {verdict}(batch, head, q0, min(q0 + BR, tq) - 1, lo * BC,"
+    assert src.count(call) == 2  # the producer's walk and the consumers': the same tiles
+    assert src.count("min(hi * BC + BC, tk) - 1, tq, tk, hook_i0, hook_i1);") == 2
+    assert src.count("if (tiles_verdict(lo, t) == FG_TILE_NONE) {") == 2
+    # the same count: the producer walks, each consumer warp takes 32 tiles per verdict
+    walk = "for (int t = kept_below(span.end); t >= span.first; t = kept_below(t)) ++n_tiles;"
+    ballot = "__ballot_sync(0xffffffffu, t < span.end && tile_verdict(t) != FG_TILE_NONE)"
+    assert src.count(walk) == 1 and src.count(ballot) == 1
+    assert src.index(walk) < src.index("consumers =====") < src.index(ballot)
+    assert "const int n_tiles = span.end - span.first;" not in src
+    # the producer loads the kept tiles in step order; the consumers compute the same ones
+    assert "k_tile = kept_below(k_tile);" in src and "v_tile = kept_below(v_tile);" in src
+    assert "const int kv0 = tile * BC;" in src and src.count("tile = kept_below(tile);") == 2
+    assert "const int kv0 = (span.end - 1 - it) * BC;" not in src
+    # a kept tile takes the element-wise mask when the hook keeps only some of its keys
+    assert "|| tile_verdict(t) != FG_TILE_ALL;" in src
+    assert "if (needs_mask(tile)) step(it, Flag<true>{}); else step(it, Flag<false>{});" in src
+    assert "clear_lo" not in src
+
+
+def _kept_below(verdict, first: int, t: int) -> int:
+    """The template's kept_below (hook_tile_walk), transcribed: runs of w tiles at once."""
+    w = 1
+    t -= 1
+    while t >= first:
+        lo = max(t - w + 1, first)
+        if verdict(lo, t) == NONE:
+            t, w = lo - 1, w * 2
+        elif w == 1:
+            break
+        else:
+            w //= 2
+    return t
+
+
+@pytest.mark.parametrize("make", [library.causal_hook, library.window_hook, sinks_hook])
+def test_the_walk_visits_exactly_the_tiles_whose_own_verdict_keeps_a_key(make):
+    """Producer (the walk) and consumers (a count of single-tile verdicts) agree, and the walk
+    crosses a run of dropped tiles in a few verdicts."""
+    hook, br, bc = make(), 128, 128
+    aux = {"window_left": 1000, "window_right": 0}
+    for tq, tk in [(8192, 8192), (1000, 9000), (9000, 1000), (3000, 3000)]:
+        for q0 in range(0, tq, br * 7):
+            box = lambda lo, hi, q0=q0, tq=tq, tk=tk: Box(  # noqa: E731
+                q0, min(q0 + br, tq) - 1, lo * bc, min(hi * bc + bc, tk) - 1, 0, 0, tq, tk
+            )
+            calls = [0]
+
+            def verdict(lo, hi, box=box, calls=calls):
+                calls[0] += 1
+                return classify(hook, box(lo, hi), aux)
+
+            n = -(-tk // bc)
+            kept = [t for t in reversed(range(n)) if classify(hook, box(t, t), aux) != NONE]
+            walked, t = [], _kept_below(verdict, 0, n)
+            while t >= 0:
+                walked.append(t)
+                t = _kept_below(verdict, 0, t)
+            assert walked == kept
+            runs = sum(1 for i, t in enumerate(kept) if i == 0 or kept[i - 1] != t + 1) + 1
+            assert calls[0] <= len(kept) + 2 * runs * (n.bit_length() + 1)
+
+
+def test_a_score_only_variant_walks_every_tile_of_the_span():
+    src = rd.render(hooked(library.softcap_hook())).source
+    assert "kept_below" not in src and "FG_TILE" not in src
+    assert "const int n_tiles = span.end - span.first;" in src
+    assert "const int kv0 = (span.end - 1 - it) * BC;" in src and "clear_lo" in src
 
 
 def test_a_mask_only_variant_keeps_the_plain_scale():

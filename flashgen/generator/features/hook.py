@@ -32,8 +32,9 @@ import numpy.typing as npt
 
 from flashgen.generator.features.base import U32
 from flashgen.generator.hooks import Aux, DType, Hook
-from flashgen.generator.hooks.cuda import emit_hook, helpers
-from flashgen.generator.hooks.expr import postorder
+from flashgen.generator.hooks.cuda import emit_hook, emit_tile_class, helpers, tile_helpers
+from flashgen.generator.hooks.expr import Expr, const, node, postorder, rebuild
+from flashgen.generator.hooks.fold import TANH_SFU_ERROR, emit_logit, logit_helpers, sfu_nodes
 from flashgen.generator.hooks.hook import live_hook
 from flashgen.generator.hooks.numpy_eval import evaluate_many
 from flashgen.generator.param import Param
@@ -210,10 +211,21 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
     """What a template needs for a spec's hooks: `hook_source` (helpers and the inline
     functions), and `hook_score` / `hook_mask` (None, or the function's `name` and the C++
     `aux` arguments that follow its fixed inputs; a score_mod's also `dfac`: whether the
-    backward multiplies dS by its derivative, False when that is the constant 1)."""
+    backward multiplies dS by its derivative, False when that is the constant 1; a mask_mod's
+    also `tile`, the name of its verdict on a whole tile). `hook_tile_source`: that verdict's
+    C++ and its helpers (hooks/tiles.py), for templates that skip tiles (family wgmma's).
+    `hook_logit_source`: a score_mod's lowered logit function (hooks/fold.py: invariant factors
+    folded, tanh on the SFU; its name is the score call's `logit`), for 16-bit-only templates
+    (family wgmma's); the oracle's error terms cover it (`HookCall.lse_terms`)."""
     hooks = hooks_of(features)
     block = slots(hooks)
-    ctx: dict[str, Any] = {"hook_source": "", "hook_score": None, "hook_mask": None}
+    ctx: dict[str, Any] = {
+        "hook_source": "",
+        "hook_score": None,
+        "hook_mask": None,
+        "hook_tile_source": "",
+        "hook_logit_source": "",
+    }
     if not hooks:
         return ctx
     parts = [helpers()]
@@ -223,6 +235,11 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
         call: dict[str, Any] = {"name": name, "aux": call_args(h, block)}
         if h.kind == "score_mod":
             call["dfac"] = not grad_is_one(h)
+            call["logit"] = f"{name}_logit"
+            ctx["hook_logit_source"] = logit_helpers() + "\n" + emit_logit(h, call["logit"])
+        else:
+            call["tile"] = f"{name}_tile"
+            ctx["hook_tile_source"] = tile_helpers() + "\n" + emit_tile_class(h, call["tile"])
         ctx["hook_score" if h.kind == "score_mod" else "hook_mask"] = call
     ctx["hook_source"] = "\n".join(parts)
     return ctx
@@ -341,9 +358,14 @@ class HookCall:
         docs/hooks.md): every fp32 operation of the hook (precise expf/logf/tanhf included)
         errs by at most 2 ulps (4 U32 relative) of a value no larger than the largest finite
         intermediate X, plus the kernel's two multiplies around it (score * scale, x log2 e):
-        (ops + 2) * 4 * U32 * X; and the score's own error passes through scaled by the largest
-        |d new / d score| G: the rounding of scale * ln 2 (2 * U32 * |s|) times G, and the
-        tensor-core error `score_err`, which lse_bound counts once already, times G - 1."""
+        (ops + 2) * 4 * U32 * X, where a to_float counts twice (the 16-bit kernels' lowering,
+        hooks/fold.py, may convert in two parts; 2 ulps per operation also cover its folding of
+        invariant factors: a rounded constant and the operation that uses it); and the score's
+        own error passes through scaled by the largest |d new / d score| G: the rounding of
+        scale * ln 2 (2 * U32 * |s|) times G, and the tensor-core error `score_err`, which
+        lse_bound counts once already, times G - 1. A tanh the 16-bit kernels evaluate on the
+        SFU adds `fold.TANH_SFU_ERROR` (absolute, in tanh units) times how far the result moves
+        per unit of that tanh (`_sfu_gain`); the precise path's tanhf is within it too."""
         expr = self.hook.expr
         floats = tuple(
             n for n in postorder(expr) if n.dtype is DType.FLOAT and n.op not in ("const",)
@@ -354,12 +376,40 @@ class HookCall:
         big_s = _finite_max(s)
         big_x = max([big_s, *(_finite_max(v) for v in values)])
         ops = sum(n.op not in ("input", "scalar", "load") for n in floats)
+        ops += sum(n.op == "to_float" for n in floats)
         grad = _finite_max(values[1])
         new = _finite_max(values[0])
         # lse_bound counts the score error once already (a factor of 1): only the excess
         err = (ops + 2) * 4 * U32 * big_x + max(grad - 1.0, 0.0) * score_err
         err += grad * 2 * U32 * big_s
+        for n in sfu_nodes(expr):
+            err += TANH_SFU_ERROR * _sfu_gain(expr, n, inputs, self.aux, values[0])
         return err, new
+
+
+SFU_PROBE = 2.0**-10
+"""The finite step `_sfu_gain` takes (tanh units): large against float64's rounding of the
+results, small against the curvature of any hook downstream of a tanh."""
+
+
+def _sfu_gain(
+    expr: Expr, n: Expr, inputs: Mapping[str, Any], aux: Mapping[str, Any], base: Any
+) -> float:
+    """max |d expr / d n| over the problem, as a finite difference of n's value by +-SFU_PROBE
+    (float64), doubled for any curvature downstream: how much an error of node n (a tanh, so
+    bounded values) moves the hook's result."""
+    gain = 0.0
+    for step in (SFU_PROBE, -SFU_PROBE):
+
+        def shift(m: Expr, args: tuple[Expr, ...], step: float = step) -> Expr:
+            kept = all(x is y for x, y in zip(args, m.args, strict=True))
+            same = m if kept else node(m.op, m.dtype, args, m.value)
+            return same + const(step) if m is n else same
+
+        (moved,) = evaluate_many((rebuild(expr, shift),), inputs, aux)
+        diff = np.asarray(moved, np.float64) - np.asarray(base, np.float64)
+        gain = max(gain, _finite_max(diff) / SFU_PROBE)
+    return 2.0 * gain
 
 
 def _finite_max(a: Any) -> float:

@@ -16,7 +16,8 @@
 Modules, one job each: expr (nodes, types, operators), aux (aux tensor declarations and
 lookups), canonical (the stable text a hook's identity is hashed from), hook (`Hook`), simplify
 (folding), diff (the derivative in the score), trace (calling the user's function), cuda (C++),
-numpy_eval (the oracle), library (ready-made hooks). docs/hooks.md is the user's guide.
+numpy_eval (the oracle), tiles (a mask's verdict on a whole tile: ALL, NONE or SOME of its
+keys kept), library (ready-made hooks). docs/hooks.md is the user's guide.
 The kernels' side (tokens, aux ABI block, template calls, oracle and launcher values) is
 generator/features/hook.py; family mma's forward takes hooks.
 """

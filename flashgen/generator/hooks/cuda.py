@@ -28,6 +28,15 @@ Helpers (`fg_floordiv`, `fg_mod`: Python's floor semantics; int min/max/abs; the
 functions) come once per translation unit from `helpers()`, behind an include guard; they are
 `__host__ __device__`, as is any hook emitted with `qualifiers=HOST_DEVICE`, so the same code
 can be run on the CPU against the oracle.
+
+For a mask_mod, `emit_tile_class` also writes its verdict on a whole tile (hooks/tiles.py):
+
+    int N_tile(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi, int q_len, int kv_len,
+               AUX...)
+
+FG_TILE_NONE when the mask drops every key of rows q_lo..q_hi x keys kv_lo..kv_hi (inclusive),
+FG_TILE_ALL when it keeps every one, FG_TILE_SOME otherwise or when it cannot tell: interval
+arithmetic, one statement per node, on helpers from `tile_helpers()` (once per translation unit).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from typing import Literal
 from flashgen.generator.hooks.aux import Aux
 from flashgen.generator.hooks.expr import INPUTS, INT32_MIN, DType, Expr, postorder, to_text
 from flashgen.generator.hooks.hook import Hook
+from flashgen.generator.hooks.tiles import tracked
 
 DEVICE = "__device__ __forceinline__"
 """The default qualifiers: what the kernel templates' own helpers use."""
@@ -267,3 +277,206 @@ def _literal(v: bool | int | float, dtype: DType) -> str:
         return "INFINITY" if f > 0 else "(-INFINITY)"
     text = repr(f) + "f"  # shortest round-trip decimal; the compiler rounds it to fp32
     return f"({text})" if f < 0 or text.startswith("-") else text
+
+
+# ---- a mask_mod's verdict on a tile (hooks/tiles.py: the rules and why they are sound) -----------
+
+TILE_HELPERS = r"""#ifndef FLASHGEN_HOOK_TILE_HELPERS
+#define FLASHGEN_HOOK_TILE_HELPERS
+// Interval arithmetic for a mask_mod over a tile of rows x keys (flashgen/generator/hooks/
+// tiles.py has the same rules in Python, tested against every element of random tiles).
+// An int expression's values over the tile lie in [lo, hi]: 64-bit, so no bound overflows,
+// and each bound clamped into int32 after every operation (a hook's ints stay in int32).
+#define FG_TILE_FN __host__ __device__ __forceinline__
+struct fg_irange {
+  long long lo, hi;
+};
+// A bool's truth set over the tile: only false, only true, either. A mask's truth set is the
+// tile's class: every key dropped (NONE), every key kept (ALL), some of each or unknown (SOME).
+constexpr int FG_FALSE = 1, FG_TRUE = 2, FG_EITHER = 3;
+constexpr int FG_TILE_NONE = FG_FALSE, FG_TILE_ALL = FG_TRUE, FG_TILE_SOME = FG_EITHER;
+constexpr long long FG_I32_MIN = -2147483648LL, FG_I32_MAX = 2147483647LL;
+FG_TILE_FN long long fg_ll_min(long long a, long long b) { return a < b ? a : b; }
+FG_TILE_FN long long fg_ll_max(long long a, long long b) { return a > b ? a : b; }
+FG_TILE_FN fg_irange fg_ir_full() { return fg_irange{FG_I32_MIN, FG_I32_MAX}; }
+FG_TILE_FN fg_irange fg_ir_point(long long v) { return fg_irange{v, v}; }
+FG_TILE_FN long long fg_ll_clamp32(long long v) {
+  return fg_ll_min(fg_ll_max(v, FG_I32_MIN), FG_I32_MAX);
+}
+FG_TILE_FN fg_irange fg_ir_clip(long long lo, long long hi) {
+  return fg_irange{fg_ll_clamp32(lo), fg_ll_clamp32(hi)};
+}
+FG_TILE_FN fg_irange fg_ir_add(fg_irange a, fg_irange b) {
+  return fg_ir_clip(a.lo + b.lo, a.hi + b.hi);
+}
+FG_TILE_FN fg_irange fg_ir_sub(fg_irange a, fg_irange b) {
+  return fg_ir_clip(a.lo - b.hi, a.hi - b.lo);
+}
+FG_TILE_FN fg_irange fg_ir_neg(fg_irange a) { return fg_ir_clip(-a.hi, -a.lo); }
+FG_TILE_FN fg_irange fg_ir_mul(fg_irange a, fg_irange b) {
+  const long long p0 = a.lo * b.lo, p1 = a.lo * b.hi, p2 = a.hi * b.lo, p3 = a.hi * b.hi;
+  return fg_ir_clip(fg_ll_min(fg_ll_min(p0, p1), fg_ll_min(p2, p3)),
+                    fg_ll_max(fg_ll_max(p0, p1), fg_ll_max(p2, p3)));
+}
+FG_TILE_FN fg_irange fg_ir_abs(fg_irange a) {
+  if (a.lo >= 0) return a;
+  if (a.hi <= 0) return fg_ir_neg(a);
+  return fg_irange{0, fg_ll_max(-a.lo, a.hi)};
+}
+FG_TILE_FN fg_irange fg_ir_min(fg_irange a, fg_irange b) {
+  return fg_irange{fg_ll_min(a.lo, b.lo), fg_ll_min(a.hi, b.hi)};
+}
+FG_TILE_FN fg_irange fg_ir_max(fg_irange a, fg_irange b) {
+  return fg_irange{fg_ll_max(a.lo, b.lo), fg_ll_max(a.hi, b.hi)};
+}
+// Python's floor division of 64-bit values (bounds of int32 values: no overflow)
+FG_TILE_FN long long fg_ll_floordiv(long long a, long long b) {
+  const long long q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+// x // c for a constant c != 0 is monotone in x; any other divisor: unknown
+FG_TILE_FN fg_irange fg_ir_floordiv(fg_irange a, fg_irange d) {
+  if (d.lo != d.hi || d.lo == 0) return fg_ir_full();
+  const long long x = fg_ll_floordiv(a.lo, d.lo), y = fg_ll_floordiv(a.hi, d.lo);
+  return fg_ir_clip(fg_ll_min(x, y), fg_ll_max(x, y));
+}
+// x % c for a constant c != 0 rises with x inside one period of c; across periods any residue
+FG_TILE_FN fg_irange fg_ir_mod(fg_irange a, fg_irange d) {
+  const long long c = d.lo;
+  if (d.lo != d.hi || c == 0) return fg_ir_full();
+  const long long qa = fg_ll_floordiv(a.lo, c), qb = fg_ll_floordiv(a.hi, c);
+  if (qa == qb) return fg_irange{a.lo - qa * c, a.hi - qb * c};
+  return c > 0 ? fg_irange{0, c - 1} : fg_irange{c + 1, 0};
+}
+// an int32 table element: known when its index is one value over the whole tile
+FG_TILE_FN fg_irange fg_ir_load(const int* __restrict__ t, fg_irange i) {
+  return i.lo == i.hi ? fg_ir_point(t[i.lo]) : fg_ir_full();
+}
+FG_TILE_FN fg_irange fg_ir_load(const int* __restrict__ t, int stride, fg_irange i,
+                                fg_irange j) {
+  return i.lo == i.hi && j.lo == j.hi ? fg_ir_point(t[i.lo * stride + j.lo]) : fg_ir_full();
+}
+FG_TILE_FN fg_irange fg_ir_where(int c, fg_irange a, fg_irange b) {
+  if (c == FG_TRUE) return a;
+  if (c == FG_FALSE) return b;
+  return fg_irange{fg_ll_min(a.lo, b.lo), fg_ll_max(a.hi, b.hi)};
+}
+// comparisons: true if some pair of values satisfies it, false if some pair does not
+FG_TILE_FN int fg_ir_lt(fg_irange a, fg_irange b) {
+  return (a.lo < b.hi ? FG_TRUE : 0) | (a.hi >= b.lo ? FG_FALSE : 0);
+}
+FG_TILE_FN int fg_ir_le(fg_irange a, fg_irange b) {
+  return (a.lo <= b.hi ? FG_TRUE : 0) | (a.hi > b.lo ? FG_FALSE : 0);
+}
+FG_TILE_FN int fg_ir_eq(fg_irange a, fg_irange b) {
+  const bool overlap = a.lo <= b.hi && b.lo <= a.hi;
+  const bool one_value = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo;
+  return (overlap ? FG_TRUE : 0) | (one_value ? 0 : FG_FALSE);
+}
+// three-valued logic on truth sets
+FG_TILE_FN int fg_not(int t) { return ((t & FG_FALSE) << 1) | ((t & FG_TRUE) >> 1); }
+FG_TILE_FN int fg_and(int a, int b) { return ((a | b) & FG_FALSE) | (a & b & FG_TRUE); }
+FG_TILE_FN int fg_or(int a, int b) { return ((a | b) & FG_TRUE) | (a & b & FG_FALSE); }
+FG_TILE_FN int fg_truth_eq(int a, int b) {
+  return ((a & b) ? FG_TRUE : 0) | ((a & fg_not(b)) ? FG_FALSE : 0);
+}
+FG_TILE_FN int fg_truth_where(int c, int a, int b) {
+  return c == FG_TRUE ? a : c == FG_FALSE ? b : (a | b);
+}
+#undef FG_TILE_FN
+#endif  // FLASHGEN_HOOK_TILE_HELPERS
+"""
+
+TILE_INPUTS = ("b", "h", "q_lo", "q_hi", "kv_lo", "kv_hi", "q_len", "kv_len")
+"""The fixed parameters of a tile verdict, in order (all int), before the hook's AUX."""
+_TILE_CALL = {
+    "add": "fg_ir_add",
+    "sub": "fg_ir_sub",
+    "mul": "fg_ir_mul",
+    "neg": "fg_ir_neg",
+    "abs": "fg_ir_abs",
+    "min": "fg_ir_min",
+    "max": "fg_ir_max",
+    "floordiv": "fg_ir_floordiv",
+    "mod": "fg_ir_mod",
+    "lt": "fg_ir_lt",
+    "le": "fg_ir_le",
+    "eq": "fg_ir_eq",
+    "not": "fg_not",
+    "and": "fg_and",
+    "or": "fg_or",
+}
+TILE_COMMENT_LIMIT = 72
+
+
+def tile_helpers() -> str:
+    """The interval helpers every tile verdict calls (once per translation unit; guarded)."""
+    return TILE_HELPERS
+
+
+def tile_signature(hook: Hook, name: str, qualifiers: str = DEVICE) -> str:
+    """`qualifiers int name(b, h, q_lo, q_hi, kv_lo, kv_hi, q_len, kv_len, AUX...)`."""
+    params = [f"int {n}" for n in TILE_INPUTS]
+    params += [f"{t} {n}" for a in hook.aux for t, n in aux_parameters(a)]
+    return f"{qualifiers} int {name}({', '.join(params)})"
+
+
+def emit_tile_class(hook: Hook, name: str | None = None, qualifiers: str = DEVICE) -> str:
+    """A mask_mod's verdict on a tile as a C++ function (default name `<default_name>_tile`):
+    FG_TILE_NONE / FG_TILE_ALL only when the mask drops / keeps every element of the tile,
+    else FG_TILE_SOME. Needs `tile_helpers()` first."""
+    if hook.kind != "mask_mod":
+        raise ValueError(f"{hook.kind} {hook.name or '?'}: only a mask_mod has a tile verdict")
+    name = name or f"{default_name(hook)}_tile"
+    text: dict[int, str] = {}
+    lines: list[str] = []
+    for n in tracked(hook.expr):
+        call = _tile_render(n, [text.get(id(a), "") for a in n.args])
+        if n.op in ("const", "input", "scalar"):
+            text[id(n)] = call
+            continue
+        var = f"t{len(lines)}"
+        ctype = "int" if n.dtype is DType.BOOL else "fg_irange"
+        lines.append(f"  const {ctype} {var} = {call};  // {to_text(n, TILE_COMMENT_LIMIT)}")
+        text[id(n)] = var
+    lines.append(f"  return {text[id(hook.expr)]};")
+    what = (
+        f"// mask_mod {hook.name or '?'} (hook {hook.digest}) over rows q_lo..q_hi x keys "
+        "kv_lo..kv_hi (inclusive):\n// FG_TILE_NONE only if it drops every key there, "
+        "FG_TILE_ALL only if it keeps every one,\n// else FG_TILE_SOME (interval arithmetic, "
+        "flashgen/generator/hooks/tiles.py)\n"
+    )
+    return what + tile_signature(hook, name, qualifiers) + " {\n" + "\n".join(lines) + "\n}\n"
+
+
+def _tile_render(n: Expr, args: list[str]) -> str:
+    """The C++ of node n's range (an int) or truth set (a bool), given its operands'."""
+    op = n.op
+    if op == "const":
+        if n.dtype is DType.BOOL:
+            return "FG_TRUE" if n.value else "FG_FALSE"
+        return f"fg_ir_point({_literal(n.value, n.dtype)})"
+    if op == "input":
+        if n.value in ("q_idx", "kv_idx"):
+            side = n.value[:-4]
+            return f"fg_irange{{{side}_lo, {side}_hi}}"
+        return f"fg_ir_point({n.value})"
+    if op == "scalar":
+        return f"fg_ir_point({n.value.name})"
+    if op == "load":
+        a: Aux = n.value
+        stride = [f"{a.name}_stride"] if a.ndim == 2 else []
+        return f"fg_ir_load({', '.join([a.name, *stride, *args])})"
+    if op in ("lt", "le", "gt", "ge", "eq", "ne") and n.args[0].dtype is DType.FLOAT:
+        return "FG_EITHER"  # floats are not bounded
+    if op in ("eq", "ne") and n.args[0].dtype is DType.BOOL:
+        same = f"fg_truth_eq({args[0]}, {args[1]})"
+        return same if op == "eq" else f"fg_not({same})"
+    if op in ("gt", "ge"):
+        return f"{_TILE_CALL['lt' if op == 'gt' else 'le']}({args[1]}, {args[0]})"
+    if op == "ne":
+        return f"fg_not(fg_ir_eq({args[0]}, {args[1]}))"
+    if op == "where":
+        fn = "fg_truth_where" if n.dtype is DType.BOOL else "fg_ir_where"
+        return f"{fn}({', '.join(args)})"
+    return f"{_TILE_CALL[op]}({', '.join(args)})"
