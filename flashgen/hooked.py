@@ -2,8 +2,9 @@
 mask_mod=..., aux={...})` lands here.
 
 A hook is a traced `Hook` (`flashgen.generator.hooks.trace_score_mod(fn, hk.Aux(...))`) or a
-plain function of the hook's arguments without aux, traced on first use. The call runs family
-mma's variant compiled with the hooks (docs/hooks.md), forward and backward: the custom ops
+plain function of the hook's arguments without aux, traced on first use. The forward runs the
+variant an unhooked call would (family wgmma's on Hopper) compiled with the hooks, or family
+mma's where that one refuses them; the backward runs family mma's (docs/hooks.md): the custom ops
 `torch.ops.flashgen.hooked_attention` and `hooked_attention_backward` (fake implementations
 for torch.compile; CUDA-graph safe like `flashgen.torch.attention`). The hooks travel through
 the ops as their feature tokens (`scoremod<digest>,maskmod<digest>`, registered in this
@@ -35,7 +36,7 @@ from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
-from flashgen.generator.spec import KernelSpec
+from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.validate import check_head_dims, check_layout, check_scale, check_spec
@@ -47,7 +48,7 @@ from flashgen.torch_support import (
     run_backward,
 )
 
-_HOOK_FAMILY = "mma"  # the family whose kernels compile hooks in, forward and backward
+_HOOK_FAMILY = "mma"  # the family whose kernels compile every hook in, forward and backward
 _AUX_DTYPES = {"int32": torch.int32, "float32": torch.float32}
 
 
@@ -165,12 +166,26 @@ _lock = threading.Lock()
 
 
 def _forward_spec(problem: Any, causal: bool, dev: int, tokens: tuple[str, ...]) -> KernelSpec:
-    """Family mma's shipped tile for the call, compiled with the hooks and features."""
+    """The variant an unhooked call would run (`select`: family wgmma's tile on Hopper),
+    compiled with the hooks and features; where that family or tile refuses them (wgmma's
+    br=192 tiles, say: `WgmmaFamily.hook_rule`), family mma's shipped tile, which takes
+    every hook. Why the first: on the H200 wgmma's hooked forward runs 0.98-1.02x its
+    built-in twins where mma's ran 0.2-0.4x of them (bench/NOTES.md, session 18)."""
+    arch, align = _arch(dev), problem.alignment(pointers=True)
     plain = select(
-        problem.d, problem.dtype, causal, _arch(dev), alignment=problem.alignment(pointers=True),
+        problem.d, problem.dtype, causal, arch, alignment=align,
+        gpu_name=torch.cuda.get_device_name(dev), dv=problem.value_dim,
+    )  # fmt: skip
+    if plain.family != _HOOK_FAMILY:
+        try:
+            return plain.replace(features=tokens)
+        except SpecError:
+            pass  # the family's hook rules refuse this tile: mma's takes it
+    fallback = select(
+        problem.d, problem.dtype, causal, arch, alignment=align,
         candidates=shipped(_HOOK_FAMILY), dv=problem.value_dim,
     )  # fmt: skip
-    return plain.replace(features=tokens)
+    return fallback.replace(features=tokens)
 
 
 def _run(

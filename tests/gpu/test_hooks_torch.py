@@ -77,6 +77,7 @@ CASES = [
     ("document", 128, torch.bfloat16, False),
     ("prefix", 64, torch.float16, False),
     ("relbias+document", 128, torch.float16, True),
+    ("softcap", 72, torch.bfloat16, False),  # Hopper: a wgmma tile generated on demand
 ]
 
 

@@ -177,3 +177,48 @@ def test_a_token_made_without_registering_still_finds_its_live_hook():
     assert feature_hook.hook_of(token) is hook
     with pytest.raises(feature_hook.HookNotRegistered, match="no hook with digest 0123456789ab"):
         feature_hook.hook_of("scoremod0123456789ab")
+
+
+class _Problem:
+    """What `_forward_spec` reads of a call (runtime.validate.Problem's fields)."""
+
+    def __init__(self, d: int) -> None:
+        self.d, self.value_dim, self.dtype = d, d, "bf16"
+
+    def alignment(self, pointers: bool = False) -> int:
+        return 8
+
+
+@pytest.mark.parametrize(
+    "arch, d, hook, family",
+    [
+        ("sm_90", 128, library.softcap_hook(), "wgmma"),  # Hopper: the unhooked call's family
+        ("sm_90", 64, library.document_hook(), "wgmma"),
+        ("sm_80", 128, library.softcap_hook(), "mma"),  # Ampere: mma's tile, as unhooked
+        ("sm_90", 72, library.softcap_hook(), "wgmma"),  # generated on demand, as unhooked
+    ],
+)
+def test_the_hooked_forward_runs_the_unhooked_calls_family(monkeypatch, arch, d, hook, family):
+    import flashgen.hooked as hooked
+
+    monkeypatch.setattr(hooked, "_arch", lambda dev: arch)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "no such GPU")
+    spec = hooked._forward_spec(_Problem(d), True, 0, (token_of(hook),))
+    assert spec.family == family and spec.features == (token_of(hook),)
+    assert spec.direction == "fwd" and spec.d == d
+
+
+def test_a_tile_whose_family_refuses_hooks_falls_back_to_mma(monkeypatch):
+    import flashgen.hooked as hooked
+    from flashgen.generator.spec import KernelSpec
+
+    wide = KernelSpec(family="wgmma", d=128, dtype="bf16", causal=True, br=192, bc=64)
+    monkeypatch.setattr(hooked, "_arch", lambda dev: "sm_90")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "no such GPU")
+    real = hooked.select
+    monkeypatch.setattr(
+        hooked, "select", lambda *a, **kw: wide if "candidates" not in kw else real(*a, **kw)
+    )
+    token = token_of(library.softcap_hook())
+    spec = hooked._forward_spec(_Problem(128), True, 0, (token,))
+    assert spec.family == "mma" and spec.features == (token,)
