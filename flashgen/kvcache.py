@@ -50,6 +50,7 @@ from flashgen.runtime.validate import check_scale
 from flashgen.torch_support import (
     check_int_array,
     check_tensor,
+    device_arch,
     dispatch_stack,
     fail,
     feature_args,
@@ -181,7 +182,7 @@ def _prepare(
             )
         spec = chosen
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    arch = "sm_{}{}".format(*torch.cuda.get_device_capability(index))
+    arch = device_arch(index)
     plan = runtime.device_plan(spec, arch, index)
     tiles = row_tiles(spec, tq, h // h_kv)
     slots = plan.sms * launch.driver().resident_blocks(plan.function, spec.threads, plan.smem)

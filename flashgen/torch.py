@@ -88,6 +88,7 @@ from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     attention_with_kvcache,
     dense_decode,
 )
+from flashgen.torch_support import device_arch as _device_arch  # noqa: E402 (tests patch it)
 from flashgen.torch_support import (  # noqa: E402
     dispatch_stack,
     feature_args,
@@ -246,11 +247,6 @@ def _run(
 
 
 _raw_stream = raw_stream  # flashgen.torch_support's (tests stand a CPU one in)
-
-
-def _device_arch(dev: int) -> str:
-    major, minor = torch.cuda.get_device_capability(dev)
-    return f"sm_{major}{minor}"
 
 
 def _feature_args(problem: Problem, args: tuple[Any, ...], q: Any) -> FeatureArgs:

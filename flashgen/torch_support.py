@@ -1,7 +1,7 @@
 """What flashgen's PyTorch front doors share for one call (flashgen.torch, .hooked, .varlen,
 .kvcache): argument checks with one clear error each, the feature values bound for q's
-device, torch's dispatch probes, the current stream as a raw handle, and the dense backward's
-launch with its fp32 scratch from torch's allocator."""
+device, the device's arch name, torch's dispatch probes, the current stream as a raw handle,
+and the dense backward's launch with its fp32 scratch from torch's allocator."""
 
 from __future__ import annotations
 
@@ -79,6 +79,13 @@ def feature_args(values: feature_values.Values, q: Any, h: int) -> FeatureArgs:
 # torch's own probes: a call may launch directly only when no dispatch or function mode is on
 dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+
+
+def device_arch(dev: int) -> str:
+    """The compute capability of CUDA device `dev` as the arch name kernels compile for
+    (`sm_90` on an H200)."""
+    major, minor = torch.cuda.get_device_capability(dev)
+    return f"sm_{major}{minor}"
 
 
 def _raw_stream_fn() -> Callable[[int], int]:

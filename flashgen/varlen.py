@@ -57,6 +57,7 @@ from flashgen.runtime.validate import check_layout, check_scale, check_spec
 from flashgen.torch_support import (
     check_int_array,
     check_tensor,
+    device_arch,
     dispatch_stack,
     fail,
     feature_args,
@@ -130,8 +131,7 @@ def _prepare(
     )  # shapes, dtypes, strides, GQA, head dims: ValueError
     features = feature_args(values, q, h)
     dev = int(q.get_device())
-    major, minor = torch.cuda.get_device_capability(dev)
-    arch = f"sm_{major}{minor}"
+    arch = device_arch(dev)
     align = problem.alignment(pointers=True)
     pkey = (dev, problem.d, problem.value_dim, problem.dtype, causal, align, variant,
             features.tokens)  # fmt: skip
@@ -269,8 +269,7 @@ def _bwd_prepare(
         )
     features = feature_args(values, q, problem.h)
     dev = int(q.get_device())
-    major, minor = torch.cuda.get_device_capability(dev)
-    arch = f"sm_{major}{minor}"
+    arch = device_arch(dev)
     pkey = (dev, problem.d, problem.dtype, causal, features.tokens)
     made = _bwd_plans.get(pkey)
     if made is None:

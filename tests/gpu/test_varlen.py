@@ -390,6 +390,41 @@ def test_the_backward_never_synchronizes() -> None:
     assert_grads_match_oracle((*grads, o, do), c, True, "fp16")
 
 
+def test_the_backward_replays_in_a_graph_with_new_lengths() -> None:
+    # forward and backward captured once, replayed after the prefix sums change in place: the
+    # kernels read every length on the device, so each replay is right for its batch
+    total, h, d = 2000, 4, 128
+    g = torch.Generator(device="cuda").manual_seed(21)
+    q, k, v = (
+        torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        .requires_grad_() for _ in range(3)
+    )  # fmt: skip
+    do = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.zeros(5, dtype=torch.int32, device="cuda")
+    sets = [[500, 500, 500, 500], [1, 1999, 0, 0], [1200, 3, 97, 700]]
+    cu.copy_(_cu(sets[0]))
+
+    def step() -> tuple[Any, ...]:
+        o = flash_attn_varlen_func(q, k, v, cu, cu, 2000, 2000, causal=True)
+        return (*torch.autograd.grad(o, (q, k, v), do), o)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: compile, load, bind
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dq, dk, dv, o = step()
+    for lens in sets:
+        cu.copy_(_cu(lens))
+        graph.replay()
+        c = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "cu_q": cu, "cu_k": cu,
+             "lens_q": lens, "lens_k": lens}  # fmt: skip
+        assert_grads_match_oracle((dq, dk, dv, o, do), c, True, "bf16")
+
+
 def test_the_backward_op_directly() -> None:
     lens = [130, 7, 64]
     c = make_batch(lens, lens, 4, 4, 64, "bf16", seed=11)
