@@ -142,19 +142,26 @@ def test_a_mask_hook_skips_the_tiles_it_drops_whole_in_producer_and_consumers():
     call = f"return {verdict}(batch, head, q0, min(q0 + BR, tq) - 1, lo * BC,"
     assert src.count(call) == 2  # the producer's walk and the consumers': the same tiles
     assert src.count("min(hi * BC + BC, tk) - 1, tq, tk, hook_i0, hook_i1);") == 2
-    assert src.count("if (tiles_verdict(lo, t) == FG_TILE_NONE) {") == 2
-    # the same count: the producer walks, each consumer warp takes 32 tiles per verdict
-    walk = "for (int t = kept_below(span.end); t >= span.first; t = kept_below(t)) ++n_tiles;"
+    # the producer (one thread) walks the kept tiles in O(log) verdicts per run of dropped
+    # ones, counting them as it loads (no count before the item's first load)
+    assert src.count("if (tiles_verdict(lo, t) == FG_TILE_NONE) {") == 1
+    assert "const int first_tile = kept_below(span.end);" in src
+    assert "if (first_tile < span.first) continue;" in src
+    walk = "for (int t = kept_below(first_tile); t >= span.first; t = kept_below(t), ++n_tiles) {"
+    assert src.count(walk) == 1 and "++n_tiles;\n" not in src
+    # each consumer warp counts 32 tiles per verdict round and walks them a word at a time
     ballot = "__ballot_sync(0xffffffffu, t < span.end && tile_verdict(t) != FG_TILE_NONE)"
-    assert src.count(walk) == 1 and src.count(ballot) == 1
+    assert src.count(ballot) == 1
+    assert "kept_word = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);" in src
+    assert "whole_word = __ballot_sync(0xffffffffu, v == FG_TILE_ALL);" in src
     assert src.index(walk) < src.index("consumers =====") < src.index(ballot)
     assert "const int n_tiles = span.end - span.first;" not in src
     # the producer loads the kept tiles in step order; the consumers compute the same ones
-    assert "k_tile = kept_below(k_tile);" in src and "v_tile = kept_below(v_tile);" in src
-    assert "const int kv0 = tile * BC;" in src and src.count("tile = kept_below(tile);") == 2
+    assert "load_k(n_tiles, t);" in src and "load_v(n_tiles - 1, prev);" in src
+    assert "const int kv0 = tile * BC;" in src and src.count("tile = next_kept(tile);") == 2
     assert "const int kv0 = (span.end - 1 - it) * BC;" not in src
     # a kept tile takes the element-wise mask when the hook keeps only some of its keys
-    assert "|| tile_verdict(t) != FG_TILE_ALL;" in src
+    assert "|| !whole(t);" in src
     assert "if (needs_mask(tile)) step(it, Flag<true>{}); else step(it, Flag<false>{});" in src
     assert "clear_lo" not in src
 
