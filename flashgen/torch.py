@@ -88,6 +88,7 @@ from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     attention_with_kvcache,
     dense_decode,
 )
+from flashgen.sinks import SinkAttention, check_sinks  # noqa: E402
 from flashgen.torch_support import device_arch as _device_arch  # noqa: E402 (tests patch it)
 from flashgen.torch_support import (  # noqa: E402
     dispatch_stack,
@@ -574,6 +575,7 @@ def attention(
     score_mod: Any = None,
     mask_mod: Any = None,
     aux: Mapping[str, Any] | None = None,
+    sinks: Any = None,
     **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
@@ -592,8 +594,11 @@ def attention(
     The forward is the same either way.
     `score_mod` / `mask_mod`: user hooks (docs/hooks.md), a traced hook or a function without
     aux, with their aux values by name in `aux` (int32/float32 tensors on q's device, or
-    numbers); the call then runs family mma's variant compiled with them, forward and
-    backward (flashgen.hooked; not with `spec`).
+    numbers); the forward then runs the variant an unhooked call would (family wgmma's on
+    Hopper) compiled with them, the backward family mma's (flashgen.hooked; not with `spec`).
+    `sinks`: a float32 (H,) tensor on q's device, one logit per query head that joins every
+    row's softmax as a key with no value (gpt-oss's attention sinks); gradients flow to it
+    (flashgen.sinks; not with score_mod/mask_mod yet). LSE then includes the sink.
 
     Runs on the current stream of q's device, never synchronizes, allocates only through
     torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
@@ -621,8 +626,13 @@ def attention(
     if score_mod is not None or mask_mod is not None or aux is not None:
         if spec is not None:
             raise ValueError(
-                "spec and score_mod/mask_mod: a hooked call picks its own variant (family mma "
-                "with the hooks compiled in); drop spec"
+                "spec and score_mod/mask_mod: a hooked call picks its own variant (the "
+                "unhooked call's, with the hooks compiled in); drop spec"
+            )
+        if sinks is not None:
+            raise ValueError(
+                "sinks with score_mod/mask_mod: not supported together yet; a sink is the "
+                "same as a score-free key, so pass the sinks alone or the hooks alone"
             )
         o, lse = hooked_attention(
             q, k, v, score_mod=score_mod, mask_mod=mask_mod, aux=aux, causal=causal,
@@ -633,6 +643,12 @@ def attention(
     if spec is not None:
         check_spec_type(spec)
         variant = _variant_name(spec)
+    if sinks is not None:
+        check_sinks(sinks, q)
+        o, lse = SinkAttention.apply(  # type: ignore[no-untyped-call]
+            q, k, v, sinks, causal, scale, variant, deterministic, *args
+        )
+        return (o, lse) if return_lse else o
     if _direct(q, k, v):
         o, lse = _run(q, k, v, causal, scale, variant, *args)
     else:
