@@ -354,8 +354,8 @@ class HookArgs:
                     )
         summary_of = {s.aux.name: s for s in summary_slots(hooks)}
         for name, value in (summaries or {}).items():
-            s = summary_of.get(name)
-            if s is None:
+            where = summary_of.get(name)
+            if where is None:
                 raise ValueError(
                     f"summaries[{name!r}]: the variant's tile verdicts summarize "
                     f"{sorted(summary_of) or 'no table'}; pass summaries of those only "
@@ -367,7 +367,7 @@ class HookArgs:
                     f"summaries[{name!r}]={value!r}: a 4-byte aligned device pointer and the "
                     "table's length (1 <= n < 2^31); pass (summary address, len(table))"
                 )
-            ptrs[s.index], strides[s.index] = int(ptr), int(n)
+            ptrs[where.index], strides[where.index] = int(ptr), int(n)
         self.hooks = tuple(hooks)
         self._args: tuple[int | float, ...] = (*ptrs, *strides, *floats, *ints)
 
