@@ -412,8 +412,12 @@ FG_TILE_FN int fg_floor_log2(int x) {  // x >= 1
   return 31 - __builtin_clz((unsigned)x);
 #endif
 }
-FG_TILE_FN fg_irange fg_ir_load_summary(const int* __restrict__ t, const int* __restrict__ s,
-                                        int n, fg_irange i) {
+// Not inlined: a verdict runs once per key tile or run of tiles, and inlined twice per verdict
+// into wgmma's consumer loop (d 128: O, S and P live there) its loads and 64-bit index math
+// made ptxas 13.0 spill 20-28 B; as a call it spills nothing.
+__host__ __device__ __noinline__ fg_irange fg_ir_load_summary(const int* __restrict__ t,
+                                                              const int* __restrict__ s, int n,
+                                                              fg_irange i) {
   if (i.lo == i.hi) return fg_ir_point(t[i.lo]);
   if (s == nullptr) return fg_ir_full();  // no summary passed: unknown, as without one
   const long long lo = fg_ll_max(i.lo, 0), hi = fg_ll_min(i.hi, (long long)n - 1);
