@@ -9,7 +9,13 @@ mma's where that one refuses them; the backward runs family mma's (docs/hooks.md
 for torch.compile; CUDA-graph safe like `flashgen.torch.attention`). The hooks travel through
 the ops as their feature tokens (`scoremod<digest>,maskmod<digest>`, registered in this
 process by the front door), and their aux values as three lists in the order of the kernel's
-aux block (`features.hook.slots`): tensors, float scalars, int scalars.
+aux block (`features.hook.slots`): tensors, float scalars, int scalars. The tensor list then
+holds, after the aux tensors, the range summary of each table a mask_mod reads at a range of
+indices (`features.hook.summary_slots`; `doc_ids[q_idx]`): the front door computes them per
+call on the device with torch ops (`range_summary`), so they are op inputs like the tables they
+summarize (traced by torch.compile, captured by CUDA graphs, saved for the backward with the
+aux tensors, never differentiated). Family wgmma's forward skips tiles with them; an op call
+without them (the aux tensors alone) runs the same kernels, its tile verdicts element-wise.
 
 Aux tensors are int32 or float32 on q's device, 1-D or 2-D as declared, the last axis
 contiguous; the kernels read them without bounds checks (docs/hooks.md: clamp indices in the
@@ -31,8 +37,16 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.hooked needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
-from flashgen.generator.features.hook import HookArgs, Slot, hook_of, slots, token_of
+from flashgen.generator.features.hook import (
+    HookArgs,
+    Slot,
+    hook_of,
+    slots,
+    summary_slots,
+    token_of,
+)
 from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
+from flashgen.generator.hooks.summary import CHUNK, chunks, levels
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
@@ -81,7 +95,8 @@ def resolve_hook(value: Any, kind: str) -> Hook:
 def hook_op_args(
     score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None, q: Any
 ) -> tuple[str, list[Any], list[float], list[int]]:
-    """The hooks' op arguments: their tokens joined by commas, then the aux tensors, float
+    """The hooks' op arguments: their tokens joined by commas, then the aux tensors (and after
+    them the range summaries of `summary_slots`, computed here on the tables' device), float
     scalars and int scalars in the order of the kernel's aux block. ValueError naming the aux
     value and its rule when one does not fit its declaration."""
     hooks = []
@@ -115,7 +130,40 @@ def hook_op_args(
             _fail(f"aux {s.aux.name}={v!r}: an int32 scalar; pass an int")
         else:
             ints.append(int(v))
+    for s in summary_slots(hooks):
+        table = values[s.aux.name]
+        if table.numel() == 0:
+            _fail(
+                f"aux {s.aux.name}: an empty table; the mask_mod reads it at every query row and "
+                f"key, so every index it evaluates must be inside it: pass one entry per index"
+            )
+        tensors.append(range_summary(table))
     return ",".join(token_of(h) for h in hooks), tensors, floats, ints
+
+
+def range_summary(table: Any) -> Any:
+    """The range summary of a 1-D int32 tensor (hooks/summary.py's layout, int32 of shape
+    (levels, 2, chunks), as `summarize` builds it on the host) on the tensor's device, with
+    torch ops only: no host sync, so it can run inside a CUDA graph and be traced by
+    torch.compile (which specializes on the table's length: the summary's shape follows it).
+    About levels + 6 small kernels: a sparse table, level k built from level k - 1 in one op."""
+    n = int(table.shape[0])  # the summary's shape is a function of n: a concrete length
+    nc, n_levels = chunks(n), levels(n)
+    # chunk min and max: pad with the last element (no chunk's min or max changes)
+    padded = torch.cat([table, table[-1:].expand(nc * CHUNK - n)])
+    lo, hi = torch.aminmax(padded.view(nc, CHUNK), dim=1)
+    # max as a min of ~x (~ reverses the order without overflow): one minimum per level builds
+    # both rows; padded with the last chunk so that level k's run at i stops at chunk nc - 1
+    run = torch.stack([lo, hi.bitwise_not()])
+    run = torch.cat([run, run[:, -1:].expand(2, (1 << (n_levels - 1)) - 1)], dim=1)
+    runs = [run]
+    for k in range(1, n_levels):
+        w = 1 << (k - 1)
+        run = torch.minimum(run[:, :-w], run[:, w:])
+        runs.append(run)
+    out = torch.stack([r[:, :nc] for r in runs])
+    out[:, 1].bitwise_not_()
+    return out
 
 
 def _aux_tensor(slot: Slot, v: Any, q: Any) -> Any:
@@ -141,16 +189,43 @@ def _hooks(tokens: str) -> tuple[Hook, ...]:
 
 def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
                ints: list[int]) -> HookArgs:  # fmt: skip
-    """The launcher's aux values (`HookArgs`) from the op's lists."""
+    """The launcher's aux values (`HookArgs`) from the op's lists: the aux tensors, then the
+    range summaries (all of `summary_slots`, or none: the verdicts do without)."""
+    block, wanted = slots(hooks), summary_slots(hooks)
+    n_tables = sum(s.kind == "ptr" for s in block)
+    given = tensors[n_tables:]
+    if len(given) not in (0, len(wanted)):
+        _fail(
+            f"aux_tensors: {len(tensors)} tensors; the hooks take {n_tables} aux tensors, then "
+            f"either no range summaries or one per table {[s.aux.name for s in wanted]}: pass "
+            "the lists hook_op_args makes"
+        )
     values: dict[str, Any] = {}
     it: dict[str, Iterator[Any]] = {"ptr": iter(tensors), "float": iter(floats), "int": iter(ints)}
-    for s in slots(hooks):
+    for s in block:
         v = next(it[s.kind])
         if s.kind == "ptr":
             values[s.aux.name] = (v.data_ptr(), v.stride(0)) if s.aux.ndim == 2 else v.data_ptr()
         else:
             values[s.aux.name] = v
-    return HookArgs(hooks, values)
+    summaries: dict[str, tuple[int, int]] = {}
+    for s, summary in zip(wanted, given, strict=False):
+        table = next(b for b in block if b.kind == "ptr" and b.aux == s.aux)
+        n = int(tensors[table.index].shape[0])
+        shape = (levels(n), 2, chunks(n)) if n else ()
+        if (
+            tuple(summary.shape) != shape
+            or summary.dtype != torch.int32
+            or not summary.is_contiguous()
+            or summary.device != tensors[0].device
+        ):
+            _fail(
+                f"range summary of aux {s.aux.name}: {summary.dtype} {tuple(summary.shape)} on "
+                f"{summary.device}; a table of {n} entries takes a contiguous int32 {shape} "
+                "on its device: pass flashgen.hooked.range_summary(table)"
+            )
+        summaries[s.aux.name] = (summary.data_ptr(), n)
+    return HookArgs(hooks, values, summaries)
 
 
 def _key_of(x: Any) -> tuple[Any, ...]:
@@ -385,4 +460,11 @@ def clear_cache() -> None:
         _entries.clear()
 
 
-__all__ = ["BWD_SCHEMA", "SCHEMA", "clear_cache", "hook_op_args", "hooked_attention"]
+__all__ = [
+    "BWD_SCHEMA",
+    "SCHEMA",
+    "clear_cache",
+    "hook_op_args",
+    "hooked_attention",
+    "range_summary",
+]

@@ -71,6 +71,7 @@ from flashgen.generator.features.hook import (
     hook_tokens,
     hooks_of,
     slots,
+    summary_slots,
 )
 from flashgen.generator.hooks import Hook, emit_hook, evaluate_hook, helpers
 from flashgen.generator.hooks.expr import postorder, to_text
@@ -391,6 +392,7 @@ def hook_set_context(tokens: Sequence[str], hooks: Sequence[Hook]) -> dict[str, 
     name = hook_set_name(tokens)
     block = slots(hooks)
     ptrs = [sl for sl in block if sl.kind == "ptr"]
+    summarized = {sl.index for sl in summary_slots(hooks)}
     macro = f"FLASHGEN_{name.upper()}"
     return {
         "name": name,
@@ -420,6 +422,12 @@ def hook_set_context(tokens: Sequence[str], hooks: Sequence[Hook]) -> dict[str, 
         "ptr_ndims": [
             next((sl.aux.ndim for sl in ptrs if sl.index == i), 0) for i in range(MAX_POINTERS)
         ],
+        # the launcher's pointer arguments: a slot that holds a range summary in the runtime's
+        # launches (summary_slots) is NULL here, whatever the caller left in it: the bundle's
+        # tile verdicts do without summaries (docs/hooks.md)
+        "ptr_args": ", ".join(
+            "nullptr" if i in summarized else f"aux->ptr[{i}]" for i in range(MAX_POINTERS)
+        ),
     }
 
 

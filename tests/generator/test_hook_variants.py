@@ -120,6 +120,50 @@ def test_hook_args_are_the_block_values_by_name():
         fh.HookArgs((BIAS_HOOK,), {"bias": (0x1002, 17), "scale2": 0.5})
 
 
+def test_range_summaries_take_the_pointer_slots_the_aux_leave_free():
+    doc, alibi = library.document_hook(), library.alibi_hook()
+    got = fh.summary_slots((alibi, doc))  # the score_mod's table first, then doc_ids, then it
+    assert [(s.aux.name, s.kind, s.index) for s in got] == [("doc_ids", "summary", 2)]
+    assert fh.summary_call_args(doc, got) == ", static_cast<const int*>(hook_ptr2), hook_stride2"
+    assert fh.summary_call_args(alibi, got) == ""
+    # a mask reading no table at ranges, a score_mod's per-key table: no summary
+    assert fh.summary_slots((BIAS_HOOK, library.causal_hook())) == ()
+    # four tables fill the block: none is left for summaries (the verdicts do without)
+    four = tuple(hk.Aux(f"t{c}", "int32", 1) for c in "abcd")
+    wide = hk.trace_mask_mod(lambda b, h, q, kv, *ts: sum(t[q] for t in ts) > 0, *four)
+    assert fh.summary_slots((wide,)) == ()
+    three = hk.trace_mask_mod(lambda b, h, q, kv, *ts: sum(t[q] for t in ts) > 0, *four[:3])
+    assert [(s.aux.name, s.index) for s in fh.summary_slots((three,))] == [("ta", 3)]
+
+
+def test_hook_args_take_range_summaries_by_table_name():
+    doc = library.document_hook()
+    args = fh.HookArgs((doc,), {"doc_ids": 0x1000}, summaries={"doc_ids": (0x2000, 700)})
+    assert args.kernel_args()[:8] == (0x1000, 0x2000, 0, 0, 0, 700, 0, 0)
+    assert fh.HookArgs((doc,), {"doc_ids": 0x1000}).kernel_args()[:8] == (0x1000,) + (0,) * 7
+    with pytest.raises(ValueError, match=r"summaries\['ids'\]: .* summarize \['doc_ids'\]"):
+        fh.HookArgs((doc,), {"doc_ids": 0x1000}, summaries={"ids": (0x2000, 7)})
+    with pytest.raises(ValueError, match="the table's length \\(1 <= n < 2\\^31\\)"):
+        fh.HookArgs((doc,), {"doc_ids": 0x1000}, summaries={"doc_ids": (0x2000, 0)})
+
+
+def test_only_wgmma_verdicts_read_the_summary_and_mma_renders_as_before():
+    doc = library.document_hook()
+    ctx = fh.template_context((fh.token_of(doc),))
+    assert ctx["hook_mask"]["aux"] == ", static_cast<const int*>(hook_ptr0)"
+    assert ctx["hook_mask"]["tile_aux"] == (
+        ", static_cast<const int*>(hook_ptr0), static_cast<const int*>(hook_ptr1), hook_stride1"
+    )
+    assert "fg_ir_load_summary(doc_ids, fg_sum_doc_ids" in ctx["hook_tile_source"]
+    assert "FLASHGEN_HOOK_SUMMARY_HELPERS" in ctx["hook_tile_source"]
+    # a mask without summarized reads: the verdict's source as before (no summary helpers)
+    window = fh.template_context((fh.token_of(library.window_hook()),))
+    assert "SUMMARY" not in window["hook_tile_source"]
+    assert window["hook_mask"]["tile_aux"] == window["hook_mask"]["aux"]
+    src = render(hooked(doc)).source  # family mma: element-wise only, no tile verdict
+    assert "static_cast<const int*>(hook_ptr1)" not in src and "fg_sum_" not in src
+
+
 # ---- rendering -----------------------------------------------------------------------------------
 def test_the_source_shows_the_hook_inline_and_calls_it_on_the_natural_log_score():
     spec = hooked(BIAS_HOOK, library.document_hook(), features=("window",))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flashgen.generator import abi
@@ -14,6 +15,7 @@ from flashgen.generator import render as rd
 from flashgen.generator.compile import compile_kernel
 from flashgen.generator.features import hook as fh
 from flashgen.generator.hooks import library
+from flashgen.generator.hooks.summary import summarize
 from flashgen.generator.hooks.tiles import Box, TileClass, classify
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
@@ -207,6 +209,45 @@ def test_the_walk_visits_exactly_the_tiles_whose_own_verdict_keeps_a_key(make):
             assert walked == kept
             runs = sum(1 for i, t in enumerate(kept) if i == 0 or kept[i - 1] != t + 1) + 1
             assert calls[0] <= len(kept) + 2 * runs * (n.bit_length() + 1)
+
+
+def test_the_walk_skips_other_documents_tiles_with_range_summaries():
+    """16 packed documents of random lengths at T = 8192 (rows and keys one sequence): with the
+    doc_ids summary the walk visits exactly the tiles whose own verdict keeps a key, those are
+    the tiles that share a document with the rows (no more), and it crosses the others in a
+    few verdicts; without the summary every tile is kept (the element-wise path)."""
+    hook, br, bc, t = library.document_hook(), 128, 128, 8192
+    rng = np.random.default_rng(4)
+    cuts = np.sort(rng.choice(np.arange(1, t), 15, replace=False))
+    ids = np.repeat(np.arange(16, dtype=np.int32), np.diff([0, *cuts, t]))
+    aux, summaries = {"doc_ids": ids}, {"doc_ids": summarize(ids)}
+    n = t // bc
+    total_kept = 0
+    for q0 in range(0, t, br):
+        box = lambda lo, hi, q0=q0: Box(  # noqa: E731
+            q0, min(q0 + br, t) - 1, lo * bc, min(hi * bc + bc, t) - 1, 0, 0, t, t
+        )
+        calls = [0]
+
+        def verdict(lo, hi, box=box, calls=calls):
+            calls[0] += 1
+            return classify(hook, box(lo, hi), aux, summaries)
+
+        rows = set(ids[q0 : q0 + br].tolist())
+        shares = [u for u in reversed(range(n)) if rows & set(ids[u * bc : u * bc + bc].tolist())]
+        kept = [u for u in reversed(range(n)) if verdict(u, u) != NONE]
+        assert kept == shares, q0
+        calls[0] = 0
+        walked, u = [], _kept_below(verdict, 0, n)
+        while u >= 0:
+            walked.append(u)
+            u = _kept_below(verdict, 0, u)
+        assert walked == kept
+        runs = sum(1 for i, u in enumerate(kept) if i == 0 or kept[i - 1] != u + 1) + 1
+        assert calls[0] <= len(kept) + 2 * runs * (n.bit_length() + 1)
+        total_kept += len(kept)
+        assert classify(hook, box(0, n - 1), aux) != NONE  # no summary: nothing dropped
+    assert total_kept < n * n // 4  # most tiles are another document's: skipped
 
 
 def test_a_score_only_variant_walks_every_tile_of_the_span():

@@ -19,6 +19,7 @@ from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.features import FeatureArgs
 from flashgen.generator.features import hook as fh
 from flashgen.generator.hooks import Hook, library
+from flashgen.generator.hooks.summary import summarize
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import backward
 from flashgen.runtime import gpu as runtime
@@ -84,6 +85,15 @@ def _aux_case(name: str, spec_h: int, tq: int, tk: int) -> tuple[tuple[Hook, ...
     if name == "document":  # Tq == Tk: packed sequences of ragged lengths
         doc = np.repeat(np.arange(5, dtype=np.int32), -(-tk // 5))[:tk]
         return (library.document_hook(),), {"doc_ids": doc}
+    if name == "document_ragged":  # sorted ids with gaps: documents of 1 to ~3 tiles
+        rng = np.random.default_rng(tk)
+        lengths = rng.choice([1, 2, 37, 64, 65, 128, 200, 333], size=tk)
+        ids = np.repeat(np.cumsum(rng.integers(1, 4, tk)), lengths)[:tk].astype(np.int32)
+        return (library.document_hook(),), {"doc_ids": ids}
+    if name == "document_unsorted":  # no order, repeated values: the summaries stay sound
+        rng = np.random.default_rng(tk + 1)
+        ids = np.repeat(rng.integers(-3, 3, tk), rng.integers(1, 90, tk))[:tk].astype(np.int32)
+        return (library.document_hook(),), {"doc_ids": ids}
     if name == "prefix_lm":
         return (library.prefix_lm_hook(),), {"prefix": min(tk, 40)}
     if name == "custom":  # every aux kind: a 2-D and a 1-D table, a float and an int scalar
@@ -109,10 +119,20 @@ def _aux_case(name: str, spec_h: int, tq: int, tk: int) -> tuple[tuple[Hook, ...
     raise AssertionError(name)
 
 
-def _device_aux(hooks: tuple[Hook, ...], aux: dict[str, Any]) -> tuple[fh.HookArgs, list[Any]]:
-    """HookArgs for host aux values: arrays copied to the device (kept alive by the list)."""
+def _device_aux(
+    hooks: tuple[Hook, ...], aux: dict[str, Any], summaries: bool = True
+) -> tuple[fh.HookArgs, list[Any]]:
+    """HookArgs for host aux values: arrays copied to the device (kept alive by the list), with
+    the range summaries of the tables a mask reads at ranges (`fh.summary_slots`: built on the
+    host, hooks/summary.py) unless `summaries` is False (NULL: element-wise tile verdicts)."""
     keep: list[Any] = []
     values: dict[str, Any] = {}
+    sums: dict[str, tuple[int, int]] = {}
+    for slot in fh.summary_slots(hooks) if summaries else ():
+        summary = summarize(aux[slot.aux.name], slot.aux.name)
+        dev = runtime.to_device(np.ascontiguousarray(summary.table))
+        keep.append(dev)
+        sums[slot.aux.name] = (int(dev.gpudata), summary.n)
     for name, value in aux.items():
         if isinstance(value, np.ndarray):
             dev = runtime.to_device(np.ascontiguousarray(value))
@@ -122,7 +142,7 @@ def _device_aux(hooks: tuple[Hook, ...], aux: dict[str, Any]) -> tuple[fh.HookAr
             values[name] = ptr if value.ndim == 1 else (ptr, value.shape[1])
         else:
             values[name] = value
-    return fh.HookArgs(hooks, values), keep
+    return fh.HookArgs(hooks, values, sums), keep
 
 
 def _oracle_kw(hooks: tuple[Hook, ...], aux: dict[str, Any]) -> dict[str, Any]:
@@ -426,6 +446,11 @@ WG_CASES = [
     ("softcap+document", 64, "fp16", False, ("window",)),
     ("custom", 64, "fp16", False, ()),
     ("custom", 128, "bf16", True, ("window",)),
+    # doc_ids through its range summary (tiles of other documents skipped, of one taken whole)
+    ("document_ragged", 128, "bf16", False, ()),
+    ("document_ragged", 64, "fp16", True, ()),
+    ("document_unsorted", 128, "bf16", False, ()),
+    ("document_unsorted", 64, "bf16", True, ("window",)),
 ]
 # ragged one-tile, GQA Tq < Tk, Tq > Tk (causal rows with no key), several query and key tiles
 # with Tq == Tk (document masks; tiles wholly inside the causal span), B > 1
@@ -524,3 +549,39 @@ def test_the_library_hooks_match_the_built_in_wgmma_kernels(
     fin = np.isfinite(l_b)
     assert np.array_equal(fin, np.isfinite(l_h))  # the same rows see no key
     assert np.abs(l_h[fin] - l_b[fin]).max() <= via_hook.lse_bound + built_in.lse_bound
+
+
+# Tq == Tk, several documents per row tile and tiles of one document: many NONE and ALL tiles
+WG_DOC_SHAPE = (2, 4, 2, 1900, 1900)
+WG_DOC_CASES = [
+    ("document_ragged", 128, "bf16", False, ()),
+    ("document_ragged", 64, "fp16", True, ()),
+    ("document_unsorted", 128, "bf16", False, ()),
+    ("softcap+document", 128, "bf16", True, ()),
+]
+
+
+@pytest.mark.parametrize(("name", "d", "dtype", "causal", "features"), WG_DOC_CASES)
+def test_range_summaries_skip_tiles_without_changing_a_bit(
+    name, d, dtype, causal, features, wgmma_hooked
+):
+    """The document mask through doc_ids' range summary (tiles of other documents skipped,
+    tiles of one document without the element-wise mask) passes the oracle, and gives exactly
+    the bits of the same kernel without the summary (NULL: every tile evaluated per element):
+    a skipped tile adds exp2(-inf) = 0 to every sum (alpha stays 1, O += 0 * V), and a tile
+    kept whole computes the same scores with or without the mask."""
+    b, h, h_kv, tq, tk = WG_DOC_SHAPE
+    hooks, aux = _aux_case(name, h, tq, tk)
+    spec = _spec(hooks, d, dtype, causal, features, family="wgmma")
+    _built(wgmma_hooked, spec)
+    q, k, v = _inputs(spec, WG_DOC_SHAPE, seed=d + 3)
+    with_summary, _keep = _device_aux(hooks, aux)
+    without, _keep2 = _device_aux(hooks, aux, summaries=False)
+    assert with_summary.kernel_args() != without.kernel_args()  # the summary is passed
+    o, lse = _run(spec, q, k, v, hooks=with_summary)
+    o_bare, lse_bare = _run(spec, q, k, v, hooks=without)
+    out = oracle.check_outputs(
+        o, lse, *_f64(q, k, v), causal=causal, scale=SCALE, dtype=dtype, **_oracle_kw(hooks, aux)
+    )
+    assert out.passed, (spec.name, out)
+    assert np.array_equal(o, o_bare) and np.array_equal(lse, lse_bare), spec.name

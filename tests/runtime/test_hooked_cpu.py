@@ -4,14 +4,18 @@ and the registered ops under fake tensors."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from flashgen.generator import hooks as hk  # noqa: E402
-from flashgen.generator.features.hook import token_of  # noqa: E402
+from flashgen.generator.features.hook import MAX_POINTERS, token_of  # noqa: E402
 from flashgen.generator.hooks import library  # noqa: E402
-from flashgen.hooked import hook_op_args  # noqa: E402
+from flashgen.generator.hooks.summary import CHUNK, summarize  # noqa: E402
+from flashgen.hooked import _hook_args, hook_op_args, range_summary  # noqa: E402
 
 Q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
 
@@ -124,15 +128,17 @@ def test_the_hooks_op_arguments_trace_under_torch_compile_fullgraph():
     def f(q: object, ids: object) -> object:
         tokens, tensors, floats, ints = hook_op_args(None, hook, {"doc_ids": ids}, q)
         assert tokens == token and floats == [] and ints == []
-        return tensors[0] + 1
+        return tensors[0] + 1, tensors[1]
 
-    ids = torch.arange(16, dtype=torch.int32)
-    out = torch.compile(f, fullgraph=True, backend="eager")(Q, ids)
+    ids = torch.arange(200, dtype=torch.int32) // 7
+    out, summary = torch.compile(f, fullgraph=True, backend="eager")(Q, ids)
     assert torch.equal(out, ids + 1)
+    # the range summary is computed in the graph, from the table (no host sync)
+    assert np.array_equal(summary.numpy(), summarize(ids.numpy()).table)
 
 
-@pytest.mark.parametrize("with_aux", [True, False])
-def test_the_backward_gives_one_gradient_entry_per_input(with_aux: bool):
+@pytest.mark.parametrize("with_aux", ["table+summary", "table", ""])
+def test_the_backward_gives_one_gradient_entry_per_input(with_aux: str):
     # the registered autograd formula returns a structure torch accepts (a list of Nones for
     # the aux tensor list): checked through autograd with stand-in CPU kernels for the ops
     import flashgen.torch as fgt  # registers the ops
@@ -150,6 +156,8 @@ def test_the_backward_gives_one_gradient_entry_per_input(with_aux: bool):
         lib.impl("hooked_attention_backward", bwd, "CPU")
         hook = library.document_hook() if with_aux else library.causal_hook()
         aux = [torch.zeros(16, dtype=torch.int32)] if with_aux else []
+        if with_aux == "table+summary":  # as the front door passes them
+            aux.append(range_summary(aux[0]))
         q = torch.randn(1, 2, 16, 64).requires_grad_()
         k = torch.randn(1, 2, 16, 64).requires_grad_()
         # every argument, as flashgen.hooked passes them: the features' defaults, deterministic
@@ -222,3 +230,53 @@ def test_a_tile_whose_family_refuses_hooks_falls_back_to_mma(monkeypatch):
     token = token_of(library.softcap_hook())
     spec = hooked._forward_spec(_Problem(128), True, 0, (token,))
     assert spec.family == "mma" and spec.features == (token,)
+
+
+# ---- range summaries of the tables a mask reads at ranges of indices ----------------------------
+@given(
+    st.integers(1, 40 * CHUNK), st.sampled_from(["sorted", "unsorted", "extremes"]),
+    st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_the_device_summary_is_the_host_summary(n: int, kind: str, seed: int):
+    rng = np.random.default_rng(seed)
+    if kind == "sorted":
+        t = np.sort(rng.integers(0, 30, n)).astype(np.int32)
+    elif kind == "unsorted":
+        t = rng.integers(-(2**31), 2**31 - 1, n).astype(np.int32)
+    else:  # int32's ends: ~x keeps them apart (no overflow)
+        t = rng.choice(np.asarray([-(2**31), 2**31 - 1, 0], np.int32), n)
+    got = range_summary(torch.from_numpy(t))
+    assert got.dtype == torch.int32 and got.is_contiguous()
+    assert np.array_equal(got.numpy(), summarize(t).table)
+
+
+def test_the_front_door_summarizes_the_tables_a_mask_reads_at_ranges():
+    docs = torch.arange(300, dtype=torch.int32) // 50
+    _, tensors, _, _ = hook_op_args(None, library.document_hook(), {"doc_ids": docs}, Q)
+    assert tensors[0] is docs and len(tensors) == 2
+    assert np.array_equal(tensors[1].numpy(), summarize(docs.numpy()).table)
+    # a mask without such a read, and a score_mod's tables, take none
+    _, tensors, _, _ = hook_op_args(library.alibi_hook(), library.causal_hook(),
+                                    {"alibi_slopes": torch.ones(2)}, Q)  # fmt: skip
+    assert len(tensors) == 1
+    with pytest.raises(ValueError, match="aux doc_ids: an empty table; .* pass one entry"):
+        hook_op_args(None, library.document_hook(), {"doc_ids": docs[:0]}, Q)
+
+
+def test_the_op_takes_the_summaries_or_none():
+    hook = library.document_hook()
+    docs = torch.arange(300, dtype=torch.int32) // 50
+    _, tensors, floats, ints = hook_op_args(None, hook, {"doc_ids": docs}, Q)
+    args = _hook_args((hook,), tensors, floats, ints).kernel_args()
+    # slot 0 the table; slot 1 its summary, its length in the stride slot
+    assert args[0] == docs.data_ptr() and args[1] == tensors[1].data_ptr()
+    assert args[MAX_POINTERS : MAX_POINTERS + 2] == (0, 300)
+    bare = _hook_args((hook,), tensors[:1], floats, ints).kernel_args()
+    assert bare[1] == 0 and bare[MAX_POINTERS + 1] == 0  # NULL: the verdicts do without
+    with pytest.raises(ValueError, match="either no range summaries or one per table"):
+        _hook_args((hook,), [*tensors, tensors[1]], floats, ints)
+    wrong = range_summary(docs[:100])
+    with pytest.raises(
+        ValueError, match=r"a table of 300 entries takes a contiguous int32 \(3, 2, 5\)"
+    ):
+        _hook_args((hook,), [docs, wrong], floats, ints)

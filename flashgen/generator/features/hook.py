@@ -15,6 +15,15 @@ signatures of hooked variants (forward, and all three backward kernels), so no e
 launcher or bundle changes. The block is fixed whatever the hook (one struct format for every
 hooked variant); a hook's aux declarations are mapped onto its slots in order (`slots`).
 
+Range summaries (hooks/summary.py) of the tables a mask_mod reads at a range of indices
+(`tiles.summarized_aux`: `doc_ids[q_idx]`) travel in the pointer slots the aux declarations
+leave free, after them (`summary_slots`): hook_ptr<j> the summary, hook_stride<j> (unused by a
+1-D table otherwise) the table's length. So the block, and every kernel's ABI, stay as they
+were; which summaries a variant takes follows from its hooks' expressions (their tokens). A
+table that finds no free slot has no summary (its tile verdicts stay element-wise). Family
+wgmma's forward reads them in its tile verdicts; every other kernel ignores the slots; a NULL
+summary means none (the verdict is then as without one).
+
 The same module holds the hook's value for the oracle (`HookCall`: the hook and its aux arrays
 by name; its float64 logits, kept keys and error terms) and for the launcher (`HookArgs`: the
 aux device pointers and scalars as kernel arguments).
@@ -32,11 +41,18 @@ import numpy.typing as npt
 
 from flashgen.generator.features.base import U32
 from flashgen.generator.hooks import Aux, DType, Hook
-from flashgen.generator.hooks.cuda import emit_hook, emit_tile_class, helpers, tile_helpers
+from flashgen.generator.hooks.cuda import (
+    emit_hook,
+    emit_tile_class,
+    helpers,
+    summary_helpers,
+    tile_helpers,
+)
 from flashgen.generator.hooks.expr import Expr, const, node, postorder, rebuild
 from flashgen.generator.hooks.fold import TANH_SFU_ERROR, emit_logit, logit_helpers, sfu_nodes
 from flashgen.generator.hooks.hook import live_hook
 from flashgen.generator.hooks.numpy_eval import evaluate_many
+from flashgen.generator.hooks.tiles import summarized_aux
 from flashgen.generator.param import Param
 
 # ---- tokens and the registry ------------------------------------------------------------------
@@ -138,7 +154,8 @@ tensor each), their row strides in elements (2-D only; 0 otherwise), float and i
 @dataclass(frozen=True)
 class Slot:
     """Where one aux declaration travels: `kind` "ptr" (hook_ptr<i>, and hook_stride<i> when
-    2-D), "float" (hook_f<i>) or "int" (hook_i<i>)."""
+    2-D), "float" (hook_f<i>) or "int" (hook_i<i>); or where a table's range summary does,
+    "summary" (hook_ptr<i>, its length in hook_stride<i>; `summary_slots`)."""
 
     aux: Aux
     kind: str
@@ -179,6 +196,33 @@ def slots(hooks: Sequence[Hook]) -> tuple[Slot, ...]:
     return tuple(out)
 
 
+def summary_slots(hooks: Sequence[Hook]) -> tuple[Slot, ...]:
+    """The range summaries the variant's tile verdicts take (kind "summary"): each table a
+    mask_mod reads at a range of indices (`tiles.summarized_aux`, in first-use order) on the
+    next pointer slot the aux declarations (`slots`) leave free, hook_ptr<index> holding the
+    summary and hook_stride<index> the table's length; tables past the last free slot get
+    none (their verdicts do without)."""
+    block = slots(hooks)
+    free = MAX_POINTERS - sum(s.kind == "ptr" for s in block)
+    tables = [a for h in hooks if h.kind == "mask_mod" for a in summarized_aux(h)]
+    used = MAX_POINTERS - free
+    return tuple(Slot(a, "summary", used + i) for i, a in enumerate(tables[:free]))
+
+
+def summary_call_args(
+    hook: Hook, summaries: Sequence[Slot], slot: Callable[[str, int], str] | None = None
+) -> str:
+    """The C++ arguments of `hook`'s tile verdict after its aux arguments: each summarized
+    table's summary pointer and length, read from its slot (`slot` spells them as
+    `call_args` does)."""
+    spell = slot or (lambda kind, i: f"hook_{kind}{i}")
+    parts: list[str] = []
+    for s in summaries:
+        if s.aux in hook.aux:
+            parts += [f"static_cast<const int*>({spell('ptr', s.index)})", spell("stride", s.index)]
+    return "".join(f", {p}" for p in parts)
+
+
 def call_args(
     hook: Hook, block: Sequence[Slot], slot: Callable[[str, int], str] | None = None
 ) -> str:
@@ -212,13 +256,16 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
     functions), and `hook_score` / `hook_mask` (None, or the function's `name` and the C++
     `aux` arguments that follow its fixed inputs; a score_mod's also `dfac`: whether the
     backward multiplies dS by its derivative, False when that is the constant 1; a mask_mod's
-    also `tile`, the name of its verdict on a whole tile). `hook_tile_source`: that verdict's
-    C++ and its helpers (hooks/tiles.py), for templates that skip tiles (family wgmma's).
+    also `tile`, the name of its verdict on a whole tile, and `tile_aux`, its C++ arguments
+    after the fixed inputs: `aux` then the range summaries of `summary_slots`).
+    `hook_tile_source`: that verdict's C++ and its helpers (hooks/tiles.py), for templates that
+    skip tiles (family wgmma's).
     `hook_logit_source`: a score_mod's lowered logit function (hooks/fold.py: invariant factors
     folded, tanh on the SFU; its name is the score call's `logit`), for 16-bit-only templates
     (family wgmma's); the oracle's error terms cover it (`HookCall.lse_terms`)."""
     hooks = hooks_of(features)
     block = slots(hooks)
+    summaries = summary_slots(hooks)
     ctx: dict[str, Any] = {
         "hook_source": "",
         "hook_score": None,
@@ -239,7 +286,11 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
             ctx["hook_logit_source"] = logit_helpers() + "\n" + emit_logit(h, call["logit"])
         else:
             call["tile"] = f"{name}_tile"
-            ctx["hook_tile_source"] = tile_helpers() + "\n" + emit_tile_class(h, call["tile"])
+            call["tile_aux"] = call["aux"] + summary_call_args(h, summaries)
+            mine = tuple(s.aux for s in summaries if s.aux in h.aux)
+            readers = [tile_helpers(), *([summary_helpers()] if mine else [])]
+            verdict = emit_tile_class(h, call["tile"], summarized=mine)
+            ctx["hook_tile_source"] = "\n".join([*readers, verdict])
         ctx["hook_score" if h.kind == "score_mod" else "hook_mask"] = call
     ctx["hook_source"] = "\n".join(parts)
     return ctx
@@ -251,11 +302,20 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
 class HookArgs:
     """One call's aux values for a hooked variant, as the launcher passes them: by aux name, a
     1-D tensor as its device pointer (int), a 2-D one as (pointer, row stride in elements), a
-    scalar as a number. `kernel_args()` is the aux block's values, in `HOOK_PARAMS` order."""
+    scalar as a number. `summaries`: range summaries of the tables `summary_slots` names, by
+    table name, as (device pointer, the table's length n): the layout of
+    hooks/summary.py's `summarize` for a table of n elements; a table left out has none (its
+    slot stays NULL and the tile verdicts do without: correct, slower where they skip tiles).
+    `kernel_args()` is the aux block's values, in `HOOK_PARAMS` order."""
 
     __slots__ = ("_args", "hooks")
 
-    def __init__(self, hooks: Sequence[Hook], values: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        hooks: Sequence[Hook],
+        values: Mapping[str, Any] | None = None,
+        summaries: Mapping[str, tuple[int, int]] | None = None,
+    ) -> None:
         values = dict(values or {})
         block = slots(hooks)
         names = {s.aux.name for s in block}
@@ -292,6 +352,22 @@ class HookArgs:
                     raise ValueError(
                         f"aux {s.aux.name}={v!r}: an int32 scalar; pass a value in int32"
                     )
+        summary_of = {s.aux.name: s for s in summary_slots(hooks)}
+        for name, value in (summaries or {}).items():
+            where = summary_of.get(name)
+            if where is None:
+                raise ValueError(
+                    f"summaries[{name!r}]: the variant's tile verdicts summarize "
+                    f"{sorted(summary_of) or 'no table'}; pass summaries of those only "
+                    "(features.hook.summary_slots)"
+                )
+            ptr, n = value
+            if not ptr or int(ptr) % 4 or not 1 <= int(n) < 2**31:
+                raise ValueError(
+                    f"summaries[{name!r}]={value!r}: a 4-byte aligned device pointer and the "
+                    "table's length (1 <= n < 2^31); pass (summary address, len(table))"
+                )
+            ptrs[where.index], strides[where.index] = int(ptr), int(n)
         self.hooks = tuple(hooks)
         self._args: tuple[int | float, ...] = (*ptrs, *strides, *floats, *ints)
 
@@ -434,6 +510,8 @@ __all__ = [
     "is_hook_token",
     "register",
     "slots",
+    "summary_call_args",
+    "summary_slots",
     "template_context",
     "token_kind",
     "token_of",

@@ -37,17 +37,23 @@ For a mask_mod, `emit_tile_class` also writes its verdict on a whole tile (hooks
 FG_TILE_NONE when the mask drops every key of rows q_lo..q_hi x keys kv_lo..kv_hi (inclusive),
 FG_TILE_ALL when it keeps every one, FG_TILE_SOME otherwise or when it cannot tell: interval
 arithmetic, one statement per node, on helpers from `tile_helpers()` (once per translation unit).
+For each summarized table (tiles.summarized_aux: a rank-1 int32 aux read at a range of
+indices) the verdict takes two more parameters after AUX, `const int* __restrict__ fg_sum_NAME,
+int fg_n_NAME`: the table's range summary (hooks/summary.py; NULL: none, the read is unknown)
+and its length, read by `fg_ir_load_summary` from `summary_helpers()`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Literal
 
 from flashgen.generator.hooks.aux import Aux
 from flashgen.generator.hooks.expr import INPUTS, INT32_MIN, DType, Expr, postorder, to_text
 from flashgen.generator.hooks.hook import Hook
-from flashgen.generator.hooks.tiles import tracked
+from flashgen.generator.hooks.summary import CHUNK
+from flashgen.generator.hooks.tiles import summarized_aux, tracked
 
 DEVICE = "__device__ __forceinline__"
 """The default qualifiers: what the kernel templates' own helpers use."""
@@ -387,6 +393,46 @@ FG_TILE_FN int fg_truth_where(int c, int a, int b) {
 #endif  // FLASHGEN_HOOK_TILE_HELPERS
 """
 
+SUMMARY_HELPERS = (
+    r"""#ifndef FLASHGEN_HOOK_SUMMARY_HELPERS
+#define FLASHGEN_HOOK_SUMMARY_HELPERS
+// A rank-1 int32 table read at a range of indices, bounded by its range summary (flashgen/
+// generator/hooks/summary.py): for chunk i of FG_SUMMARY_CHUNK elements and level k, the min
+// (s[(2k) nc + i]) and max (s[(2k + 1) nc + i]) over chunks i .. i + 2^k - 1, nc chunks. The
+// index range is clipped to the table, [0, n - 1]: sound, as a hook reads only indices inside
+// its tables (its contract); then chunks a..b are two level-k runs, 2^k <= b - a + 1.
+#define FG_TILE_FN __host__ __device__ __forceinline__
+constexpr int FG_SUMMARY_CHUNK = """
+    + str(CHUNK)
+    + r""";
+FG_TILE_FN int fg_floor_log2(int x) {  // x >= 1
+#ifdef __CUDA_ARCH__
+  return 31 - __clz(x);
+#else
+  return 31 - __builtin_clz((unsigned)x);
+#endif
+}
+// Not inlined: a verdict runs once per key tile or run of tiles, and inlined twice per verdict
+// into wgmma's consumer loop (d 128: O, S and P live there) its loads and 64-bit index math
+// made ptxas 13.0 spill 20-28 B; as a call it spills nothing.
+__host__ __device__ __noinline__ fg_irange fg_ir_load_summary(const int* __restrict__ t,
+                                                              const int* __restrict__ s, int n,
+                                                              fg_irange i) {
+  if (i.lo == i.hi) return fg_ir_point(t[i.lo]);
+  if (s == nullptr) return fg_ir_full();  // no summary passed: unknown, as without one
+  const long long lo = fg_ll_max(i.lo, 0), hi = fg_ll_min(i.hi, (long long)n - 1);
+  if (lo > hi) return fg_ir_full();  // no index inside the table: the contract is broken
+  const int a = (int)(lo / FG_SUMMARY_CHUNK), b = (int)(hi / FG_SUMMARY_CHUNK);
+  const int nc = (n - 1) / FG_SUMMARY_CHUNK + 1;
+  const int k = fg_floor_log2(b - a + 1), j = b - (1 << k) + 1;
+  const int* __restrict__ lv = s + 2LL * k * nc;
+  return fg_irange{fg_ll_min(lv[a], lv[j]), fg_ll_max(lv[nc + a], lv[nc + j])};
+}
+#undef FG_TILE_FN
+#endif  // FLASHGEN_HOOK_SUMMARY_HELPERS
+"""
+)
+
 TILE_INPUTS = ("b", "h", "q_lo", "q_hi", "kv_lo", "kv_hi", "q_len", "kv_len")
 """The fixed parameters of a tile verdict, in order (all int), before the hook's AUX."""
 _TILE_CALL = {
@@ -414,24 +460,55 @@ def tile_helpers() -> str:
     return TILE_HELPERS
 
 
-def tile_signature(hook: Hook, name: str, qualifiers: str = DEVICE) -> str:
-    """`qualifiers int name(b, h, q_lo, q_hi, kv_lo, kv_hi, q_len, kv_len, AUX...)`."""
+def summary_helpers() -> str:
+    """The range-summary reader of verdicts with summarized tables (once per translation unit,
+    after `tile_helpers()`; guarded)."""
+    return SUMMARY_HELPERS
+
+
+def summary_parameters(a: Aux) -> list[tuple[str, str]]:
+    """The verdict's parameters for table `a`'s range summary: its pointer and the length."""
+    return [("const int* __restrict__", f"fg_sum_{a.name}"), ("int", f"fg_n_{a.name}")]
+
+
+def tile_signature(
+    hook: Hook, name: str, qualifiers: str = DEVICE, summarized: Sequence[Aux] = ()
+) -> str:
+    """`qualifiers int name(b, h, q_lo, q_hi, kv_lo, kv_hi, q_len, kv_len, AUX..., SUMMARIES...)`
+    (SUMMARIES: `summary_parameters` of each table in `summarized`, in order)."""
     params = [f"int {n}" for n in TILE_INPUTS]
     params += [f"{t} {n}" for a in hook.aux for t, n in aux_parameters(a)]
+    params += [f"{t} {n}" for a in summarized for t, n in summary_parameters(a)]
     return f"{qualifiers} int {name}({', '.join(params)})"
 
 
-def emit_tile_class(hook: Hook, name: str | None = None, qualifiers: str = DEVICE) -> str:
+def emit_tile_class(
+    hook: Hook,
+    name: str | None = None,
+    qualifiers: str = DEVICE,
+    summarized: Sequence[Aux] | None = None,
+) -> str:
     """A mask_mod's verdict on a tile as a C++ function (default name `<default_name>_tile`):
     FG_TILE_NONE / FG_TILE_ALL only when the mask drops / keeps every element of the tile,
-    else FG_TILE_SOME. Needs `tile_helpers()` first."""
+    else FG_TILE_SOME. `summarized`: the tables whose range summaries it takes (default: all
+    of `tiles.summarized_aux(hook)`; each must be one of those). Needs `tile_helpers()` first,
+    and `summary_helpers()` when it takes any summary."""
     if hook.kind != "mask_mod":
         raise ValueError(f"{hook.kind} {hook.name or '?'}: only a mask_mod has a tile verdict")
     name = name or f"{default_name(hook)}_tile"
+    candidates = summarized_aux(hook)
+    summarized = candidates if summarized is None else tuple(summarized)
+    if not set(summarized) <= set(candidates):
+        raise ValueError(
+            f"summarized={[a.name for a in summarized]}: {hook.name or 'the mask'} reads "
+            f"{[a.name for a in candidates] or 'no table'} at a range of indices; summaries "
+            "are only of those (tiles.summarized_aux)"
+        )
+    names = {a.name for a in summarized}
     text: dict[int, str] = {}
     lines: list[str] = []
     for n in tracked(hook.expr):
-        call = _tile_render(n, [text.get(id(a), "") for a in n.args])
+        call = _tile_render(n, [text.get(id(a), "") for a in n.args], names)
         if n.op in ("const", "input", "scalar"):
             text[id(n)] = call
             continue
@@ -446,10 +523,11 @@ def emit_tile_class(hook: Hook, name: str | None = None, qualifiers: str = DEVIC
         "FG_TILE_ALL only if it keeps every one,\n// else FG_TILE_SOME (interval arithmetic, "
         "flashgen/generator/hooks/tiles.py)\n"
     )
-    return what + tile_signature(hook, name, qualifiers) + " {\n" + "\n".join(lines) + "\n}\n"
+    decl = tile_signature(hook, name, qualifiers, summarized)
+    return what + decl + " {\n" + "\n".join(lines) + "\n}\n"
 
 
-def _tile_render(n: Expr, args: list[str]) -> str:
+def _tile_render(n: Expr, args: list[str], summarized: set[str]) -> str:
     """The C++ of node n's range (an int) or truth set (a bool), given its operands'."""
     op = n.op
     if op == "const":
@@ -465,6 +543,8 @@ def _tile_render(n: Expr, args: list[str]) -> str:
         return f"fg_ir_point({n.value.name})"
     if op == "load":
         a: Aux = n.value
+        if a.name in summarized:
+            return f"fg_ir_load_summary({a.name}, fg_sum_{a.name}, fg_n_{a.name}, {args[0]})"
         stride = [f"{a.name}_stride"] if a.ndim == 2 else []
         return f"fg_ir_load({', '.join([a.name, *stride, *args])})"
     if op in ("lt", "le", "gt", "ge", "eq", "ne") and n.args[0].dtype is DType.FLOAT:

@@ -15,9 +15,15 @@ The method is interval arithmetic over the expression (cuda.py emits the same ru
   `%` by a constant (a one-point range) are bounded, by anything else unknown;
 - a bool node is a truth set: may it be false, may it be true (both: unknown); comparisons of
   ranges, and / or / not / where / == of bools in three-valued logic;
+- an int32 aux element at an index that is one value over the whole box (`win[h]`) is read;
+  a rank-1 int32 table read at a range of indices [lo, hi] (`doc_ids[q_idx]`) is bounded by its
+  range summary (hooks/summary.py: the min and max over the chunks of [lo, hi] clipped to
+  [0, n - 1]) when one is passed for it. The clip is sound because the hook contract
+  (hooks/aux.py) says every index the hook evaluates is inside its table: the indices it
+  really reads over the box lie in [lo, hi] and in [0, n - 1]. The summary assumes nothing of
+  the table's values (no order);
 - what it cannot bound is unknown (any int, or either truth): floats (float math, comparisons
-  of floats), and aux tensor elements, except an int32 element at an index that is one value
-  over the whole box (`win[h]`), which it reads.
+  of floats), other aux tensor elements (a 2-D table at a range, a table with no summary).
 
 Sound: each rule's result contains every value the node takes in the box (operands are
 treated as independent, which only widens). Monotone: every rule maps narrower operands to a
@@ -39,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from flashgen.generator.hooks.aux import Aux
+from flashgen.generator.hooks.aux import Aux, aux_used
 from flashgen.generator.hooks.expr import INT32_MAX, INT32_MIN, DType, Expr, postorder
 from flashgen.generator.hooks.hook import Hook
+from flashgen.generator.hooks.summary import RangeSummary, lookup
 
 # A truth set, as two bits: may the bool be false (1), may it be true (2).
 FALSE = 1
@@ -98,17 +105,54 @@ def tracked(expr: Expr) -> list[Expr]:
     return [n for n in postorder(expr) if id(n) in keep]
 
 
-def classify(hook: Hook | Expr, box: Box, aux: Mapping[str, Any] | None = None) -> TileClass:
+def summarized_aux(hook: Hook | Expr) -> tuple[Aux, ...]:
+    """The aux tables a range summary helps bound, in first-use order: the rank-1 int32 auxes
+    the analysis reads (`tracked`) at an index that depends on q_idx or kv_idx, so that it is
+    not one value over a tile. Decided by the expression alone, so a hook's identity fixes
+    which summaries its kernels take."""
+    expr = hook.expr if isinstance(hook, Hook) else hook
+    varies: set[int] = set()
+    for n in postorder(expr):
+        if (n.op == "input" and n.value in ("q_idx", "kv_idx")) or any(
+            id(a) in varies for a in n.args
+        ):
+            varies.add(id(n))
+    out: list[Aux] = []
+    for n in tracked(expr):
+        a = n.value if n.op == "load" else None
+        if a is None or a.ndim != 1 or a.dtype != "int32" or a in out:
+            continue
+        if id(n.args[0]) in varies:
+            out.append(a)
+    return tuple(out)
+
+
+def classify(
+    hook: Hook | Expr,
+    box: Box,
+    aux: Mapping[str, Any] | None = None,
+    summaries: Mapping[str, RangeSummary] | None = None,
+) -> TileClass:
     """Whether the mask keeps ALL, NONE or SOME of the box's elements (sound; see the module
-    doc). `aux`: the hook's int scalars by name, and any int32 table it reads at one index."""
+    doc). `aux`: the hook's int scalars by name, and any int32 table it reads at one index.
+    `summaries`: range summaries (hooks/summary.py `summarize`) of rank-1 int32 tables by name,
+    which bound reads of them at a range of indices; without one such a read is unknown."""
     expr = hook.expr if isinstance(hook, Hook) else hook
     if expr.dtype is not DType.BOOL:
         raise ValueError(f"classify takes a mask (a bool expression), not {expr.dtype.article}")
     if box.q_lo > box.q_hi or box.kv_lo > box.kv_hi:
         raise ValueError(f"{box}: an empty box has no verdict; pass lo <= hi on both sides")
+    if summaries:
+        tables = {a.name for a in aux_used(expr) if a.ndim == 1 and a.dtype == "int32"}
+        if not set(summaries) <= tables:
+            raise ValueError(
+                f"summaries of {sorted(set(summaries) - tables)}: the mask reads no rank-1 int32 "
+                f"table of that name (it reads {sorted(tables) or 'none'}); pass summaries only "
+                "of the tables it reads"
+            )
     known: dict[int, Bound] = {}
     for n in tracked(expr):
-        known[id(n)] = bound(n, [known.get(id(a)) for a in n.args], box, aux or {})
+        known[id(n)] = bound(n, [known.get(id(a)) for a in n.args], box, aux or {}, summaries)
     truth = known[id(expr)]
     assert isinstance(truth, int)
     return TileClass(truth)
@@ -136,11 +180,17 @@ def brute_force(hook: Hook | Expr, box: Box, aux: Mapping[str, Any] | None = Non
 # ---- the rules, one per operation ---------------------------------------------------------------
 
 
-def bound(n: Expr, args: list[Bound], box: Box, aux: Mapping[str, Any]) -> Bound:
+def bound(
+    n: Expr,
+    args: list[Bound],
+    box: Box,
+    aux: Mapping[str, Any],
+    summaries: Mapping[str, RangeSummary] | None = None,
+) -> Bound:
     """What node `n` may be over `box`, given what its operands may be (None for a float)."""
     if n.dtype is DType.BOOL:
         return _truth(n, args)
-    return clip(_range(n, args, box, aux))
+    return clip(_range(n, args, box, aux, summaries or {}))
 
 
 def clip(r: Range) -> Range:
@@ -149,7 +199,9 @@ def clip(r: Range) -> Range:
     return (min(max(r[0], INT32_MIN), INT32_MAX), min(max(r[1], INT32_MIN), INT32_MAX))
 
 
-def _range(n: Expr, args: list[Any], box: Box, aux: Mapping[str, Any]) -> Range:
+def _range(
+    n: Expr, args: list[Any], box: Box, aux: Mapping[str, Any], summaries: Mapping[str, Any]
+) -> Range:
     op = n.op
     if op == "const":
         return (n.value, n.value)
@@ -164,7 +216,7 @@ def _range(n: Expr, args: list[Any], box: Box, aux: Mapping[str, Any]) -> Range:
         v = int(_aux_scalar(n.value, aux))
         return (v, v)
     if op == "load":
-        return _load(n.value, args, aux)
+        return _load(n.value, args, aux, summaries)
     if op in _ARITH:
         return _ARITH[op](*args)
     if op == "where":
@@ -178,10 +230,17 @@ def _aux_scalar(a: Aux, aux: Mapping[str, Any]) -> Any:
     return aux[a.name]
 
 
-def _load(a: Aux, index: list[Range], aux: Mapping[str, Any]) -> Range:
-    """An int32 table at one index over the whole box reads one value; anything else is FULL."""
+def _load(
+    a: Aux, index: list[Range], aux: Mapping[str, Any], summaries: Mapping[str, Any]
+) -> Range:
+    """An int32 table at one index over the whole box reads one value; a rank-1 one at a range
+    of indices is bounded by its summary, if given (FULL when the clipped range is empty: no
+    index is in the table, which the hook contract rules out); anything else is FULL."""
     if any(lo != hi for lo, hi in index):
-        return FULL
+        s = summaries.get(a.name)
+        if s is None:
+            return FULL
+        return lookup(s, index[0][0], index[0][1]) or FULL
     v = int(np.asarray(_aux_scalar(a, aux))[tuple(lo for lo, _ in index)])
     return (v, v)
 

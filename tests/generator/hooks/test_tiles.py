@@ -1,7 +1,8 @@
 """A mask_mod's verdict on a tile (hooks/tiles.py, and its C++ from hooks/cuda.py) against the
-oracle's value of every element: never ALL or NONE unless true (random masks), exactly the truth
-for the library's causal, window and prefix-LM masks, and the C++ run on the host giving the
-Python verdict."""
+oracle's value of every element: never ALL or NONE unless true (random masks; masks reading
+tables at ranges of indices through their range summaries, sorted or not), exactly the truth
+for the library's causal, window and prefix-LM masks and for document masks on sorted ids, and
+the C++ run on the host giving the Python verdict."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flashgen.generator import hooks as hk
-from flashgen.generator.hooks.cuda import HOST_DEVICE, emit_tile_class, tile_helpers
+from flashgen.generator.hooks.cuda import (
+    HOST_DEVICE,
+    emit_tile_class,
+    summary_helpers,
+    tile_helpers,
+)
 from flashgen.generator.hooks.expr import INT32_MAX, INT32_MIN
 from flashgen.generator.hooks.library import (
     WINDOW_AUX,
@@ -25,7 +33,15 @@ from flashgen.generator.hooks.library import (
     window_hook,
     window_mask,
 )
-from flashgen.generator.hooks.tiles import Box, TileClass, brute_force, classify, clip
+from flashgen.generator.hooks.summary import CHUNK, RangeSummary, summarize
+from flashgen.generator.hooks.tiles import (
+    Box,
+    TileClass,
+    brute_force,
+    classify,
+    clip,
+    summarized_aux,
+)
 
 from ._exprs import IDS_SIZE, random_mask_hook
 
@@ -213,47 +229,108 @@ def test_the_cpp_verdict_reads_as_the_rules() -> None:
     window = emit_tile_class(window_hook(), "w")
     assert window.count("fg_or(") == 2 and "fg_and(t6, t9)" in window
     assert "int window_left, int window_right) {" in window
+    # a table read at a range of indices: bounded by its range summary (pointer, length)
     docs = emit_tile_class(document_hook(), "d")
-    assert "fg_ir_load(doc_ids, fg_irange{q_lo, q_hi})" in docs
+    assert "int d(int b, int h, int q_lo, int q_hi, int kv_lo, int kv_hi, int q_len, int " in docs
+    assert (
+        "const int* __restrict__ doc_ids, const int* __restrict__ fg_sum_doc_ids, "
+        "int fg_n_doc_ids) {" in docs
+    )
+    assert (
+        "fg_ir_load_summary(doc_ids, fg_sum_doc_ids, fg_n_doc_ids, fg_irange{q_lo, q_hi})" in docs
+    )
+    bare = emit_tile_class(document_hook(), "d", summarized=())  # without: unknown, as before
+    assert "fg_ir_load(doc_ids, fg_irange{q_lo, q_hi})" in bare and "fg_sum_" not in bare
+    with pytest.raises(ValueError, match="summaries are only of those"):
+        emit_tile_class(window_hook(), "w", summarized=document_hook().aux)
     floats = emit_tile_class(hk.trace_mask_mod(lambda b, h, q, kv: hk.to_float(kv) < 0.5), "f")
     assert "return FG_EITHER;" in floats or "= FG_EITHER;" in floats
 
 
 def _host_program(hooks: dict[str, hk.Hook], cases: list[tuple[Box, dict[str, Any]]]) -> str:
     """C++ that prints every hook's tile verdict on every case, one line per case (the cases
-    as tables, one loop: a host compiler takes minutes over thousands of inlined calls)."""
-    src = [tile_helpers(), "#include <cstdio>\n"]
+    as tables, one loop: a host compiler takes minutes over thousands of inlined calls). A
+    case's tables (`ids`, `doc_ids`) travel flattened with their offsets and lengths, and with
+    their range summaries unless the case says `no_summary` (then NULL: none)."""
+    src = [tile_helpers(), summary_helpers(), "#include <cstdio>\n"]
     for name, hook in hooks.items():
         src.append(emit_tile_class(hook, f"tile_{name}", HOST_DEVICE))
     fields = ("b", "h", "q_lo", "q_hi", "kv_lo", "kv_hi", "q_len", "kv_len")
     scalars = ("lim", "window_left", "window_right", "prefix")
     n = len(cases)
+
+    def array(name: str, values: list[int]) -> None:
+        text = ", ".join(map(str, values)) or "0"
+        src.append(f"static const int {name}[{max(len(values), 1)}] = {{{text}}};")
+
     for f in fields:
-        values = ", ".join(str(getattr(box, f)) for box, _ in cases)
-        src.append(f"static const int c_{f}[{n}] = {{{values}}};")
+        array(f"c_{f}", [getattr(box, f) for box, _ in cases])
     for f in scalars:
-        src.append(f"static const int c_{f}[{n}] = {{{', '.join(str(a[f]) for _, a in cases)}}};")
-    ids = ", ".join(str(int(x)) for _, a in cases for x in a["ids"])
-    src.append(f"static const int c_ids[{n * IDS_SIZE}] = {{{ids}}};")
+        array(f"c_{f}", [a[f] for _, a in cases])
+    array("c_null", [int(a.get("no_summary", False)) for _, a in cases])
+    for table in ("ids", "doc_ids"):
+        flat: list[int] = []
+        sums: list[int] = []
+        offs: list[int] = []
+        sum_offs: list[int] = []
+        for _, a in cases:
+            offs.append(len(flat))
+            sum_offs.append(len(sums))
+            flat += [int(x) for x in a[table]]
+            sums += [int(x) for x in summarize(a[table]).table.ravel()]
+        array(f"c_{table}", flat)
+        array(f"c_{table}_off", offs)
+        array(f"c_{table}_n", [len(a[table]) for _, a in cases])
+        array(f"c_sum_{table}", sums)
+        array(f"c_sum_{table}_off", sum_offs)
     calls = []
     for name, hook in hooks.items():
         args = [f"c_{f}[i]" for f in fields]
         for a in hook.aux:
-            args.append(
-                {"ids": f"c_ids + i * {IDS_SIZE}", "gain": "1.5f"}.get(a.name, f"c_{a.name}[i]")
-            )
+            if a.name in ("ids", "doc_ids"):
+                args.append(f"c_{a.name} + c_{a.name}_off[i]")
+            else:
+                args.append({"gain": "1.5f"}.get(a.name, f"c_{a.name}[i]"))
+        for a in summarized_aux(hook):
+            args.append(f"(c_null[i] ? nullptr : c_sum_{a.name} + c_sum_{a.name}_off[i])")
+            args.append(f"c_{a.name}_n[i]")
         calls.append(f'    printf(" %d", tile_{name}({", ".join(args)}));')
     body = [f"int main() {{\n  for (int i = 0; i < {n}; ++i) {{", *calls]
     body.append('    printf("\\n");\n  }\n  return 0;\n}\n')
     return "\n".join(src + body)
 
 
+def _summaries(hook: hk.Hook, aux: dict[str, Any]) -> dict[str, RangeSummary] | None:
+    """The summaries the C++ verdict of `hook` takes for a case (None: the case passes NULL)."""
+    if aux.get("no_summary"):
+        return None
+    return {a.name: summarize(aux[a.name]) for a in summarized_aux(hook)}
+
+
+def _host_cases(rng: random.Random) -> list[tuple[Box, dict[str, Any]]]:
+    """Small random boxes (the random masks' 64 ids) and long ones over document tables,
+    sorted or not; one in five passes no summaries."""
+    cases = []
+    for i in range(240):
+        box = random_box(rng, 64 if i < 120 else 700)
+        aux = mask_aux(rng)
+        n = max(box.q_len, box.kv_len, TABLE_MIN) + rng.randint(0, 80)
+        aux["doc_ids"] = (
+            _sorted_docs(rng, n)
+            if rng.random() < 0.6
+            else np.asarray([rng.randint(-3, 3) for _ in range(n)], np.int32)
+        )
+        aux["no_summary"] = i % 5 == 4
+        cases.append((box, aux))
+    return cases
+
+
 @pytest.mark.compile_all  # nvcc and a host run: with the compile-everything check
 def test_cpp_verdicts_on_the_host_match_python(nvcc_required: Path, tmp_path: Path) -> None:
     hooks = {"causal": causal_hook(), "window": window_hook(), "prefix": prefix_lm_hook()}
     hooks.update({f"random_{s}": random_mask_hook(s) for s in range(24)})
-    rng = random.Random(11)
-    cases = [(random_box(rng), mask_aux(rng)) for _ in range(120)]
+    hooks.update({f"table_{i}": m for i, m in enumerate(TABLE_MASKS)})
+    cases = _host_cases(random.Random(11))
     cu = tmp_path / "tiles.cu"
     cu.write_text(_host_program(hooks, cases))
     exe = tmp_path / "tiles"
@@ -264,7 +341,175 @@ def test_cpp_verdicts_on_the_host_match_python(nvcc_required: Path, tmp_path: Pa
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     lines = out.splitlines()
     assert len(lines) == len(cases)
+    definite = 0
     for line, (box, aux) in zip(lines, cases, strict=True):
         got = [TileClass(int(v)) for v in line.split()]
-        want = [classify(hook, box, aux) for hook in hooks.values()]
+        want = [classify(hook, box, aux, _summaries(hook, aux)) for hook in hooks.values()]
         assert got == want, (box, aux)
+        definite += sum(
+            w != SOME for w, h in zip(want, hooks, strict=True) if h.startswith("table_")
+        )
+    assert definite > 200, definite  # the summarized reads made many definite verdicts
+
+
+# ---- tables read at a range of indices: range summaries ------------------------------------------
+DOCS = hk.Aux("doc_ids", "int32", 1)
+LIM = hk.Aux("lim", "int32", 0)
+TABLE_MIN = 64  # the tables below have at least this many entries (the masks clamp into it)
+
+
+def _table_masks() -> list[hk.Hook]:
+    """Masks that read doc_ids at ranges of indices: the document mask, with causality, an
+    order between ids, an index mixing rows and keys, a table read at a table's value, and a
+    where whose branches read it differently. Indices stay inside the table (the contract)."""
+
+    def clamp(i: Any) -> Any:
+        return hk.minimum(hk.maximum(i, 0), TABLE_MIN - 1)
+
+    def causal_docs(b: Any, h: Any, q: Any, kv: Any, d: Any, lim: Any) -> Any:
+        return (d[q] == d[kv]) & (kv <= q)
+
+    def ordered(b: Any, h: Any, q: Any, kv: Any, d: Any, lim: Any) -> Any:
+        return d[kv] <= d[q] + lim
+
+    def mixed(b: Any, h: Any, q: Any, kv: Any, d: Any, lim: Any) -> Any:
+        return d[clamp(q - kv + 3)] > lim
+
+    def nested(b: Any, h: Any, q: Any, kv: Any, d: Any, lim: Any) -> Any:
+        return d[clamp(d[kv])] != d[q]
+
+    def branches(b: Any, h: Any, q: Any, kv: Any, d: Any, lim: Any) -> Any:
+        return hk.where(kv < lim, d[q] != d[kv], d[kv] >= d[clamp(h)])
+
+    made = [
+        hk.trace_mask_mod(f, DOCS, LIM) for f in (causal_docs, ordered, mixed, nested, branches)
+    ]
+    return [document_hook(), *made]
+
+
+TABLE_MASKS = _table_masks()
+
+
+@st.composite
+def table_case(draw: st.DrawFn) -> tuple[np.ndarray, Box, int]:
+    """A table (sorted document ids of ragged lengths, or unsorted, or with few values), a box
+    inside a problem no longer than the table, and lim."""
+    n = draw(st.integers(TABLE_MIN, 12 * CHUNK))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    kind = draw(st.sampled_from(["sorted", "unsorted", "few"]))
+    if kind == "sorted":
+        t = np.sort(rng.integers(0, draw(st.integers(1, 40)), n)).astype(np.int32)
+    elif kind == "unsorted":
+        t = rng.integers(-(2**31), 2**31 - 1, n).astype(np.int32)
+    else:
+        t = rng.integers(0, 3, n).astype(np.int32)
+    tq, tk = draw(st.integers(1, n)), draw(st.integers(1, n))
+    q = sorted(draw(st.lists(st.integers(0, tq - 1), min_size=2, max_size=2)))
+    k = sorted(draw(st.lists(st.integers(0, tk - 1), min_size=2, max_size=2)))
+    box = Box(q[0], q[1], k[0], k[1], 0, draw(st.integers(0, 3)), tq, tk)
+    return t, box, draw(st.integers(-5, 40))
+
+
+def test_the_masks_reading_a_table_at_ranges_are_the_summarized_ones() -> None:
+    assert [a.name for a in summarized_aux(document_hook())] == ["doc_ids"]
+    assert all(summarized_aux(m) == (DOCS,) for m in TABLE_MASKS)
+
+    # one index per tile (h), a 2-D table, a float table, a score path: no summary
+    def per_head(b: Any, h: Any, q: Any, kv: Any, w: Any) -> Any:
+        return kv <= q + w[h]
+
+    assert summarized_aux(hk.trace_mask_mod(per_head, hk.Aux("w", "int32", 1))) == ()
+    assert summarized_aux(window_hook()) == () and summarized_aux(causal_hook()) == ()
+
+
+@given(table_case())
+def test_masks_reading_tables_at_ranges_are_sound_with_summaries(
+    case: tuple[np.ndarray, Box, int],
+) -> None:
+    t, box, lim = case
+    aux = {"doc_ids": t, "lim": lim}
+    summaries = {"doc_ids": summarize(t)}
+    for hook in TABLE_MASKS:
+        got, want = classify(hook, box, aux, summaries), brute_force(hook, box, aux)
+        assert got in (want, SOME), (hook.name, box, lim)
+        assert classify(hook, box, aux) in (want, SOME)  # without a summary too
+
+
+def _sorted_docs(rng: random.Random, n: int) -> np.ndarray:
+    """Sorted document ids of ragged lengths (1 to 300 tokens each), ids with gaps."""
+    ids: list[int] = []
+    doc = 0
+    while len(ids) < n:
+        doc += rng.randint(1, 3)
+        ids += [doc] * rng.randint(1, 300)
+    return np.asarray(ids[:n], np.int32)
+
+
+def test_document_tiles_on_sorted_ids_are_exact() -> None:
+    """Boxes whose sides are whole chunks (tile-aligned tiles: 64, 128, 192 rows or keys): on
+    sorted ids every box the mask keeps whole (one document on both sides) is ALL and every
+    box it drops whole (two disjoint documents) is NONE."""
+    hook, rng, seen = document_hook(), random.Random(3), set()
+    for _ in range(400):
+        n = rng.randint(CHUNK, 40 * CHUNK)
+        t = _sorted_docs(rng, n)
+        nc = -(-n // CHUNK)
+        sides = []
+        for _side in range(2):
+            a = rng.randrange(nc)
+            b = min(a + rng.choice([0, 0, 1, 2, 5]), nc - 1)
+            sides.append((a * CHUNK, min(b * CHUNK + CHUNK, n) - 1))
+        box = Box(*sides[0], *sides[1], 0, 0, n, n)
+        aux = {"doc_ids": t}
+        want = brute_force(hook, box, aux)
+        got = classify(hook, box, aux, {"doc_ids": summarize(t)})
+        assert got == want, (box, t[box.q_lo : box.q_hi + 1], t[box.kv_lo : box.kv_hi + 1])
+        seen.add(want)
+    assert seen == {SOME, ALL, NONE}
+
+
+def test_a_box_in_one_document_is_all_and_in_two_is_none() -> None:
+    t = np.repeat(np.asarray([4, 9, 11], np.int32), [300, 200, 90])  # ragged, not chunk-aligned
+    hook, s = document_hook(), {"doc_ids": summarize(t)}
+    aux = {"doc_ids": t}
+    n = t.size
+    # rows and keys of document 4 (chunks 0..3, all of it): kept whole
+    assert classify(hook, Box(0, 255, 64, 191, 0, 0, n, n), aux, s) == ALL
+    # rows of document 9 (chunks 5..6), keys of document 4 (chunks 0..3): dropped whole
+    assert classify(hook, Box(320, 447, 0, 255, 0, 0, n, n), aux, s) == NONE
+    # the last, short chunk (document 11 only) against all of document 9's whole chunks
+    assert classify(hook, Box(576, 589, 320, 447, 0, 0, n, n), aux, s) == NONE
+    # a chunk straddling documents 4 and 9 (256..319): unknown, though the box sits in 4
+    assert classify(hook, Box(256, 299, 0, 63, 0, 0, n, n), aux, s) == SOME
+    assert brute_force(hook, Box(256, 299, 0, 63, 0, 0, n, n), aux) == ALL
+
+
+def test_summaries_must_be_of_tables_the_mask_reads() -> None:
+    t = np.zeros(64, np.int32)
+    with pytest.raises(ValueError, match=r"summaries of \['ids'\]: the mask reads no rank-1"):
+        classify(document_hook(), Box(0, 1, 0, 1, 0, 0, 8, 8), {"doc_ids": t},
+                 {"ids": summarize(t)})  # fmt: skip
+
+
+def test_a_verdict_with_summaries_on_a_larger_box_is_never_sharper() -> None:
+    rng = random.Random(5)
+    for _ in range(300):
+        hook = rng.choice(TABLE_MASKS)
+        n = rng.randint(TABLE_MIN, 900)
+        t = (
+            _sorted_docs(rng, n)
+            if rng.random() < 0.7
+            else np.asarray([rng.randint(0, 5) for _ in range(n)], np.int32)
+        )
+        aux, s = {"doc_ids": t, "lim": rng.randint(0, 9)}, {"doc_ids": summarize(t)}
+        q, k = (
+            sorted(rng.randrange(n) for _ in range(2)),
+            sorted(rng.randrange(n) for _ in range(2)),
+        )
+        outer = Box(q[0], q[1], k[0], k[1], 0, 0, n, n)
+        qi = sorted(rng.randint(q[0], q[1]) for _ in range(2))
+        ki = sorted(rng.randint(k[0], k[1]) for _ in range(2))
+        inner = Box(qi[0], qi[1], ki[0], ki[1], 0, 0, n, n)
+        big = classify(hook, outer, aux, s)
+        if big != SOME:
+            assert classify(hook, inner, aux, s) == big, (hook.name, outer, inner)
