@@ -34,7 +34,13 @@ from flashgen.generator.features.base import U32
 from flashgen.generator.hooks import Aux, DType, Hook
 from flashgen.generator.hooks.cuda import emit_hook, emit_tile_class, helpers, tile_helpers
 from flashgen.generator.hooks.expr import Expr, const, node, postorder, rebuild
-from flashgen.generator.hooks.fold import TANH_SFU_ERROR, emit_logit, logit_helpers, sfu_nodes
+from flashgen.generator.hooks.fold import (
+    TANH_SFU_ERROR,
+    emit_logit,
+    emit_logit_grad,
+    logit_helpers,
+    sfu_nodes,
+)
 from flashgen.generator.hooks.hook import live_hook
 from flashgen.generator.hooks.numpy_eval import evaluate_many
 from flashgen.generator.param import Param
@@ -216,7 +222,10 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
     C++ and its helpers (hooks/tiles.py), for templates that skip tiles (family wgmma's).
     `hook_logit_source`: a score_mod's lowered logit function (hooks/fold.py: invariant factors
     folded, tanh on the SFU; its name is the score call's `logit`), for 16-bit-only templates
-    (family wgmma's); the oracle's error terms cover it (`HookCall.lse_terms`)."""
+    (family wgmma's); the oracle's error terms cover it (`HookCall.lse_terms`).
+    `hook_logit_grad_source`: the same logit that also returns the derivative (its name is the
+    score call's `logit_grad`; hooks/fold.py `emit_logit_grad`), for family wgmma's backward
+    when `dfac`."""
     hooks = hooks_of(features)
     block = slots(hooks)
     ctx: dict[str, Any] = {
@@ -225,6 +234,7 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
         "hook_mask": None,
         "hook_tile_source": "",
         "hook_logit_source": "",
+        "hook_logit_grad_source": "",
     }
     if not hooks:
         return ctx
@@ -237,6 +247,8 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
             call["dfac"] = not grad_is_one(h)
             call["logit"] = f"{name}_logit"
             ctx["hook_logit_source"] = logit_helpers() + "\n" + emit_logit(h, call["logit"])
+            call["logit_grad"] = f"{name}_logit_grad"
+            ctx["hook_logit_grad_source"] = emit_logit_grad(h, call["logit_grad"])
         else:
             call["tile"] = f"{name}_tile"
             ctx["hook_tile_source"] = tile_helpers() + "\n" + emit_tile_class(h, call["tile"])
