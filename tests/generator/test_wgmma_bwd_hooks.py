@@ -79,7 +79,8 @@ def test_only_hooked_wgmma_backwards_take_the_aux_block_after_the_backward_abi()
 
 # ---- the source ----------------------------------------------------------------------------------
 def _element_loop(src: str) -> str:
-    return src[src.index("auto probabilities = [&](auto mask) {") : src.index("pack_frag(s_acc, p_frag);")]
+    start = src.index("auto probabilities = [&](auto mask) {")
+    return src[start : src.index("probabilities(Flag<true>{})", start)]
 
 
 def test_a_score_hook_recomputes_p_with_the_forwards_logit_and_its_derivative():
@@ -95,12 +96,19 @@ def test_a_score_hook_recomputes_p_with_the_forwards_logit_and_its_derivative():
         "x, hook_scale, batch, head, hq, hk, q0 + 2 * t, 8 * nt + e, kc0 + r0, 8 * h, tq, tk, "
         "hook_f0, f"
     )
-    # dS with P, after the masks; exactly 0 where P is
-    assert "dp_acc[i] = x == 0.0f ? 0.0f : x * (dp_acc[i] - dd[2 * nt + e]) * f;" in loop
-    assert loop.index("decltype(mask)::value") < loop.index("dp_acc[i] = x == 0.0f")
-    # dP^T waited for before P (as the built-in softcap), not recomputed after
-    assert "if constexpr (SOFTCAP || HOOK_DFAC) {" in src
-    assert "if constexpr (!SOFTCAP && !HOOK_DFAC) {" in src
+    # P^T packed per n-tile as dV's A fragments; s_acc keeps P o f (dS's weight), after the
+    # masks, which zero f with P (dS exactly 0 there)
+    assert "pv[2 * h + e] = x;\n              x *= f;" in loop
+    assert loop.index("decltype(mask)::value") < loop.index("pv[2 * h + e] = x;")
+    assert loop.count("f = 0.0f;") == 1  # the built-in mask's (no mask hook here)
+    assert "p_frag[nt / 2][(nt % 2) * 2 + 1] = pack2(pv[2], pv[3]);" in loop
+    assert "pack_frag(s_acc, p_frag);" not in src
+    # dS^T = (P o f) o (dP^T - D) after dP^T lands, as the plain kernel's (no wait for dP^T
+    # before P, unlike the built-in softcap's); D read after P, not held through the hook
+    assert "dp_acc[i] = s_acc[i] * (dp_acc[i] - dd[2 * nt + e]);" in src
+    fence = src.index("fence_regs(s_acc);")
+    assert "HOOK_DFAC" not in src[fence - 300 : fence]
+    assert "if constexpr (!SOFTCAP) columns(ld, dd);" in src
     assert "constexpr bool HOOK_DFAC = true;" in src
     assert "const float hook_scale = scale_log2 * LN2;" in src
     # the built-in score mod's code is not rendered beside the hook
@@ -165,7 +173,7 @@ def test_a_mask_hook_skips_the_query_tiles_it_drops_whole_in_producer_and_consum
     )
     assert "if (masked || hook_some) probabilities(Flag<true>{}); else" in src
     loop = _element_loop(src)
-    drop = f"if (!mask_mod_{window.digest}(batch, head, hq, hk, tq, tk, hook_i0, hook_i1)) x = 0.0f;"
+    drop = f"if (!mask_mod_{window.digest}(batch, head, hq, hk, tq, tk, hook_i0, hook_i1)) x = 0.0f"
     assert loop.count(drop) == 2  # both built-in score paths (SCORE_MOD or not), inside the mask
     assert "const int hq = min(qi, tq - 1), hk = min(kj, tk - 1);" in loop
 

@@ -206,11 +206,27 @@ def _text(x: Inv) -> str:
 def _mul(x: Inv, y: Inv) -> Inv:
     if isinstance(x, float) and isinstance(y, float):
         return x * y
+    sign = _cancels(x, y)
+    if sign is not None:  # c * (1 / c): exactly 1 in real arithmetic, one rounding less in fp32
+        return sign
     if x == 1.0 or y == 1.0:
         return y if x == 1.0 else x
     if x == -1.0 or y == -1.0:
         return _neg(y if x == -1.0 else x)
     return f"({_text(x)} * {_text(y)})"
+
+
+def _cancels(x: Inv, y: Inv) -> float | None:
+    """+-1.0 when x * y is c * (1 / c) or c * -(1 / c) (either order) for one invariant text c
+    (as `_rcp` and `_neg` write them), else None. A derivative meets it where the chain rule
+    multiplies by a factor and then by its reciprocal: softcap's `c * tanh'(s / c) / c`."""
+    for a, b in ((x, y), (y, x)):
+        if isinstance(a, str) and isinstance(b, str):
+            if b == f"(1.0f / {a})":
+                return 1.0
+            if b == f"(-(1.0f / {a}))":
+                return -1.0
+    return None
 
 
 def _neg(x: Inv) -> Inv:
