@@ -4,7 +4,7 @@ mask_mod=..., aux={...})` lands here.
 A hook is a traced `Hook` (`flashgen.generator.hooks.trace_score_mod(fn, hk.Aux(...))`) or a
 plain function of the hook's arguments without aux, traced on first use. The forward runs the
 variant an unhooked call would (family wgmma's on Hopper) compiled with the hooks, or family
-mma's where that one refuses them; the backward runs family mma's (docs/hooks.md): the custom ops
+mma's where that one refuses them, and so does the backward (docs/hooks.md): the custom ops
 `torch.ops.flashgen.hooked_attention` and `hooked_attention_backward` (fake implementations
 for torch.compile; CUDA-graph safe like `flashgen.torch.attention`). The hooks travel through
 the ops as their feature tokens (`scoremod<digest>,maskmod<digest>`, registered in this
@@ -55,6 +55,7 @@ from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.validate import check_head_dims, check_layout, check_scale, check_spec
 from flashgen.torch_support import (
+    backward_family_for,
     dispatch_stack,
     feature_args,
     function_modes,
@@ -310,13 +311,35 @@ def _run(
     return o, lse
 
 
+def _backward_spec(
+    problem: Any, causal: bool, dev: int, deterministic: bool, tokens: tuple[str, ...],
+    tensors: tuple[Any, ...],
+) -> KernelSpec:  # fmt: skip
+    """The backward variant an unhooked call would run (`backward_family_for`: family wgmma's
+    on Hopper where the call fits its rules), compiled with the hooks and features; family
+    mma's where that one refuses them. Why the first: wgmma's backward recomputes P with the
+    same lowered score_mod as wgmma's forward, and runs at the built-in backward's speed."""
+    det = ("deterministic",) if deterministic else ()
+    family = backward_family_for(_arch(dev), problem, deterministic, tensors)
+    for fam in dict.fromkeys((family, _HOOK_FAMILY)):
+        try:
+            return KernelSpec(
+                family=fam, d=problem.d, dtype=problem.dtype, causal=causal, direction="bwd",
+                features=(*tokens, *det),
+            )  # fmt: skip
+        except SpecError:
+            if fam == _HOOK_FAMILY:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _run_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, causal: bool, scale: float | None,
     deterministic: bool, hooks: str, aux_tensors: list[Any], aux_floats: list[float],
     aux_ints: list[int], *feature_arguments: Any,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    """The CUDA backward: family mma's hooked backward variant, three kernels on the current
-    stream (fp32 scratch from torch's allocator), nothing synchronized."""
+    """The CUDA backward: the hooked backward variant (`_backward_spec`) on the current stream
+    (fp32 scratch from torch's allocator), nothing synchronized."""
     from flashgen.runtime import backward
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -333,11 +356,8 @@ def _run_backward(
         problem = check_layout(q, k, v)
         dev = int(q.get_device())
         features = feature_args(values, q, problem.h)
-        det = ("deterministic",) if deterministic else ()
-        spec = KernelSpec(
-            family=_HOOK_FAMILY, d=problem.d, dtype=problem.dtype, causal=bool(causal),
-            direction="bwd", features=(*features.tokens, *hooks.split(","), *det),
-        )  # fmt: skip
+        spec = _backward_spec(problem, bool(causal), dev, bool(deterministic),
+                              (*features.tokens, *hooks.split(",")), tensors)  # fmt: skip
         plan = runtime.device_plan(spec, _arch(dev), dev)
         bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
         value = check_scale(scale, problem.d)

@@ -43,7 +43,6 @@ LSE is float32 (B, H, Tq), natural log.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ from flashgen.generator.features import (
     FeatureKeywords,
 )
 from flashgen.generator.numerics import LOG2E
-from flashgen.generator.select import backward_family, packs_gqa, select
+from flashgen.generator.select import packs_gqa, select
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, launch, op_args
 from flashgen.runtime import gpu as runtime
@@ -89,14 +88,16 @@ from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     dense_decode,
 )
 from flashgen.sinks import SinkAttention, check_sinks  # noqa: E402
-from flashgen.torch_support import device_arch as _device_arch  # noqa: E402 (tests patch it)
+from flashgen.torch_support import WGMMA_BWD_ENV as WGMMA_BWD_ENV  # noqa: E402 (re-exported)
 from flashgen.torch_support import (  # noqa: E402
+    backward_family_for,
     dispatch_stack,
     feature_args,
     function_modes,
     raw_stream,
     run_backward,
 )
+from flashgen.torch_support import device_arch as _device_arch  # noqa: E402 (tests patch it)
 from flashgen.varlen import flash_attn_varlen_func  # noqa: E402
 
 __all__ = ["SCHEMA", "attention", "attention_with_kvcache", "flash_attn_varlen_func"]
@@ -370,23 +371,13 @@ _LIB.define(BWD_SCHEMA)
 BWD_MAX_D = 128  # the widest head dim family mma's backward holds dK and dV for in registers
 
 # "0": family mma's backward on sm_90 GPUs too (the default there: wgmma's, where the call fits)
-WGMMA_BWD_ENV = "FLASHGEN_WGMMA_BWD"
-
 # (device, d, dtype, causal, deterministic, family, feature tokens) -> the backward plan
 _bwd_plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
 
 
 def _bwd_family(dev: int, problem: Problem, deterministic: bool, tensors: tuple[Any, ...]) -> str:
-    """The backward's family for a call (`select.backward_family`: on sm_90 wgmma's where the
-    call fits its rules, else mma's); FLASHGEN_WGMMA_BWD=0 leaves out the TMA family."""
-    strided = all(
-        s != 0 or n == 1 for t in tensors for n, s in zip(t.shape, t.stride(), strict=True)
-    )
-    return backward_family(
-        _device_arch(dev), problem.d, problem.value_dim, problem.dtype,
-        deterministic=deterministic, strided=strided,
-        tensor_maps=os.environ.get(WGMMA_BWD_ENV) != "0",
-    )  # fmt: skip
+    """The backward's family for a call (`torch_support.backward_family_for`)."""
+    return backward_family_for(_device_arch(dev), problem, deterministic, tensors)
 
 
 def _bwd_plan(

@@ -5,6 +5,7 @@ and the dense backward's launch with its fp32 scratch from torch's allocator."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -18,6 +19,7 @@ except ImportError as _exc:  # one line, says what is missing
 
 from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.features import Feature, FeatureArgs
+from flashgen.generator.select import backward_family
 from flashgen.runtime import backward, feature_values
 
 
@@ -86,6 +88,25 @@ def device_arch(dev: int) -> str:
     (`sm_90` on an H200)."""
     major, minor = torch.cuda.get_device_capability(dev)
     return f"sm_{major}{minor}"
+
+
+WGMMA_BWD_ENV = "FLASHGEN_WGMMA_BWD"
+"""Set to 0 to leave family wgmma's backward (its TMA descriptors) out of every choice."""
+
+
+def backward_family_for(
+    arch: str, problem: Any, deterministic: bool, tensors: tuple[Any, ...]
+) -> str:
+    """The backward's family for a call on GPU `arch` (`select.backward_family`: on sm_90
+    wgmma's where the call fits its rules, else mma's); `tensors` are the call's arrays, whose
+    strides say whether a TMA can step them; FLASHGEN_WGMMA_BWD=0 leaves out the TMA family."""
+    strided = all(
+        s != 0 or n == 1 for t in tensors for n, s in zip(t.shape, t.stride(), strict=True)
+    )
+    return backward_family(
+        arch, problem.d, problem.value_dim, problem.dtype, deterministic=deterministic,
+        strided=strided, tensor_maps=os.environ.get(WGMMA_BWD_ENV) != "0",
+    )  # fmt: skip
 
 
 def _raw_stream_fn() -> Callable[[int], int]:

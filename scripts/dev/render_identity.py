@@ -10,8 +10,9 @@ Run it in two trees and diff the outputs: a change that must leave unhooked kern
 
 CPU only (rendering needs no nvcc). The probes beyond the shipped space are the backward
 feature sets the GPU tests compile (tests/gpu/test_backward.py), at d 40/64/128, both dtypes,
-causal and not, fast and deterministic; the decode kernels; and wgmma forwards with every
-feature set (varlen too) at br 64/128 and stages 2/3.
+causal and not, fast and deterministic; the decode kernels; wgmma forwards with every
+feature set (varlen too) at br 64/128 and stages 2/3; and wgmma backwards with every feature
+set (varlen too) at bc 64/128 and stages 2/3.
 """
 
 from __future__ import annotations
@@ -90,6 +91,30 @@ def wgmma_probes() -> list[KernelSpec]:
     return out
 
 
+def wgmma_bwd_probes() -> list[KernelSpec]:
+    """wgmma backwards beyond the shipped space: every feature set (varlen too), bc 64 and
+    128, stages 2 and 3 (the hooked backward's code is Jinja-guarded around all of them)."""
+    out = []
+    feature_sets = [
+        (), ("window",), ("softcap",), ("alibi",), ("window", "softcap"),
+        ("window", "softcap", "alibi"), ("varlen",), ("varlen", "window", "softcap"),
+        ("varlen", "alibi"),
+    ]  # fmt: skip
+    for d, bc, dtype, causal, feats, stages in itertools.product(
+        (64, 128), (64, 128), ("fp16", "bf16"), (False, True), feature_sets, (2, 3)
+    ):
+        try:
+            out.append(
+                KernelSpec(
+                    family="wgmma", direction="bwd", d=d, br=64, bc=bc, dtype=dtype,
+                    causal=causal, features=feats, stages=stages, warps=0,
+                )  # fmt: skip
+            )
+        except SpecError:
+            continue
+    return out
+
+
 def line(spec: KernelSpec) -> str:
     src = rd.render(spec).source
     abi = repr(rd.abi_params(spec))
@@ -100,6 +125,7 @@ def line(spec: KernelSpec) -> str:
 
 def main() -> int:
     specs = shipped() + shipped(direction="bwd") + probes() + decode_variants() + wgmma_probes()
+    specs += wgmma_bwd_probes()
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:

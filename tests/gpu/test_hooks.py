@@ -260,14 +260,16 @@ BWD_MODES = [(), ("deterministic",)]
 
 
 def _bwd_pair(
-    name: str, d: int, dtype: str, causal: bool, features: tuple[str, ...], mode: tuple[str, ...]
-) -> tuple[KernelSpec, KernelSpec]:
-    """(forward, backward) variants with the case's hooks (the token registers them)."""
+    name: str, d: int, dtype: str, causal: bool, features: tuple[str, ...], mode: tuple[str, ...],
+    family: str = "mma",
+) -> tuple[KernelSpec, KernelSpec]:  # fmt: skip
+    """(forward, backward) variants of `family` with the case's hooks (the token registers
+    them)."""
     hooks, _ = _aux_case(name, 4, 1, 1)
     tokens = tuple(fh.token_of(h) for h in hooks)
-    fwd = KernelSpec(family="mma", d=d, dtype=dtype, causal=causal, features=(*features, *tokens))
+    fwd = KernelSpec(family=family, d=d, dtype=dtype, causal=causal, features=(*features, *tokens))
     bwd = KernelSpec(
-        family="mma", d=d, dtype=dtype, causal=causal, direction="bwd",
+        family=family, d=d, dtype=dtype, causal=causal, direction="bwd",
         features=(*features, *mode, *tokens),
     )  # fmt: skip
     return fwd, bwd
@@ -585,3 +587,135 @@ def test_range_summaries_skip_tiles_without_changing_a_bit(
     )
     assert out.passed, (spec.name, out)
     assert np.array_equal(o, o_bare) and np.array_equal(lse, lse_bare), spec.name
+
+
+# ---- family wgmma's backward (sm_90 only) --------------------------------------------------------
+# (hook set, d, dtype, causal, features): every library hook, the masks on causal and non-causal
+# kernels (a mask_mod whose verdicts skip query tiles: causal / window / prefix-LM on a
+# non-causal kernel), a pair, the custom one with every aux kind. No deterministic mode (the
+# wgmma backward has none). Select with -k wgmma_bwd.
+WG_BWD_CASES = [
+    ("softcap", 64, "fp16", True, ()),
+    ("softcap", 128, "bf16", False, ("window",)),
+    ("alibi", 64, "bf16", False, ()),
+    ("alibi", 128, "fp16", True, ()),
+    ("causal", 128, "bf16", False, ()),
+    ("causal", 64, "fp16", True, ()),
+    ("window", 128, "bf16", True, ()),
+    ("window", 64, "bf16", False, ()),
+    ("document", 64, "bf16", False, ()),
+    ("document", 128, "fp16", True, ()),
+    ("prefix_lm", 128, "bf16", False, ()),
+    ("prefix_lm", 64, "fp16", True, ()),
+    ("softcap+document", 128, "bf16", True, ()),
+    ("softcap+document", 64, "fp16", False, ("window",)),
+    ("custom", 64, "fp16", False, ()),
+    ("custom", 128, "bf16", True, ("window",)),
+]
+# ragged one-tile, GQA Tq < Tk, Tq > Tk (causal rows with no key), many query tiles per key
+# block with Tq == Tk (document masks; the causal / window hooks' skipped tiles), B > 1
+WG_BWD_SHAPES = [(1, 4, 2, 77, 77), (2, 4, 4, 130, 301), (1, 2, 1, 200, 65), (2, 4, 2, 700, 700)]
+WG_BWD_PARAMS = [
+    pytest.param(case, shape, id=f"{case[0]}-d{case[1]}-{case[2]}-"
+                 f"{'causal' if case[3] else 'noncausal'}{'-window' if case[4] else ''}-"
+                 f"{'x'.join(map(str, shape))}")
+    for case in WG_BWD_CASES
+    for shape in WG_BWD_SHAPES
+    if "document" not in case[0] or shape[3] == shape[4]  # one packed sequence: Tq == Tk
+]  # fmt: skip
+# (hook, d, dtype, causal): the library hook against the built-in feature it reproduces (causal
+# and window as mask_mods against the built-in causal / window kernels)
+WG_BWD_BUILTINS = [
+    ("softcap", 128, "bf16", True), ("softcap", 64, "fp16", False),
+    ("alibi", 128, "bf16", True), ("alibi", 64, "fp16", False),
+    ("causal", 128, "bf16", False), ("window", 128, "bf16", True), ("window", 64, "fp16", False),
+]  # fmt: skip
+
+
+def _wg_bwd_builtin(builtin: str, d: int, dtype: str, causal: bool) -> tuple[KernelSpec, ...]:
+    """(forward, backward) of the built-in wgmma kernels a library hook reproduces."""
+    plain_causal = causal or builtin == "causal"
+    feats = () if builtin == "causal" else (builtin,)
+    return tuple(
+        KernelSpec(family="wgmma", d=d, dtype=dtype, causal=plain_causal, features=feats, **kw)
+        for kw in ({}, {"direction": "bwd"})
+    )
+
+
+@pytest.fixture(scope="module")
+def wgmma_hooked_backwards() -> dict[KernelSpec, CompiledKernel | Exception]:
+    """Every wgmma forward and backward the tests below run, compiled in parallel once."""
+    _need_sm90()
+    specs = [s for case in WG_BWD_CASES for s in _bwd_pair(*case, (), family="wgmma")]
+    for case in WG_BWD_BUILTINS:
+        specs += [*_bwd_pair(case[0], *case[1:], (), (), family="wgmma"), *_wg_bwd_builtin(*case)]
+    return compile_all(list(dict.fromkeys(specs)))
+
+
+@pytest.mark.parametrize(("case", "shape"), WG_BWD_PARAMS)
+def test_a_hooked_wgmma_bwd_passes_the_oracle_on_the_same_hook(case, shape, wgmma_hooked_backwards):
+    """The hooked wgmma forward writes O and LSE, the hooked wgmma backward dQ, dK, dV: all
+    three by the gradient rule against the float64 oracle evaluating the same hook."""
+    name, d, dtype, causal, features = case
+    b, h, h_kv, tq, tk = shape
+    fwd, bwd = _bwd_pair(*case, (), family="wgmma")
+    _built(wgmma_hooked_backwards, fwd)
+    _built(wgmma_hooked_backwards, bwd)
+    hooks, aux = _aux_case(name, h, tq, tk)
+    q, k, v, do = _bwd_inputs(bwd, shape, seed=len(name) * 17 + d + tq)
+    feats = {"window": (33, 5)} if "window" in features else {}
+    args, _keep = _device_aux(hooks, aux)
+    got = _run_bwd(fwd, bwd, q, k, v, do, features=feats, hooks=args)
+    outcomes = check_grads(
+        got, *_f64(q, k, v, do), dtype=dtype, scale=SCALE, causal=causal, **feats,
+        **_oracle_kw(hooks, aux),
+    )  # fmt: skip
+    bad = _bad(outcomes)
+    assert not bad, f"{bwd.name} {shape}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize(("builtin", "d", "dtype", "causal"), WG_BWD_BUILTINS)
+def test_the_library_hooks_wgmma_bwd_matches_the_built_in_wgmma_bwd(
+    builtin, d, dtype, causal, wgmma_hooked_backwards
+):
+    """The hooked and the built-in wgmma backward on the same inputs (causal and window as
+    mask_mods on a kernel without them): both pass the gradient rule, and their gradients
+    differ by no more than the rule's bounds for either."""
+    shape = (2, 4, 2, 390, 457)
+    hooks, aux = _aux_case(builtin, 4, 390, 457)
+    fwd_h, bwd_h = _bwd_pair(builtin, d, dtype, causal, (), (), family="wgmma")
+    fwd_b, bwd_b = _wg_bwd_builtin(builtin, d, dtype, causal)
+    for spec in (fwd_h, bwd_h, fwd_b, bwd_b):
+        _built(wgmma_hooked_backwards, spec)
+    q, k, v, do = _bwd_inputs(bwd_b, shape, seed=13)
+    args, keep = _device_aux(hooks, aux)
+    got_h = _run_bwd(fwd_h, bwd_h, q, k, v, do, features={}, hooks=args)
+    # the built-in kernels take the same values as features
+    fwd_feats, bwd_kw, ora = FeatureArgs(), {}, {"causal": causal}
+    if builtin == "softcap":
+        fwd_feats, bwd_kw = FeatureArgs(softcap=aux["softcap"]), {"softcap": aux["softcap"]}
+        ora["softcap"] = aux["softcap"]
+    elif builtin == "alibi":
+        slopes = runtime.to_device(aux["alibi_slopes"])
+        keep.append(slopes)
+        fwd_feats, bwd_kw = FeatureArgs(alibi=int(slopes.gpudata)), {"alibi_slopes": slopes}
+        ora["alibi_slopes"] = aux["alibi_slopes"]
+    elif builtin == "causal":
+        ora["causal"] = True
+    else:
+        sides = (aux["window_left"], aux["window_right"])
+        fwd_feats, bwd_kw, ora["window"] = FeatureArgs(window=sides), {"window": sides}, sides
+    qd, kd, vd, dod = (runtime.to_device(x) for x in (q, k, v, do))
+    o = runtime.empty(q.shape, dtype)
+    lse = runtime.empty(q.shape[:3], np.float32)
+    runtime.launch(fwd_b, qd, kd, vd, o, lse, SCALE, features=fwd_feats)
+    dq, dk, dv = (_poisoned_like(x, dtype) for x in (q, k, v))
+    backward.launch_backward(bwd_b, qd, kd, vd, o, lse, dod, dq, dk, dv, SCALE, **bwd_kw)
+    got_b = tuple(runtime.to_host(g).astype(np.float64) for g in (dq, dk, dv))
+    f64 = _f64(q, k, v, do)
+    via_hook = check_grads(got_h, *f64, dtype=dtype, scale=SCALE, causal=causal,
+                           **_oracle_kw(hooks, aux))  # fmt: skip
+    built_in = check_grads(got_b, *f64, dtype=dtype, scale=SCALE, **ora)
+    assert not _bad(via_hook) and not _bad(built_in), (_bad(via_hook), _bad(built_in))
+    for a, c, x, y in zip(got_h, got_b, via_hook, built_in, strict=True):
+        assert np.abs(a - c).max() <= x.bound + y.bound, x.name

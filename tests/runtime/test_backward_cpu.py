@@ -136,7 +136,9 @@ def test_the_mma_backward_features_are_the_forwards_and_deterministic() -> None:
     assert FAMILIES["mma"].bwd_features == {
         "deterministic", "window", "softcap", "alibi", "scoremod", "maskmod"
     }
-    assert FAMILIES["wgmma"].bwd_features == {"window", "softcap", "alibi", "varlen"}
+    assert FAMILIES["wgmma"].bwd_features == {
+        "window", "softcap", "alibi", "varlen", "scoremod", "maskmod"
+    }
 
 
 def test_deterministic_is_a_backward_only_feature() -> None:

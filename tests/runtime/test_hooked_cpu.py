@@ -280,3 +280,29 @@ def test_the_op_takes_the_summaries_or_none():
         ValueError, match=r"a table of 300 entries takes a contiguous int32 \(3, 2, 5\)"
     ):
         _hook_args((hook,), [docs, wrong], floats, ints)
+
+
+@pytest.mark.parametrize(
+    "arch, d, deterministic, family",
+    [
+        ("sm_90", 128, False, "wgmma"),  # Hopper: the unhooked call's backward family
+        ("sm_90", 64, False, "wgmma"),
+        ("sm_90", 128, True, "mma"),  # wgmma's backward has no deterministic mode
+        ("sm_90", 96, False, "mma"),  # nor d 96
+        ("sm_80", 128, False, "mma"),
+    ],
+)
+def test_the_hooked_backward_runs_the_unhooked_calls_family(
+    monkeypatch, arch, d, deterministic, family
+):
+    import flashgen.hooked as hooked
+
+    monkeypatch.setattr(hooked, "_arch", lambda dev: arch)
+    monkeypatch.delenv("FLASHGEN_WGMMA_BWD", raising=False)
+    token = token_of(library.document_hook())
+    x = torch.zeros(1, 4, 256, d, dtype=torch.bfloat16)
+    spec = hooked._backward_spec(_Problem(d), True, 0, deterministic, (token,), (x, x, x))
+    assert spec.family == family and spec.direction == "bwd" and token in spec.features
+    assert ("deterministic" in spec.features) == deterministic
+    monkeypatch.setenv("FLASHGEN_WGMMA_BWD", "0")  # the TMA family left out: mma's
+    assert hooked._backward_spec(_Problem(d), True, 0, False, (token,), (x,)).family == "mma"

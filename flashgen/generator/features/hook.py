@@ -49,7 +49,13 @@ from flashgen.generator.hooks.cuda import (
     tile_helpers,
 )
 from flashgen.generator.hooks.expr import Expr, const, node, postorder, rebuild
-from flashgen.generator.hooks.fold import TANH_SFU_ERROR, emit_logit, logit_helpers, sfu_nodes
+from flashgen.generator.hooks.fold import (
+    TANH_SFU_ERROR,
+    emit_logit,
+    emit_logit_grad,
+    logit_helpers,
+    sfu_nodes,
+)
 from flashgen.generator.hooks.hook import live_hook
 from flashgen.generator.hooks.numpy_eval import evaluate_many
 from flashgen.generator.hooks.tiles import summarized_aux
@@ -262,7 +268,10 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
     skip tiles (family wgmma's).
     `hook_logit_source`: a score_mod's lowered logit function (hooks/fold.py: invariant factors
     folded, tanh on the SFU; its name is the score call's `logit`), for 16-bit-only templates
-    (family wgmma's); the oracle's error terms cover it (`HookCall.lse_terms`)."""
+    (family wgmma's); the oracle's error terms cover it (`HookCall.lse_terms`).
+    `hook_logit_grad_source`: the same logit that also returns the derivative (its name is the
+    score call's `logit_grad`; hooks/fold.py `emit_logit_grad`), for family wgmma's backward
+    when `dfac`."""
     hooks = hooks_of(features)
     block = slots(hooks)
     summaries = summary_slots(hooks)
@@ -272,6 +281,7 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
         "hook_mask": None,
         "hook_tile_source": "",
         "hook_logit_source": "",
+        "hook_logit_grad_source": "",
     }
     if not hooks:
         return ctx
@@ -284,6 +294,8 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
             call["dfac"] = not grad_is_one(h)
             call["logit"] = f"{name}_logit"
             ctx["hook_logit_source"] = logit_helpers() + "\n" + emit_logit(h, call["logit"])
+            call["logit_grad"] = f"{name}_logit_grad"
+            ctx["hook_logit_grad_source"] = emit_logit_grad(h, call["logit_grad"])
         else:
             call["tile"] = f"{name}_tile"
             call["tile_aux"] = call["aux"] + summary_call_args(h, summaries)

@@ -165,6 +165,31 @@ def emit_logit(hook: Hook, name: str, qualifiers: str = DEVICE) -> str:
     return what + logit_signature(hook, name, qualifiers) + " {\n" + "\n".join(lines) + "\n}\n"
 
 
+def logit_grad_signature(hook: Hook, name: str, qualifiers: str = DEVICE) -> str:
+    """`logit_signature` with a last parameter `float& dscore` (the derivative's out)."""
+    return logit_signature(hook, name, qualifiers)[:-1] + ", float& dscore)"
+
+
+def emit_logit_grad(hook: Hook, name: str, qualifiers: str = DEVICE) -> str:
+    """A score_mod's base-2 logit, as `emit_logit`'s, that also sets `dscore` to the hook's
+    derivative by its score (`hook.grad`, natural units: the factor a backward multiplies dS
+    by), lowered in the same body: the subexpressions the two share (softcap's tanh, on the
+    SFU) are computed once. For the backward of 16-bit kernels (family wgmma's), which
+    recomputes P exactly as the forward's `emit_logit` computed the logit."""
+    if hook.kind != "score_mod":
+        raise ValueError(f"{hook.kind} {hook.name or '?'}: only a score_mod has a logit")
+    body = _Lowering(hook.expr, hook.grad)
+    value = body.materialize(_scale(body.form(hook.expr), LOG2E))
+    grad = body.materialize(body.form(hook.grad))
+    what = (
+        f"// score_mod {hook.name or '?'} (hook {hook.digest}) times log2(e), as emit_logit "
+        "lowers it, and in dscore its\n// derivative by the score (flashgen/generator/hooks/"
+        "fold.py: emit_logit_grad)\n"
+    )
+    lines = [*body.lines, f"  dscore = {_unwrap(grad)};", f"  return {_unwrap(value)};"]
+    return what + logit_grad_signature(hook, name, qualifiers) + " {\n" + "\n".join(lines) + "\n}\n"
+
+
 def sfu_nodes(expr: Expr) -> list[Expr]:
     """The nodes `emit_logit` evaluates on the SFU (a varying tanh): each adds up to
     TANH_SFU_ERROR, times how much the result moves with it, to the logit's error."""
@@ -181,11 +206,27 @@ def _text(x: Inv) -> str:
 def _mul(x: Inv, y: Inv) -> Inv:
     if isinstance(x, float) and isinstance(y, float):
         return x * y
+    sign = _cancels(x, y)
+    if sign is not None:  # c * (1 / c): exactly 1 in real arithmetic, one rounding less in fp32
+        return sign
     if x == 1.0 or y == 1.0:
         return y if x == 1.0 else x
     if x == -1.0 or y == -1.0:
         return _neg(y if x == -1.0 else x)
     return f"({_text(x)} * {_text(y)})"
+
+
+def _cancels(x: Inv, y: Inv) -> float | None:
+    """+-1.0 when x * y is c * (1 / c) or c * -(1 / c) (either order) for one invariant text c
+    (as `_rcp` and `_neg` write them), else None. A derivative meets it where the chain rule
+    multiplies by a factor and then by its reciprocal: softcap's `c * tanh'(s / c) / c`."""
+    for a, b in ((x, y), (y, x)):
+        if isinstance(a, str) and isinstance(b, str):
+            if b == f"(1.0f / {a})":
+                return 1.0
+            if b == f"(-(1.0f / {a}))":
+                return -1.0
+    return None
 
 
 def _neg(x: Inv) -> Inv:
@@ -233,10 +274,16 @@ class _Lowering:
     """One function body: each node's Form (floats) or C++ text (ints, bools), statements for
     the values used more than once."""
 
-    def __init__(self, root: Expr) -> None:
-        self.uses: Counter[int] = Counter({id(root): 1})
-        for n in postorder(root):
-            self.uses.update(id(a) for a in n.args)
+    def __init__(self, *roots: Expr) -> None:
+        # uses over every root: a node two roots share (a value and its derivative) is bound
+        # to a statement once and read by both
+        self.uses: Counter[int] = Counter(id(r) for r in roots)
+        seen: set[int] = set()
+        for root in roots:
+            for n in postorder(root):
+                if id(n) not in seen:
+                    seen.add(id(n))
+                    self.uses.update(id(a) for a in n.args)
         self.lines: list[str] = []
         self.forms: dict[int, Form] = {}
         self.texts: dict[int, str] = {}
@@ -269,6 +316,8 @@ class _Lowering:
     def form(self, root: Expr) -> Form:
         """root's Form, every node under it lowered first (statements in self.lines)."""
         for n in postorder(root):
+            if id(n) in self.vary:
+                continue  # lowered already, under an earlier root
             self.vary[id(n)] = (n.op == "input" and n.value in _VARYING) or any(
                 self.vary[id(a)] for a in n.args
             )
@@ -408,6 +457,8 @@ __all__ = [
     "TANH_SFU_ERROR",
     "Form",
     "emit_logit",
+    "emit_logit_grad",
+    "logit_grad_signature",
     "logit_helpers",
     "logit_signature",
     "sfu_nodes",

@@ -41,6 +41,21 @@ def test_softcap_folds_to_the_builtin_formula():
     assert text.strip("{} \n").startswith("return fmaf(")
 
 
+def test_the_logit_grad_shares_the_sfu_tanh_with_the_value():
+    """The backward's value-and-derivative: softcap's tanh once (a statement both read), its
+    derivative 1 - tanh^2 with c * (1 / c) cancelled; a bias's derivative the constant 1."""
+    src = fold.emit_logit_grad(softcap_hook(), "lg")
+    assert src.count("fg_sfu_ex2(") == 1 and src.count("fg_sfu_rcp(") == 1
+    assert "float softcap, float& dscore) {" in src
+    assert "dscore = 1.0f - (fmaf((-2.0f), t0, 1.0f) * fmaf((-2.0f), t0, 1.0f));" in src
+    value = body(softcap_hook()).split("return ")[1].split(";")[0]
+    t0 = re.search(r"const float t0 = (.*);", src)
+    assert t0 is not None and f"return {value.replace(t0[1], 't0')};" in src
+    assert "dscore = 1.0f;" in fold.emit_logit_grad(alibi_hook(), "lg")
+    with pytest.raises(ValueError, match="only a score_mod"):
+        fold.emit_logit_grad(hk.trace_mask_mod(lambda b, h, q, k: q >= k), "lg")
+
+
 def test_alibi_converts_one_int_per_tile_and_adds_a_constant_per_element():
     text = body(alibi_hook())
     assert "(float)(q_base - q_len + kv_len - kv_base) + (float)(q_off - kv_off)" in text

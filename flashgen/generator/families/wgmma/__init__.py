@@ -152,17 +152,19 @@ class WgmmaFamily(Family):
         return p
 
     def hook_rule(self, spec: KernelSpec) -> list[str]:
-        """What a hooked forward (features/hook.py; templates/wgmma.cu.j2) refuses beyond the
-        rules every family shares (spec.py `_check_hooks`): packed sequences, and br=192,
-        whose consumers have no registers to spare for a hook (as for the built-in mods)."""
+        """What a hooked forward or backward (features/hook.py; templates/wgmma.cu.j2,
+        wgmma_bwd.cu.j2) refuses beyond the rules every family shares (spec.py
+        `_check_hooks`): packed sequences, and (forward) br=192, whose consumers have no
+        registers to spare for a hook (as for the built-in mods)."""
         hooks = hook_tokens(spec.features) if isinstance(spec.features, (tuple, list)) else ()
         if not hooks:
             return []
         p = []
         if "varlen" in spec.features:
+            where = "backward" if spec.direction == "bwd" else "forward"
             p.append(
                 f"features: varlen with {', '.join(hooks)}: family wgmma's packed-sequence "
-                "forward takes no hooks yet (a hook's b and q_idx/kv_idx would have to be the "
+                f"{where} takes no hooks yet (a hook's b and q_idx/kv_idx would have to be the "
                 "sequence's); drop the hook, or run the sequences as a padded batch"
             )
         if spec.br == 192:
@@ -213,10 +215,11 @@ WGMMA = WgmmaFamily(
     ),
     bwd_prefix=(tensor_map("tm_q"), tensor_map("tm_k"), tensor_map("tm_v"), tensor_map("tm_do")),
     # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
-    # the forward's run-time features, no deterministic mode (bwd.py)
+    # the forward's run-time features, no deterministic mode (bwd.py); user hooks as in the
+    # forward (templates/wgmma_bwd.cu.j2; not with varlen: `hook_rule`)
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
-    bwd_features=frozenset({*TOKENS, "varlen"}),
+    bwd_features=frozenset({*TOKENS, "varlen", "scoremod", "maskmod"}),
     # scoremod / maskmod: user hooks in the forward (features/hook.py; templates/wgmma.cu.j2;
     # not with varlen, nor at br 192: `hook_rule`)
     features=frozenset({*TOKENS, "varlen", "scoremod", "maskmod"}),

@@ -83,8 +83,9 @@ def smem_bytes(spec: KernelSpec) -> int:
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
     """Every broken rule of a backward wgmma spec as 'value: rule; fix'. Its features
     (window, softcap, alibi) need no rule of their own here; which features it takes, and dv,
-    are spec.py's `_check_backward` (`Family.bwd_features`), checked before."""
-    p = fam.tensor_core_rule(spec)
+    are spec.py's `_check_backward` (`Family.bwd_features`), checked before; a hook's rules
+    beyond every family's are the forward's (`WgmmaFamily.hook_rule`: no varlen)."""
+    p = fam.tensor_core_rule(spec) + fam.hook_rule(spec)
     if spec.d not in HEAD_DIMS:
         p.append(
             f"d={spec.d}: the wgmma backward takes d = 64 or 128 (64-column TMA slabs, dK and "
