@@ -15,7 +15,9 @@ Nothing in the kernels changes, because a sink only moves each row's normaliser:
   `D_i = dO_i . O_i`; handed the sink's LSE and O they compute dQ, dK, dV of the sink
   attention as they are (the sink column has no value, so it adds nothing to dP and its share
   of D is already in O), and the sink's own gradient is
-  `ds_h = -sum_{b,i} exp(s_h - LSE_bhi) * D_bhi` (two elementwise passes, a sum).
+  `ds_h = -sum_{b,i} exp(s_h - LSE_bhi) * D_bhi` (a few elementwise passes, a sum), D here
+  from the rescaled O before its rounding (the backward recomputes it from O0: one rounding
+  of O in D, as a kernel's D has; through the twice-rounded O it measured 2x the bound).
 
 `SinkAttention` is the autograd function; `flashgen.torch.attention` calls it with its own
 forward and backward ops (`torch.ops.flashgen.attention` / `attention_backward`).
@@ -52,15 +54,21 @@ def _wide(x: Any) -> Any:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def _rescaled(o0: Any, lse0: Any, lse: Any) -> Any:
+    """O0 * exp(LSE0 - LSE) in float32 at least: the sink attention's O before its rounding."""
+    return _wide(o0) * torch.exp(lse0 - lse).unsqueeze(-1)
+
+
 def with_sinks(o0: Any, lse0: Any, sinks: Any) -> tuple[Any, Any]:
     """(O, LSE) of the sink attention from the kernel's (O0, LSE0) without it (module doc)."""
     lse = torch.logaddexp(lse0, sinks.view(1, -1, 1).to(lse0.dtype))
-    o = (_wide(o0) * torch.exp(lse0 - lse).unsqueeze(-1)).to(o0.dtype)
-    return o, lse
+    return _rescaled(o0, lse0, lse).to(o0.dtype), lse
 
 
 def sink_grad(o: Any, lse: Any, do: Any, sinks: Any) -> Any:
-    """d loss / d sinks: -sum over batch and rows of exp(s_h - LSE) * (dO . O) (module doc)."""
+    """d loss / d sinks: -sum over batch and rows of exp(s_h - LSE) * (dO . O) (module doc).
+    `o` as wide as it is at hand: the backward passes the rescaled O before its rounding to
+    the storage dtype (one rounding of O in D, as in a kernel's, not two)."""
     d = (_wide(do) * _wide(o)).sum(-1)  # (B, H, Tq)
     return -(torch.exp(sinks.view(1, -1, 1) - lse) * d).sum((0, 2)).to(sinks.dtype)
 
@@ -85,18 +93,23 @@ class SinkAttention(torch.autograd.Function):
     ) -> tuple[Any, Any]:  # fmt: skip
         o0, lse0 = _ops()[0](q, k, v, causal, scale, variant, *feature_arguments, deterministic)
         o, lse = with_sinks(o0, lse0, sinks)
+        # the backward recomputes the rescaled O from O0 (same bits: the same ops) for the
+        # sinks' D without O's second rounding; O0 and LSE0 are kept instead of O
+        ctx.o_dtype = o.dtype
         ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
         arrays = [a if isinstance(a, torch.Tensor) else None for a in feature_arguments]
         ctx.feature_arguments = tuple(
             None if isinstance(a, torch.Tensor) else a for a in feature_arguments
         )
         ctx.mark_non_differentiable(lse)
-        ctx.save_for_backward(q, k, v, sinks, o, lse, *arrays)
+        ctx.save_for_backward(q, k, v, sinks, o0, lse0, lse, *arrays)
         return o, lse
 
     @staticmethod
     def backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:  # type: ignore[override]
-        q, k, v, sinks, o, lse, *arrays = ctx.saved_tensors
+        q, k, v, sinks, o0, lse0, lse, *arrays = ctx.saved_tensors
+        wide = _rescaled(o0, lse0, lse)
+        o = wide.to(ctx.o_dtype)  # the forward's O, bit for bit
         rest = (None,) * (4 + len(ctx.feature_arguments))  # causal .. deterministic, features
         if grad_o is None:
             return (None, None, None, None, *rest)
@@ -106,7 +119,7 @@ class SinkAttention(torch.autograd.Function):
         dq, dk, dv = _ops()[1](
             q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, *features
         )
-        return (dq, dk, dv, sink_grad(o, lse, grad_o, sinks), *rest)
+        return (dq, dk, dv, sink_grad(wide, lse, grad_o, sinks), *rest)
 
 
 __all__ = ["SinkAttention", "check_sinks", "sink_grad", "with_sinks"]

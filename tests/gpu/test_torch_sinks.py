@@ -6,7 +6,8 @@ is zero: the problem with one key prepended (zero K and V) and a score_mod that 
 the score s[h] is the sink attention (the real keys shift by one place, which keeps their
 bottom-right causal visibility). O and LSE are judged by the oracle's rule on that problem;
 dQ, dK[1:], dV[1:] by the gradient rule on the same slices; the sinks' gradient against its
-float64 value, with the same-precision reference (the rounded O) as the yardstick.
+float64 value by the same rule, its yardstick the gradient computed from the O rule's
+same-precision reference O.
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ def test_sinks_forward_and_gradients_match_the_oracle(case: tuple[Any, ...]) -> 
         return -(np.exp(s64 - lse64) * (do64 * o_).sum(-1)).sum((0, 2))
 
     want = ds_of(o64)
-    ref = ds_of(o64.astype(NP[dtype]).astype(np.float64))
+    # the yardstick of the O rule: FlashAttention's reference in the storage dtype (P rounded
+    # before P.V, O rounded), whose O a careful kernel's D would read
+    o_ref = oracle.rounded_reference(qs, ks, vs, causal=causal, scale=scale, dtype=name, **hooks)
+    ref = ds_of(o_ref)
     err = float(np.abs(ds.detach().double().cpu().numpy() - want).max())
     bound = 2 * float(np.abs(ref - want).max()) + 1e-5 * float(np.abs(want).max())
     assert err <= bound, f"dsinks: err {err:.3g} > bound {bound:.3g}"
