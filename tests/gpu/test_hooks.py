@@ -430,8 +430,9 @@ def _need_sm90() -> None:
 
 
 # (hook set, d, dtype, causal, features): every library hook, a pair, and the custom one with
-# every aux kind; the masks on causal and non-causal kernels (a mask_mod beside the built-in)
-WG_CASES = [
+# every aux kind; the masks on causal and non-causal kernels (a mask_mod beside the built-in;
+# on a non-causal kernel, a mask_mod whose verdicts skip tiles). Forward and backward.
+WG_HOOK_CASES = [
     ("softcap", 64, "fp16", True, ()),
     ("softcap", 128, "bf16", False, ("window",)),
     ("alibi", 64, "bf16", False, ()),
@@ -448,6 +449,9 @@ WG_CASES = [
     ("softcap+document", 64, "fp16", False, ("window",)),
     ("custom", 64, "fp16", False, ()),
     ("custom", 128, "bf16", True, ("window",)),
+]
+WG_CASES = [
+    *WG_HOOK_CASES,
     # doc_ids through its range summary (tiles of other documents skipped, of one taken whole)
     ("document_ragged", 128, "bf16", False, ()),
     ("document_ragged", 64, "fp16", True, ()),
@@ -590,28 +594,9 @@ def test_range_summaries_skip_tiles_without_changing_a_bit(
 
 
 # ---- family wgmma's backward (sm_90 only) --------------------------------------------------------
-# (hook set, d, dtype, causal, features): every library hook, the masks on causal and non-causal
-# kernels (a mask_mod whose verdicts skip query tiles: causal / window / prefix-LM on a
-# non-causal kernel), a pair, the custom one with every aux kind. No deterministic mode (the
-# wgmma backward has none). Select with -k wgmma_bwd.
-WG_BWD_CASES = [
-    ("softcap", 64, "fp16", True, ()),
-    ("softcap", 128, "bf16", False, ("window",)),
-    ("alibi", 64, "bf16", False, ()),
-    ("alibi", 128, "fp16", True, ()),
-    ("causal", 128, "bf16", False, ()),
-    ("causal", 64, "fp16", True, ()),
-    ("window", 128, "bf16", True, ()),
-    ("window", 64, "bf16", False, ()),
-    ("document", 64, "bf16", False, ()),
-    ("document", 128, "fp16", True, ()),
-    ("prefix_lm", 128, "bf16", False, ()),
-    ("prefix_lm", 64, "fp16", True, ()),
-    ("softcap+document", 128, "bf16", True, ()),
-    ("softcap+document", 64, "fp16", False, ("window",)),
-    ("custom", 64, "fp16", False, ()),
-    ("custom", 128, "bf16", True, ("window",)),
-]
+# The forward's hook cases (WG_HOOK_CASES). No deterministic mode (the wgmma backward has
+# none). Select with -k wgmma_bwd.
+WG_BWD_CASES = WG_HOOK_CASES
 # ragged one-tile, GQA Tq < Tk, Tq > Tk (causal rows with no key), many query tiles per key
 # block with Tq == Tk (document masks; the causal / window hooks' skipped tiles), B > 1
 WG_BWD_SHAPES = [(1, 4, 2, 77, 77), (2, 4, 4, 130, 301), (1, 2, 1, 200, 65), (2, 4, 2, 700, 700)]

@@ -158,12 +158,10 @@ def classify(
     return TileClass(truth)
 
 
-def brute_force(hook: Hook | Expr, box: Box, aux: Mapping[str, Any] | None = None) -> TileClass:
-    """The exact verdict, from the float64 oracle's value of every element (numpy_eval)."""
-    from flashgen.generator.hooks.numpy_eval import evaluate
-
-    expr = hook.expr if isinstance(hook, Hook) else hook
-    inputs = {
+def box_inputs(box: Box) -> dict[str, Any]:
+    """A hook's inputs over every element of `box`: rows as a column, keys as a row (they
+    broadcast to the box), the rest one value each (numpy_eval's input form)."""
+    return {
         "b": box.b,
         "h": box.h,
         "q_idx": np.arange(box.q_lo, box.q_hi + 1).reshape(-1, 1),
@@ -171,8 +169,15 @@ def brute_force(hook: Hook | Expr, box: Box, aux: Mapping[str, Any] | None = Non
         "q_len": box.q_len,
         "kv_len": box.kv_len,
     }
+
+
+def brute_force(hook: Hook | Expr, box: Box, aux: Mapping[str, Any] | None = None) -> TileClass:
+    """The exact verdict, from the float64 oracle's value of every element (numpy_eval)."""
+    from flashgen.generator.hooks.numpy_eval import evaluate
+
+    expr = hook.expr if isinstance(hook, Hook) else hook
     keep = np.broadcast_to(
-        evaluate(expr, inputs, aux), (box.q_hi - box.q_lo + 1, box.kv_hi - box.kv_lo + 1)
+        evaluate(expr, box_inputs(box), aux), (box.q_hi - box.q_lo + 1, box.kv_hi - box.kv_lo + 1)
     )
     return TileClass((FALSE if not keep.all() else 0) | (TRUE if keep.any() else 0))
 

@@ -37,6 +37,7 @@ from flashgen.generator.hooks.summary import CHUNK, RangeSummary, summarize
 from flashgen.generator.hooks.tiles import (
     Box,
     TileClass,
+    box_inputs,
     brute_force,
     classify,
     clip,
@@ -122,15 +123,7 @@ def _within_int32(hook: hk.Hook, box: Box, aux: dict[str, Any]) -> bool:
     from flashgen.generator.hooks.numpy_eval import evaluate_many
 
     ints = tuple(n for n in postorder(hook.expr) if n.dtype is DType.INT)
-    inputs = {
-        "b": box.b,
-        "h": box.h,
-        "q_idx": np.arange(box.q_lo, box.q_hi + 1).reshape(-1, 1),
-        "kv_idx": np.arange(box.kv_lo, box.kv_hi + 1).reshape(1, -1),
-        "q_len": box.q_len,
-        "kv_len": box.kv_len,
-    }
-    values = evaluate_many(ints, inputs, aux)
+    values = evaluate_many(ints, box_inputs(box), aux)
     return all(v.min() >= INT32_MIN and v.max() <= INT32_MAX for v in values if v.size)
 
 
