@@ -109,6 +109,7 @@ def test_readme_examples_are_what_the_commands_print(nvcc_required: Path) -> Non
     assert problems == [], f"{problems}; {FIX}"
 
 
+@pytest.mark.compile_all  # runs the README's nvcc commands three times: the compile check's
 def test_readme_check_detects_a_stale_number(nvcc_required: Path) -> None:
     text = update_examples.README.read_text()
     [(args, body)] = [(a, b) for a, b in update_examples.readme_examples(text) if a.startswith("b")]
