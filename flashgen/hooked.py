@@ -243,10 +243,11 @@ _lock = threading.Lock()
 
 def _forward_spec(problem: Any, causal: bool, dev: int, tokens: tuple[str, ...]) -> KernelSpec:
     """The variant an unhooked call would run (`select`: family wgmma's tile on Hopper),
-    compiled with the hooks and features; where that family or tile refuses them (wgmma's
-    br=192 tiles, say: `WgmmaFamily.hook_rule`), family mma's shipped tile, which takes
-    every hook. Why the first: on the H200 wgmma's hooked forward runs 0.98-1.02x its
-    built-in twins where mma's ran 0.2-0.4x of them (bench/NOTES.md, session 18)."""
+    compiled with the hooks and features; where that tile refuses them (wgmma's br=192 tiles:
+    `WgmmaFamily.hook_rule`), the family's best other shipped tile; where the family refuses
+    them, family mma's shipped tile, which takes every hook. Why the first: on the H200
+    wgmma's hooked forward runs 0.94-1.00x its built-in twins where mma's ran 0.2-0.4x of
+    them (bench/NOTES.md, session 18)."""
     arch, align = _arch(dev), problem.alignment(pointers=True)
     plain = select(
         problem.d, problem.dtype, causal, arch, alignment=align,
@@ -256,7 +257,15 @@ def _forward_spec(problem: Any, causal: bool, dev: int, tokens: tuple[str, ...])
         try:
             return plain.replace(features=tokens)
         except SpecError:
-            pass  # the family's hook rules refuse this tile: mma's takes it
+            pass  # the family's hook rules refuse this tile (the H200's tuned d64 br=192)
+        others = [s for s in shipped(plain.family) if s.br != plain.br]
+        try:  # the family's other shipped tiles, as select ranks them
+            return select(
+                problem.d, problem.dtype, causal, arch, alignment=align, candidates=others,
+                dv=problem.value_dim,
+            ).replace(features=tokens)  # fmt: skip
+        except ValueError:  # SpecError too: no other tile of the family takes the call
+            pass
     fallback = select(
         problem.d, problem.dtype, causal, arch, alignment=align,
         candidates=shipped(_HOOK_FAMILY), dv=problem.value_dim,

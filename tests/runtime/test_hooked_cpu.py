@@ -216,7 +216,7 @@ def test_the_hooked_forward_runs_the_unhooked_calls_family(monkeypatch, arch, d,
     assert spec.direction == "fwd" and spec.d == d
 
 
-def test_a_tile_whose_family_refuses_hooks_falls_back_to_mma(monkeypatch):
+def test_a_tile_that_refuses_hooks_takes_another_tile_of_its_family(monkeypatch):
     import flashgen.hooked as hooked
     from flashgen.generator.spec import KernelSpec
 
@@ -228,6 +228,14 @@ def test_a_tile_whose_family_refuses_hooks_falls_back_to_mma(monkeypatch):
         hooked, "select", lambda *a, **kw: wide if "candidates" not in kw else real(*a, **kw)
     )
     token = token_of(library.softcap_hook())
+    spec = hooked._forward_spec(_Problem(128), True, 0, (token,))
+    # wgmma's br=192 takes no hook (H200's tuned d64 tile): a br=128 wgmma tile does
+    assert spec.family == "wgmma" and spec.br == 128 and spec.features == (token,)
+    # and where no tile of the family takes the call, family mma's does
+    real_shipped = hooked.shipped
+    monkeypatch.setattr(
+        hooked, "shipped", lambda fam=None: [] if fam == "wgmma" else real_shipped(fam)
+    )
     spec = hooked._forward_spec(_Problem(128), True, 0, (token,))
     assert spec.family == "mma" and spec.features == (token,)
 
