@@ -19,8 +19,9 @@ Nothing in the kernels changes, because a sink only moves each row's normaliser:
   from the rescaled O before its rounding (the backward recomputes it from O0: one rounding
   of O in D, as a kernel's D has; through the twice-rounded O it measured 2x the bound).
 
-`SinkAttention` is the autograd function; `flashgen.torch.attention` calls it with its own
-forward and backward ops (`torch.ops.flashgen.attention` / `attention_backward`).
+`SinkAttention` is the autograd function over `torch.ops.flashgen.attention` /
+`attention_backward`; `HookedSinkAttention` the same over the hooked ops (score_mod / mask_mod
+with sinks). `flashgen.torch.attention(..., sinks=)` calls them.
 """
 
 from __future__ import annotations
@@ -79,6 +80,41 @@ def _ops() -> tuple[Any, Any]:
     return torch.ops.flashgen.attention.default, torch.ops.flashgen.attention_backward.default
 
 
+def _hooked_ops() -> tuple[Any, Any]:
+    """The hooked attention ops (flashgen.hooked registers them; the CPU tests stand
+    reference ones in)."""
+    ops = torch.ops.flashgen
+    return ops.hooked_attention.default, ops.hooked_attention_backward.default
+
+
+def _split_arrays(args: tuple[Any, ...]) -> tuple[list[Any], tuple[Any, ...]]:
+    """The tensors among op arguments (None elsewhere; saved for the backward) and the
+    arguments without them (None where a tensor was; kept on ctx)."""
+    arrays = [a if isinstance(a, torch.Tensor) else None for a in args]
+    return arrays, tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _join_arrays(kept: tuple[Any, ...], arrays: list[Any]) -> tuple[Any, ...]:
+    """`_split_arrays`' inverse."""
+    return tuple(t if a is None else a for a, t in zip(kept, arrays, strict=True))
+
+
+def _sink_outputs(ctx: Any, o0: Any, lse0: Any, sinks: Any) -> tuple[Any, Any, Any]:
+    """(O, LSE) with the sinks, and LSE kept for the backward; the backward recomputes the
+    rescaled O from O0 (same bits: the same ops) for the sinks' D without O's second
+    rounding, so O0 and LSE0 are saved instead of O."""
+    o, lse = with_sinks(o0, lse0, sinks)
+    ctx.o_dtype = o.dtype
+    ctx.mark_non_differentiable(lse)
+    return o, lse, lse
+
+
+def _sink_o(ctx: Any, o0: Any, lse0: Any, lse: Any) -> tuple[Any, Any]:
+    """(the forward's O bit for bit, the rescaled O before its rounding)."""
+    wide = _rescaled(o0, lse0, lse)
+    return wide.to(ctx.o_dtype), wide
+
+
 class SinkAttention(torch.autograd.Function):
     """(O, LSE) of attention with sinks; gradients to q, k, v and sinks.
 
@@ -92,34 +128,66 @@ class SinkAttention(torch.autograd.Function):
         variant: str | None, deterministic: bool, *feature_arguments: Any,
     ) -> tuple[Any, Any]:  # fmt: skip
         o0, lse0 = _ops()[0](q, k, v, causal, scale, variant, *feature_arguments, deterministic)
-        o, lse = with_sinks(o0, lse0, sinks)
-        # the backward recomputes the rescaled O from O0 (same bits: the same ops) for the
-        # sinks' D without O's second rounding; O0 and LSE0 are kept instead of O
-        ctx.o_dtype = o.dtype
+        o, lse, _ = _sink_outputs(ctx, o0, lse0, sinks)
         ctx.causal, ctx.scale, ctx.deterministic = causal, scale, deterministic
-        arrays = [a if isinstance(a, torch.Tensor) else None for a in feature_arguments]
-        ctx.feature_arguments = tuple(
-            None if isinstance(a, torch.Tensor) else a for a in feature_arguments
-        )
-        ctx.mark_non_differentiable(lse)
+        arrays, ctx.feature_arguments = _split_arrays(feature_arguments)
         ctx.save_for_backward(q, k, v, sinks, o0, lse0, lse, *arrays)
         return o, lse
 
     @staticmethod
     def backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:  # type: ignore[override]
         q, k, v, sinks, o0, lse0, lse, *arrays = ctx.saved_tensors
-        wide = _rescaled(o0, lse0, lse)
-        o = wide.to(ctx.o_dtype)  # the forward's O, bit for bit
         rest = (None,) * (4 + len(ctx.feature_arguments))  # causal .. deterministic, features
         if grad_o is None:
             return (None, None, None, None, *rest)
-        features = tuple(
-            t if a is None else a for a, t in zip(ctx.feature_arguments, arrays, strict=True)
-        )
+        o, wide = _sink_o(ctx, o0, lse0, lse)
+        features = _join_arrays(ctx.feature_arguments, arrays)
         dq, dk, dv = _ops()[1](
             q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, *features
         )
         return (dq, dk, dv, sink_grad(wide, lse, grad_o, sinks), *rest)
 
 
-__all__ = ["SinkAttention", "check_sinks", "sink_grad", "with_sinks"]
+class HookedSinkAttention(torch.autograd.Function):
+    """SinkAttention over the hooked ops (`flashgen.hooked`): score_mod / mask_mod and sinks.
+
+    `apply(q, k, v, sinks, causal, scale, deterministic, hooks, aux_floats, aux_ints, n_aux,
+    *aux_tensors, *feature_arguments)`: the hooked op's arguments (`hooked.hook_op_args`'
+    tokens and aux lists), the aux tensors spread so that autograd sees and saves them."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: Any, k: Any, v: Any, sinks: Any, causal: bool, scale: float | None,
+        deterministic: bool, hooks: str, aux_floats: list[float], aux_ints: list[int],
+        n_aux: int, *rest: Any,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        aux, features = list(rest[:n_aux]), rest[n_aux:]
+        o0, lse0 = _hooked_ops()[0](
+            q, k, v, causal, scale, hooks, aux, aux_floats, aux_ints, *features, deterministic
+        )
+        o, lse, _ = _sink_outputs(ctx, o0, lse0, sinks)
+        ctx.causal, ctx.scale, ctx.deterministic, ctx.hooks = causal, scale, deterministic, hooks
+        ctx.aux_floats, ctx.aux_ints, ctx.n_aux = list(aux_floats), list(aux_ints), n_aux
+        arrays, ctx.feature_arguments = _split_arrays(features)
+        ctx.save_for_backward(q, k, v, sinks, o0, lse0, lse, *aux, *arrays)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:  # type: ignore[override]
+        q, k, v, sinks, o0, lse0, lse, *saved = ctx.saved_tensors
+        aux, arrays = saved[: ctx.n_aux], saved[ctx.n_aux :]
+        # causal, scale, deterministic, hooks, aux_floats, aux_ints, n_aux; the aux tensors
+        # and the features
+        rest = (None,) * (7 + ctx.n_aux + len(ctx.feature_arguments))
+        if grad_o is None:
+            return (None, None, None, None, *rest)
+        o, wide = _sink_o(ctx, o0, lse0, lse)
+        features = _join_arrays(ctx.feature_arguments, arrays)
+        dq, dk, dv = _hooked_ops()[1](
+            q, k, v, o, lse, grad_o, ctx.causal, ctx.scale, ctx.deterministic, ctx.hooks,
+            list(aux), ctx.aux_floats, ctx.aux_ints, *features,
+        )  # fmt: skip
+        return (dq, dk, dv, sink_grad(wide, lse, grad_o, sinks), *rest)
+
+
+__all__ = ["HookedSinkAttention", "SinkAttention", "check_sinks", "sink_grad", "with_sinks"]

@@ -81,13 +81,13 @@ from flashgen.runtime.validate import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
-from flashgen.hooked import hooked_attention  # noqa: E402
+from flashgen.hooked import hook_op_args, hooked_attention  # noqa: E402
 from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     DenseDecode,
     attention_with_kvcache,
     dense_decode,
 )
-from flashgen.sinks import SinkAttention, check_sinks  # noqa: E402
+from flashgen.sinks import HookedSinkAttention, SinkAttention, check_sinks  # noqa: E402
 from flashgen.torch_support import WGMMA_BWD_ENV as WGMMA_BWD_ENV  # noqa: E402 (re-exported)
 from flashgen.torch_support import (  # noqa: E402
     backward_family_for,
@@ -589,7 +589,7 @@ def attention(
     Hopper) compiled with them, the backward family mma's (flashgen.hooked; not with `spec`).
     `sinks`: a float32 (H,) tensor on q's device, one logit per query head that joins every
     row's softmax as a key with no value (gpt-oss's attention sinks); gradients flow to it
-    (flashgen.sinks; not with score_mod/mask_mod yet). LSE then includes the sink.
+    (flashgen.sinks; with score_mod/mask_mod too). LSE then includes the sink.
 
     Runs on the current stream of q's device, never synchronizes, allocates only through
     torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
@@ -621,10 +621,13 @@ def attention(
                 "unhooked call's, with the hooks compiled in); drop spec"
             )
         if sinks is not None:
-            raise ValueError(
-                "sinks with score_mod/mask_mod: not supported together yet; a sink is the "
-                "same as a score-free key, so pass the sinks alone or the hooks alone"
-            )
+            check_sinks(sinks, q)
+            hooks, tensors, floats, ints = hook_op_args(score_mod, mask_mod, aux, q)
+            o, lse = HookedSinkAttention.apply(  # type: ignore[no-untyped-call]
+                q, k, v, sinks, causal, scale, deterministic, hooks, floats, ints,
+                len(tensors), *tensors, *args,
+            )  # fmt: skip
+            return (o, lse) if return_lse else o
         o, lse = hooked_attention(
             q, k, v, score_mod=score_mod, mask_mod=mask_mod, aux=aux, causal=causal,
             scale=scale, deterministic=deterministic, feature_arguments=args,

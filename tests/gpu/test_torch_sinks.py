@@ -131,13 +131,46 @@ def test_sinks_replay_in_a_graph_and_compile() -> None:
     assert not torch.equal(og, want)
 
 
+def _docs_after_the_sink(b, h, q_idx, kv_idx, doc_ids):
+    """The document mask on the problem with the sink prepended: key 0 is the sink (every
+    row sees it), key j > 0 is the real key j - 1."""
+    real = hk.maximum(kv_idx - 1, 0)
+    return hk.logical_or(kv_idx == 0, doc_ids[q_idx] == doc_ids[real])
+
+
+DOCS_AFTER_SINK = hk.trace_mask_mod(_docs_after_the_sink, hk.Aux("doc_ids", "int32", 1))
+
+
+def test_sinks_beside_a_document_mask_match_the_oracle() -> None:
+    from flashgen.generator.hooks import library
+
+    b, h, t, d = 1, 4, 300, 128
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q, k, v = (
+        torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+        for _ in range(3)
+    )  # fmt: skip
+    ids = torch.sort(torch.randint(0, 4, (t,), generator=g, device="cuda")).values.int()
+    sinks = (torch.randn(h, device="cuda", generator=g) + 4.0).requires_grad_()
+    o, lse = fgt.attention(q, k, v, causal=True, sinks=sinks, mask_mod=library.document_hook(),
+                           aux={"doc_ids": ids}, return_lse=True)  # fmt: skip
+    do = torch.randn(o.shape, device="cuda", dtype=o.dtype, generator=g)
+    dq, dk, dv, ds = torch.autograd.grad(o, (q, k, v, sinks), do)
+    torch.cuda.synchronize()
+    hooks = {
+        "score_mod": HookCall(SINK, {"sinks": sinks.detach().cpu().numpy()}),
+        "mask_mod": HookCall(DOCS_AFTER_SINK, {"doc_ids": ids.cpu().numpy()}),
+    }
+    qs, ks, vs = _np(q), _prepend_zero_key(_np(k)), _prepend_zero_key(_np(v))
+    res = oracle.check_outputs(_np(o), lse.detach().cpu().numpy(), qs, ks, vs, causal=True,
+                               scale=d**-0.5, dtype="bf16", **hooks)  # fmt: skip
+    assert res.passed, res
+    assert torch.isfinite(dq).all() and torch.isfinite(ds).all()
+
+
 def test_bad_sinks_are_named() -> None:
     q = torch.randn(1, 4, 16, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"sinks.shape=\(3,\)"):
         fgt.attention(q, q, q, sinks=torch.zeros(3, device="cuda"))
     with pytest.raises(ValueError, match="sinks.dtype=torch.float16"):
         fgt.attention(q, q, q, sinks=torch.zeros(4, device="cuda", dtype=torch.float16))
-    with pytest.raises(ValueError, match="sinks with score_mod"):
-        fgt.attention(
-            q, q, q, sinks=torch.zeros(4, device="cuda"), mask_mod=lambda b, h, i, j: j <= i
-        )
