@@ -42,6 +42,7 @@ from flashgen.runtime.decode import (
     DecodeShape,
     choose_splits,
     decode_spec,
+    few_blocks_specs,
     routes_to_decode,
     row_tiles,
     scratch_sizes,
@@ -187,6 +188,18 @@ def _prepare(
     tiles = row_tiles(spec, tq, h // h_kv)
     slots = plan.sms * launch.driver().resident_blocks(plan.function, spec.threads, plan.smem)
     n_splits = choose_splits(spec, b * h_kv * tiles, tk, slots, splits)
+    if chosen is None and b * h_kv * tiles * n_splits <= plan.sms:
+        # every block alone on its SM: a variant with more bytes in flight per SM
+        for few, min_tiles in few_blocks_specs(spec):
+            few_plan = runtime.device_plan(few, arch, index)
+            drv = launch.driver()
+            resident = drv.resident_blocks(few_plan.function, few.threads, few_plan.smem)
+            few_splits = choose_splits(
+                few, b * h_kv * tiles, tk, plan.sms * resident, splits, min_tiles
+            )
+            if b * h_kv * tiles * few_splits <= plan.sms:
+                spec, plan, n_splits = few, few_plan, few_splits
+                break
     ks, vs = k.stride(), v.stride()
     strides = (
         q.stride(0), q.stride(2), q.stride(1), ks[0], ks[2], ks[1], vs[0], vs[2], vs[1],

@@ -20,6 +20,7 @@ that finish them).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ DECODE_WAVES = 1
 `Driver.resident_blocks`): every block of a launch resident at once, no tail wave."""
 DECODE_MIN_TILES_PER_WARP = 4
 """A split gives each warp at least this many key tiles (else it is not worth a block)."""
+DECODE_FEW_BLOCKS: tuple[tuple[int, int, int], ...] = ((8, 2, 2),)
+"""(warps, stages, min tiles per warp) tried in order for a call whose blocks all fit one per SM
+(B x H_kv x row tiles x splits <= SMs): with every block alone on its SM, shared memory is free,
+so eight warps of two tiles each halve every warp's serial chain of tile loads and math (the
+split count stays that of four warps of four tiles). The first that is a valid spec and still
+fits one per SM wins."""
 DECODE_MAX_SPLITS = 256
 """At most this many splits (each adds a row tile's O to the scratch the merge reads)."""
 assert DECODE_MAX_SPLITS <= DECODE_MERGE_MAX**2  # the merge's two levels take this many
@@ -106,18 +113,33 @@ def row_tiles(spec: KernelSpec, tq: int, kv_group: int) -> int:
     return -(-(tq * kv_group) // spec.br)
 
 
-def choose_splits(spec: KernelSpec, blocks: int, tk: int, slots: int, requested: int = 0) -> int:
+def choose_splits(
+    spec: KernelSpec, blocks: int, tk: int, slots: int, requested: int = 0,
+    min_tiles: int = DECODE_MIN_TILES_PER_WARP,
+) -> int:  # fmt: skip
     """How many blocks share a row tile's keys: `requested` when > 0 (clamped to the tiles
     there are), else as many as keep `blocks` (B x H_kv x row tiles) x splits within
     DECODE_WAVES of the GPU's `slots` (SMs x resident blocks), each split keeping
-    DECODE_MIN_TILES_PER_WARP tiles per warp of the cache's capacity `tk`."""
+    `min_tiles` (DECODE_MIN_TILES_PER_WARP) tiles per warp of the cache's capacity `tk`."""
     tiles = max(1, -(-tk // spec.bc))
     most = max(1, min(DECODE_MAX_SPLITS, tiles))
     if requested > 0:
         return min(requested, most)
     want = max(1, max(1, slots) * DECODE_WAVES // max(1, blocks))
-    per_split = spec.warps * DECODE_MIN_TILES_PER_WARP
+    per_split = spec.warps * min_tiles
     return max(1, min(want, most, -(-tiles // per_split)))
+
+
+def few_blocks_specs(spec: KernelSpec) -> list[tuple[KernelSpec, int]]:
+    """The DECODE_FEW_BLOCKS variants of `spec` (same rows, tile, dtype and features; more
+    warps or a deeper ring) that are valid specs, each with its min tiles per warp."""
+    out = []
+    for warps, stages, min_tiles in DECODE_FEW_BLOCKS:
+        try:
+            out.append((dataclasses.replace(spec, warps=warps, stages=stages), min_tiles))
+        except SpecError:  # its shared memory or merge space does not fit: the next one
+            continue
+    return out
 
 
 def scratch_sizes(

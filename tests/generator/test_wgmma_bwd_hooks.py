@@ -156,7 +156,10 @@ def test_a_mask_hook_skips_the_query_tiles_it_drops_whole_in_producer_and_consum
         "for (int it = 0, step = kept_from(0); step < n_steps; ++it, step = kept_from(step + 1)) {"
         in src
     )
-    assert "int next = kept_from(0);" in src and "next = kept_from(step + 1);" in src
+    # the consumers walk the same set a 32-step verdict word at a time (one step per lane)
+    assert "int next = next_kept(0);" in src and "next = next_kept(step + 1);" in src
+    assert "v = verdict(hd, j, j, kv0, kv0 + BC - 1);" in src
+    assert "kept_word = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);" in src
     assert "for (int step = 0; step < n_steps; ++step) {" not in src
     assert src.count("const int s = it % STAGES, phase = ((it / STAGES) & 1) ^ 1;") == 1
     assert src.count("const int s = it % STAGES, phase = (it / STAGES) & 1;") == 1
@@ -167,10 +170,9 @@ def test_a_mask_hook_skips_the_query_tiles_it_drops_whole_in_producer_and_consum
     assert "if (next < n_steps && lane < 4) {" in src
     assert "const int nh = kv_head * kv_group + next / per_head;" in src
     # a consumer whose keys the hook keeps whole takes no element-wise hook mask
-    assert (
-        "const bool hook_some = verdict(head, q0 / BR, q0 / BR, min(kc0, tk - 1), kc0 + 63) "
-        "!= FG_TILE_ALL;" in src
-    )
+    assert "if (v != FG_TILE_NONE) w = verdict(hd, j, j, min(kc0, tk - 1), kc0 + 63);" in src
+    assert "whole_word = __ballot_sync(0xffffffffu, w == FG_TILE_ALL);" in src
+    assert "const bool hook_some = !step_whole;" in src
     assert "if (masked || hook_some) probabilities(Flag<true>{}); else" in src
     loop = _element_loop(src)
     drop = f"if (!mask_mod_{window.digest}(batch, head, hq, hk, tq, tk, hook_i0, hook_i1)) x = 0.0f"
