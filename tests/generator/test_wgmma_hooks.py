@@ -140,27 +140,35 @@ def test_a_mask_hook_skips_the_tiles_it_drops_whole_in_producer_and_consumers():
     call = f"return {verdict}(batch, head, q0, min(q0 + BR, tq) - 1, lo * BC,"
     assert src.count(call) == 2  # the producer's walk and the consumers': the same tiles
     assert src.count("min(hi * BC + BC, tk) - 1, tq, tk, hook_i0, hook_i1);") == 2
-    # the producer (one thread) walks the kept tiles in O(log) verdicts per run of dropped
-    # ones, counting them as it loads (no count before the item's first load)
-    assert src.count("if (tiles_verdict(lo, t) == FG_TILE_NONE) {") == 1
-    assert "const int first_tile = kept_below(span.end);" in src
+    # producer and consumers walk the kept tiles the same way, a warp at a time: 32 verdicts
+    # (one per lane) per word, as two ballots; no count pass before the item's first load
+    assert "if (threadIdx.x < 32) {" in src and "const bool issuer = lane == 0;" in src
+    assert src.count("if (!issuer) return;") == 2  # load_k, load_v: lane 0 issues the TMA
+    assert src.count("kept_word = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);") == 2
+    assert src.count("whole_word = __ballot_sync(0xffffffffu, v == FG_TILE_ALL);") == 2
+    assert src.count("const int first_tile = next_kept(span.end);") == 2
+    assert "tile_verdict(t) != FG_TILE_NONE)" not in src  # the old count pass
+    assert "kept_below" not in src and "if (tiles_verdict(lo, t) == FG_TILE_NONE) {" not in src
     assert "if (first_tile < span.first) continue;" in src
-    walk = "for (int t = kept_below(first_tile); t >= span.first; t = kept_below(t), ++n_tiles) {"
-    assert src.count(walk) == 1 and "++n_tiles;\n" not in src
-    # each consumer warp counts 32 tiles per verdict round and walks them a word at a time
-    ballot = "__ballot_sync(0xffffffffu, t < span.end && tile_verdict(t) != FG_TILE_NONE)"
-    assert src.count(ballot) == 1
-    assert "kept_word = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);" in src
-    assert "whole_word = __ballot_sync(0xffffffffu, v == FG_TILE_ALL);" in src
-    assert src.index(walk) < src.index("consumers =====") < src.index(ballot)
+    walk = "for (int t = next_kept(first_tile); t >= span.first; t = next_kept(t), ++n_tiles) {"
+    assert src.count(walk) == 1
+    assert src.index(walk) < src.index("consumers =====")
     assert "const int n_tiles = span.end - span.first;" not in src
-    # the producer loads the kept tiles in step order; the consumers compute the same ones
+    # the producer loads the kept tiles in step order; the consumers compute the same ones,
+    # each step knowing the next kept tile (the last step releases Q)
     assert "load_k(n_tiles, t);" in src and "load_v(n_tiles - 1, prev);" in src
-    assert "const int kv0 = tile * BC;" in src and src.count("tile = next_kept(tile);") == 2
+    assert "const int kv0 = tile * BC;" in src
     assert "const int kv0 = (span.end - 1 - it) * BC;" not in src
-    # a kept tile takes the element-wise mask when the hook keeps only some of its keys
+    assert "int next = next_kept(tile);" in src and "next = next_kept(tile);" in src
+    assert "if (next < span.first) release(q_empty);" in src
+    assert "if (last) release(q_empty);" in src
+    # a kept tile takes the element-wise mask when the hook keeps only some of its keys, asked
+    # before the walk moves to the next word
     assert "|| !whole(t);" in src
-    assert "if (needs_mask(tile)) step(it, Flag<true>{}); else step(it, Flag<false>{});" in src
+    ask, move = "const bool masked = needs_mask(tile);", "next = next_kept(tile);\n"
+    assert src.index(ask) < src.index(move, src.index(ask))
+    assert "if (masked) step(n_tiles, Flag<true>{}, last);" in src
+    assert "else step(n_tiles, Flag<false>{}, last);" in src
     assert "clear_lo" not in src
 
 
