@@ -461,6 +461,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
     // ================================ producer ================================
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
     if (threadIdx.x == 0) {
+      constexpr bool issuer = true;
       // ring steps and Q loads of the earlier tiles: the slot and phase of every barrier
       int steps = 0, q_loads = 0;
       Work w;
@@ -476,16 +477,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         // (a fresh barrier counts as having completed the phase before its first: parity 1)
         mbar_wait(q_empty, (q_loads & 1) ^ 1);
         ++q_loads;
-        mbar_expect_tx(q_full, Q_BYTES);
+        if (issuer) {
+          mbar_expect_tx(q_full, Q_BYTES);
 #pragma unroll
-        for (int c = 0; c < D_CHUNKS; ++c)
-          tma_load_4d(Qs + c * BR * CHUNK, &tm_q, q_full, c * CHUNK, q0, head, batch);
+          for (int c = 0; c < D_CHUNKS; ++c)
+            tma_load_4d(Qs + c * BR * CHUNK, &tm_q, q_full, c * CHUNK, q0, head, batch);
+        }
         // K runs one tile ahead of V, in the order the consumers need them: step `it` issues
         // S = Q K(it)^T together with O += P V(it-1)
         auto load_k = [&](int it) {
           const int s = (steps + it) % STAGES, use = (steps + it) / STAGES;
           const int kv0 = (span.end - 1 - it) * BC;
           mbar_wait(&k_empty[s], (use & 1) ^ 1);
+          if (!issuer) return;
           mbar_expect_tx(&k_full[s], K_BYTES);
 #pragma unroll
           for (int c = 0; c < D_CHUNKS; ++c)
@@ -495,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
           const int s = (steps + it) % STAGES, use = (steps + it) / STAGES;
           const int kv0 = (span.end - 1 - it) * BC;
           mbar_wait(&v_empty[s], (use & 1) ^ 1);
+          if (!issuer) return;
           mbar_expect_tx(&v_full[s], V_BYTES);
 #pragma unroll
           for (int c = 0; c < DV_CHUNKS; ++c)
