@@ -59,6 +59,7 @@ from flashgen.torch_support import (
     dispatch_stack,
     feature_args,
     function_modes,
+    out_strides,
     raw_stream,
     run_backward,
 )
@@ -233,6 +234,14 @@ def _key_of(x: Any) -> tuple[Any, ...]:
     return (tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr())
 
 
+def _aux_key(x: Any) -> tuple[Any, ...]:
+    """An aux tensor's part of a signature: its layout and alignment, not its address. The
+    launch takes each call's aux pointers (`hook_ptrs`): a range summary is a fresh tensor on
+    every call, and a signature keyed on its address re-planned the launch whenever the
+    allocator handed out another block (H200: ~0.6 ms of host time per call, bench/NOTES.md)."""
+    return (tuple(x.shape), x.stride(), x.dtype, x.device, x.data_ptr() & 15)
+
+
 def _arch(dev: int) -> str:
     return "sm_{}{}".format(*torch.cuda.get_device_capability(dev))
 
@@ -281,9 +290,10 @@ def _run(
     the feature arguments, then `deterministic` (for the backward only)."""
     feature_arguments = rest[: op_args.N_FEATURE_ARGS]
     values = op_args.values_of(feature_arguments)
-    key = (
-        "fwd", *(_key_of(x) for x in (q, k, v)), causal, scale, hooks,
-        tuple(_key_of(t) for t in aux_tensors), tuple(aux_floats), tuple(aux_ints),
+    key = (  # layouts and alignments, not addresses: the launch takes each call's pointers
+        "fwd", *(_key_of(x)[:4] for x in (q, k, v)), tuple(x.data_ptr() & 15 for x in (q, k, v)),
+        causal, scale, hooks,
+        tuple(_aux_key(t) for t in aux_tensors), tuple(aux_floats), tuple(aux_ints),
         feature_values.signature(values, _key_of),
     )  # fmt: skip
     e = _entries.get(key)
@@ -299,7 +309,8 @@ def _run(
         spec = _forward_spec(problem, causal, dev, (*features.tokens, *hooks.split(",")))
         made = runtime.device_plan(spec, _arch(dev), dev)
         shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))
-        o = torch.empty(shape, dtype=q.dtype, device=q.device)
+        o_stride = out_strides(shape, tuple(int(s) for s in q.stride()))  # q's layout
+        o = torch.empty_strided(shape, o_stride, dtype=q.dtype, device=q.device)
         lse = torch.empty(shape[:3], dtype=torch.float32, device=q.device)
         full = check_layout(q, k, v, o=o, lse=lse)
         check_spec(spec, full, check_pointers=True)
@@ -310,13 +321,14 @@ def _run(
             bare, value * LOG2E, features, hooks=_hook_args(tokens, aux_tensors, aux_floats,
                                                              aux_ints),
         )  # fmt: skip
-        e = (bound, shape, q.device, q.dtype)
+        e = (bound, shape, o_stride, q.device, q.dtype, tokens)
         launch.remember(_entries, key, e)
-    bound, shape, device, dtype = e
-    o = torch.empty(shape, dtype=dtype, device=device)
+    bound, shape, o_stride, device, dtype, tokens = e
+    o = torch.empty_strided(shape, o_stride, dtype=dtype, device=device)
     lse = torch.empty(shape[:3], dtype=torch.float32, device=device)
+    ptrs = _hook_args(tokens, aux_tensors, aux_floats, aux_ints).pointers()
     bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-          raw_stream(device.index))  # fmt: skip
+          raw_stream(device.index), hook_ptrs=ptrs)  # fmt: skip
     return o, lse
 
 
@@ -357,7 +369,7 @@ def _run_backward(
     tensors = (q, k, v, o, lse, do)
     key = (
         "bwd", *(_key_of(x)[:4] for x in tensors), tuple(t.data_ptr() & 15 for t in tensors),
-        causal, scale, bool(deterministic), hooks, tuple(_key_of(t) for t in aux_tensors),
+        causal, scale, bool(deterministic), hooks, tuple(_aux_key(t) for t in aux_tensors),
         tuple(aux_floats), tuple(aux_ints), feature_values.signature(values, _key_of),
     )  # fmt: skip
     hit = _entries.get(key)
@@ -370,11 +382,14 @@ def _run_backward(
         plan = runtime.device_plan(spec, _arch(dev), dev)
         bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
         value = check_scale(scale, problem.d)
-        args = _hook_args(_hooks(hooks), aux_tensors, aux_floats, aux_ints)
-        hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev)
+        tokens = _hooks(hooks)
+        args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
+        hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev,
+               tokens)  # fmt: skip
         launch.remember(_entries, key, hit)
-    prepared, dev = hit
-    run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), raw_stream(dev))
+    prepared, dev, tokens = hit
+    ptrs = _hook_args(tokens, aux_tensors, aux_floats, aux_ints).pointers()
+    run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), raw_stream(dev), hook_ptrs=ptrs)
     return dq, dk, dv
 
 
@@ -383,7 +398,8 @@ def _fake(
     aux_tensors: list[Any], aux_floats: list[float], aux_ints: list[int], *rest: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     op_args.values_of(rest[: op_args.N_FEATURE_ARGS])  # the scalar features' checks
-    o = q.new_empty((*q.shape[:3], v.shape[3]))
+    o_shape = (*tuple(q.shape)[:3], v.shape[3])
+    o = q.new_empty_strided(o_shape, out_strides(o_shape, tuple(q.stride())))  # as _run's
     return o, q.new_empty(tuple(q.shape[:3]), dtype=torch.float32)
 
 

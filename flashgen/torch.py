@@ -94,6 +94,7 @@ from flashgen.torch_support import (  # noqa: E402
     dispatch_stack,
     feature_args,
     function_modes,
+    out_strides,
     raw_stream,
     run_backward,
 )
@@ -123,17 +124,6 @@ _LIB.define(SCHEMA)
 
 
 # ---- layout ---------------------------------------------------------------------------------
-def out_strides(shape: tuple[Any, ...], stride: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Dense strides for O with q's axis order (axes sorted by q's strides, d innermost)."""
-    order = sorted(range(3), key=lambda a: (-int(stride[a]) if _concrete(stride[a]) else 0, a))
-    out: list[Any] = [0, 0, 0, 1]
-    step = shape[3]
-    for axis in reversed(order):
-        out[axis] = step
-        step = step * shape[axis]
-    return tuple(out)
-
-
 def _concrete(x: Any) -> bool:
     return isinstance(x, int)
 

@@ -6,7 +6,7 @@ and the dense backward's launch with its fp32 scratch from torch's allocator."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 try:
@@ -121,11 +121,29 @@ raw_stream: Callable[[int], int] = _raw_stream_fn()
 one: a call per launch, so the cheapest)."""
 
 
-def run_backward(prepared: backward.Prepared, tensors: tuple[Any, ...], stream: int) -> None:
+def out_strides(shape: tuple[Any, ...], stride: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Dense strides for O with q's axis order (axes sorted by q's strides, d innermost): the
+    front doors' O (and so the dO autograd hands back) is laid out as the caller's q, so a
+    (B, T, H, d) caller gets no copy on either side."""
+    order = sorted(
+        range(3), key=lambda a: (-int(stride[a]) if isinstance(stride[a], int) else 0, a)
+    )  # fmt: skip
+    out: list[Any] = [0, 0, 0, 1]
+    step = shape[3]
+    for axis in reversed(order):
+        out[axis] = step
+        step = step * shape[axis]
+    return tuple(out)
+
+
+def run_backward(
+    prepared: backward.Prepared, tensors: tuple[Any, ...], stream: int,
+    hook_ptrs: Sequence[int] | None = None,
+) -> None:  # fmt: skip
     """Launch a dense backward's kernels on (q, k, v, o, lse, do, dq, dk, dv) on `stream` (a
     CUstream handle: `raw_stream(device)`), its fp32 scratch (D and LSE; the fast mode's dQ
     accumulator) allocated through torch's caching allocator (CUDA-graph safe, nothing
-    synchronized)."""
+    synchronized); a hooked variant with this call's aux pointers (`hook_ptrs`)."""
     q, k, v, o, lse, do, dq, dk, dv = tensors
     b, h, tq, d = (int(n) for n in q.shape)
     d_shape, dq_shape = scratch_shapes(prepared.spec, b, h, tq, d)
@@ -138,4 +156,4 @@ def run_backward(prepared: backward.Prepared, tensors: tuple[Any, ...], stream: 
         q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), do.data_ptr(), lse.data_ptr(),
         d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
     )  # fmt: skip
-    prepared(pointers, stream)
+    prepared(pointers, stream, hook_ptrs=hook_ptrs)

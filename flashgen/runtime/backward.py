@@ -81,7 +81,7 @@ from flashgen.generator.features import (
     FeatureKeywords,
     check_fits,
 )
-from flashgen.generator.features.hook import HOOK_PARAMS, HookArgs
+from flashgen.generator.features.hook import HOOK_PARAMS, MAX_POINTERS, HookArgs
 from flashgen.generator.numerics import LOG2E
 from flashgen.runtime import feature_values
 from flashgen.runtime.prefix import PrefixRegistry
@@ -387,6 +387,11 @@ class Prepared:
         # a varlen problem: the cu_seqlens_q/k slots (abi.VARLEN, after the features)
         at = len(ABI_FORMAT)
         self._cu = self._args[at : at + 2] if problem.n_seqs is not None else None
+        # a hooked variant: the aux block's pointer slots (first in the block), set per call
+        # with `hook_ptrs` (launch.Bound's rule)
+        at += 3 if problem.n_seqs is not None else 0
+        self._hook_ptrs = self._args[at : at + MAX_POINTERS] if hooks is not None else []
+        self._set_pointers = _launch.set_pointers
         self._prefix = prefix_builder(spec.family)
         self._prefix_keep: Sequence[Any] = ()  # the objects the prefix entries point at
         self._last_key: tuple[int, ...] | None = None
@@ -409,10 +414,12 @@ class Prepared:
         self._last_key = key
 
     def __call__(
-        self, pointers: tuple[int, ...], stream_handle: int, cu_q: int = 0, cu_k: int = 0
-    ) -> None:
+        self, pointers: tuple[int, ...], stream_handle: int, cu_q: int = 0, cu_k: int = 0,
+        hook_ptrs: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         """Launch the kernels in order on the stream (a CUstream; 0: the legacy default); a
-        varlen variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k."""
+        varlen variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k; a
+        hooked variant with this call's aux pointers (`hook_ptrs`, as `launch.Bound`)."""
         drv, threads = self._drv, self.spec.threads
         if self._cu is not None and not (cu_q and cu_k):
             raise ValueError(
@@ -424,6 +431,8 @@ class Prepared:
                 slot.value = int(ptr or 0)
             if self._cu is not None:
                 self._cu[0].value, self._cu[1].value = int(cu_q), int(cu_k)
+            if hook_ptrs is not None:
+                self._set_pointers(self._hook_ptrs, hook_ptrs, self.spec.name)
             if self._prefix is not None:
                 key = tuple(int(pointers[i] or 0) for i in self._prefix[1])
                 if key != self._last_key:

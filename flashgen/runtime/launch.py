@@ -487,6 +487,22 @@ class Varlen:
     max_k: int
 
 
+def set_pointers(slots: Sequence[ctypes.c_void_p], values: Sequence[int], name: str) -> None:
+    """Write a hooked launch's aux pointer slots (`HookArgs.pointers()` order). ValueError,
+    before anything is written, when the count differs or a pointer is not 4-byte aligned
+    where the bound one was set (a call with other aux tensors than its signature's)."""
+    if len(values) != len(slots) or any(
+        (v == 0) != (not s.value) or v % 4 for s, v in zip(slots, values, strict=True)
+    ):
+        raise ValueError(
+            f"kernel {name}: hook_ptrs={tuple(values)}: {len(slots)} aux pointers, nonzero and "
+            "4-byte aligned exactly where the bound ones are; pass HookArgs(...).pointers() of "
+            "this call's aux values"
+        )
+    for s, v in zip(slots, values, strict=True):
+        s.value = v or None
+
+
 class Bound:
     """One plan bound to one problem signature: grid and kernelParams ready, pointers per call.
 
@@ -498,7 +514,8 @@ class Bound:
     """
 
     __slots__ = (
-        "_args", "_common", "_cu", "_cur", "_cur_ref", "_drv", "_last_key", "_launch", "_lock",
+        "_args", "_common", "_cu", "_cur", "_cur_ref", "_drv", "_hook_ptrs", "_last_key", "_launch",
+        "_lock",
         "_prefix_keep", "_ptrs", "block", "context", "function", "grid", "params", "plan",
         "problem", "smem",
     )  # fmt: skip
@@ -536,12 +553,18 @@ class Bound:
         if varlen is not None:
             self._cu = (c.c_void_p(0), c.c_void_p(0))
             scalars += [*self._cu, c.c_int(varlen.n_seqs)]
-        if hooks is not None:  # a hooked variant: the aux block after the features
+        # a hooked variant: the aux block after the features; its pointer slots may be set per
+        # call (`hook_ptrs`), the rest is bound
+        self._hook_ptrs: list[ctypes.c_void_p] = []
+        if hooks is not None:
             for p, v in zip(HOOK_PARAMS, hooks.kernel_args(), strict=True):
                 if p.code == "f":
                     scalars.append(c.c_float(float(v)))
+                elif p.code == "P":
+                    self._hook_ptrs.append(c.c_void_p(int(v)))
+                    scalars.append(self._hook_ptrs[-1])
                 else:
-                    scalars.append(c.c_void_p(int(v)) if p.code == "P" else c.c_int(int(v)))
+                    scalars.append(c.c_int(int(v)))
         self._args = scalars  # keeps them alive: params holds their addresses
         base = c.addressof(self._ptrs)
         width = c.sizeof(c.c_void_p)
@@ -574,13 +597,17 @@ class Bound:
 
     def __call__(
         self, q: int, k: int, v: int, o: int, lse: int, stream: int = 0, cu_q: int = 0,
-        cu_k: int = 0,
+        cu_k: int = 0, hook_ptrs: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         """Launch on `stream` (a CUstream handle; 0 is the legacy default stream); a varlen
-        variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k."""
+        variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k; a hooked
+        variant with this call's aux pointers (`hook_ptrs`: the aux block's pointer slots,
+        `HookArgs.pointers()` of values laid out as the bound ones; None: those bound)."""
         with self._lock:
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4] = q, k, v, o, lse
+            if hook_ptrs is not None:
+                set_pointers(self._hook_ptrs, hook_ptrs, self.plan.spec.name)
             if self._cu is not None:
                 if not (cu_q and cu_k):
                     raise ValueError(

@@ -441,7 +441,7 @@ def keyed(monkeypatch):
     class Prepared:
         spec = Spec(family="mma", d=64, dtype="bf16", direction="bwd")
 
-        def __call__(self, pointers, stream):
+        def __call__(self, pointers, stream, hook_ptrs=None):
             pass
 
     def bwd_prepare(key, tensors, causal, scale, det, feats):

@@ -131,3 +131,32 @@ def test_features_beside_a_mask_hook_and_compile_and_graphs() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(og, o)
+
+
+def test_each_call_reads_its_own_aux_tables_under_one_signature() -> None:
+    # Calls of one signature share a prepared launch whose aux pointers are the call's own
+    # (hook_ptrs): tables of the same shape at other addresses, with other contents (and so
+    # other range summaries), each give their own answer, forward and backward, in any order.
+    b, t, h, d = 1, 384, 2, 64
+    g = torch.Generator().manual_seed(7)
+    tables = [
+        torch.sort(torch.randint(0, n, (t,), generator=g)).values.to(torch.int32)
+        for n in (2, 6, 1)
+    ]
+    mask_mod = library.document_hook()
+    x = torch.randn(b, t, 3, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (y.transpose(1, 2).requires_grad_() for y in x.unbind(2))
+    do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
+    qs, ks, vs = _f64(q, k, v)
+    for ids in (*tables, tables[0], tables[2], tables[1]):
+        aux = {"doc_ids": ids.cuda()}  # a fresh device copy: a new address every call
+        o, lse = fgt.attention(q, k, v, mask_mod=mask_mod, aux=aux, return_lse=True)
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+        torch.cuda.synchronize()
+        kw = _oracle_kw(None, mask_mod, {"doc_ids": ids.numpy()})
+        res = oracle.check_outputs(_np(o), lse.cpu().numpy(), qs, ks, vs, causal=False,
+                                   scale=d**-0.5, dtype="bf16", **kw)  # fmt: skip
+        assert res.passed, res
+        outcomes = check_grads((_np(dq), _np(dk), _np(dv)), qs, ks, vs, _np(do), dtype="bf16",
+                               scale=d**-0.5, causal=False, **kw)  # fmt: skip
+        assert all(g.passed for g in outcomes), [g for g in outcomes if not g.passed]

@@ -58,6 +58,40 @@ def test_hook_values_must_match_the_variants_hooks(fake_gpu):
     assert _block(plain) == (0,) * 8 + (0.0,) * 4 + (0,) * 4
 
 
+def test_a_call_sets_its_own_aux_pointers_and_nothing_else(fake_gpu, monkeypatch):
+    # one bound signature, each call's tables at their own addresses (launch.Bound hook_ptrs)
+    launched: list[tuple[int | None, ...]] = []
+    at = len(abi.FWD)
+
+    class Driver:  # records the aux pointers each launch passes
+        def cuCtxGetCurrent(self, ref):
+            ctypes.cast(ref, ctypes.POINTER(ctypes.c_void_p))[0] = 1  # the plan's context
+            return 0
+
+        def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            addrs = [int(params[i]) for i in range(at, at + 2)]
+            launched.append(tuple(ctypes.c_void_p.from_address(a).value for a in addrs))
+            return 0
+
+    alibi, doc = library.alibi_hook(), library.document_hook()
+    spec = MMA.replace(features=(fh.token_of(alibi), fh.token_of(doc)))
+    first = fh.HookArgs((alibi, doc), {"alibi_slopes": 0x7000, "doc_ids": 0x8000})
+    monkeypatch.setattr(launch, "driver", lambda: Driver())
+    bound = _plan(spec).bind(PROBLEM, 1.0, hooks=first)
+    other = fh.HookArgs((alibi, doc), {"alibi_slopes": 0x9100, "doc_ids": 0xA200})
+    assert other.pointers() == (0x9100, 0xA200, 0, 0)
+    bound(0x100, 0x200, 0x300, 0x400, 0x500)  # None: the bound ones
+    bound(0x100, 0x200, 0x300, 0x400, 0x500, hook_ptrs=other.pointers())
+    assert launched == [(0x7000, 0x8000), (0x9100, 0xA200)]
+    assert _block(bound) == other.kernel_args()  # the rest of the block as bound
+    for bad in ((0x9100, 0xA200, 0), (0x9102, 0xA200, 0, 0), (0x9100, 0, 0, 0),
+                (0x9100, 0xA200, 0x10, 0)):  # fmt: skip
+        with pytest.raises(ValueError, match="hook_ptrs=.*aux pointers, nonzero and 4-byte"):
+            bound(0x100, 0x200, 0x300, 0x400, 0x500, hook_ptrs=bad)
+        assert _block(bound) == other.kernel_args()  # nothing written, nothing launched
+    assert len(launched) == 2
+
+
 def _block(bound: launch.Bound) -> tuple[int | float, ...]:
     """The bound aux block (a NULL pointer reads back as None from ctypes: 0 here)."""
     return tuple(0 if a is None else a for a in bound.scalar_args()[-16:])
@@ -67,7 +101,10 @@ def _block(bound: launch.Bound) -> tuple[int | float, ...]:
 BWD = KernelSpec(family="mma", d=64, dtype="fp16", causal=True, direction="bwd")
 
 
-def _prepared_params(monkeypatch, spec: KernelSpec, hooks: fh.HookArgs | None) -> list[list[int]]:
+def _prepared_params(
+    monkeypatch, spec: KernelSpec, hooks: fh.HookArgs | None,
+    calls: tuple[tuple[int, ...] | None, ...] = (None,),
+) -> list[list[int]]:  # fmt: skip
     """The kernelParams of each launch of a Prepared backward on a fake driver."""
     from types import SimpleNamespace
 
@@ -92,7 +129,8 @@ def _prepared_params(monkeypatch, spec: KernelSpec, hooks: fh.HookArgs | None) -
     bp = backward.BackwardProblem(fwd, s, s, fwd.k_strides, fwd.v_strides, 0, 0, 0, 0)
     plan = SimpleNamespace(context=7, smem=spec.smem_bytes)
     prepared = backward.Prepared(plan, spec, bp, 0.5, hooks=hooks)
-    prepared(tuple(range(16, 16 * 12, 16)), 0)
+    for ptrs in calls:  # each call with its aux pointers (None: those bound)
+        prepared(tuple(range(16, 16 * 12, 16)), 0, hook_ptrs=ptrs)
     return seen
 
 
@@ -112,6 +150,24 @@ def test_a_hooked_backward_binds_the_aux_block_for_every_kernel(monkeypatch, det
     for call in seen:  # one argument list for the three kernels
         tail = [readers[c].from_address(a).value or 0 for c, a in zip(fmt, call, strict=True)]
         assert tuple(tail[len(backward.ABI_FORMAT) :]) == hooks.kernel_args()
+
+
+def test_a_hooked_backward_call_sets_its_own_aux_pointers(monkeypatch):
+    from flashgen.runtime import backward
+
+    alibi, doc = library.alibi_hook(), library.document_hook()
+    spec = BWD.replace(features=(fh.token_of(alibi), fh.token_of(doc)))
+    hooks = fh.HookArgs((alibi, doc), {"alibi_slopes": 0x7000, "doc_ids": 0x8000})
+    other = fh.HookArgs((alibi, doc), {"alibi_slopes": 0x9100, "doc_ids": 0xA200})
+    seen = _prepared_params(monkeypatch, spec, hooks, (other.pointers(),))
+    fmt, at = backward.abi_format(spec), len(backward.ABI_FORMAT)
+    blocks = [
+        tuple(ctypes.c_void_p.from_address(a).value for a in call[at : at + 2]) for call in seen
+    ]
+    assert blocks == [(0x9100, 0xA200)] * 3  # all three kernels, this call's
+    assert all(len(call) == len(fmt) for call in seen)
+    with pytest.raises(ValueError, match="hook_ptrs="):
+        _prepared_params(monkeypatch, spec, hooks, ((0x9100,),))
 
 
 def test_a_hooked_backward_checks_its_hook_values(monkeypatch):

@@ -31,6 +31,7 @@ aux device pointers and scalars as kernel arguments).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -171,7 +172,13 @@ class Slot:
 def slots(hooks: Sequence[Hook]) -> tuple[Slot, ...]:
     """The aux declarations of `hooks` (score_mod first) on the block's slots, in order. An aux
     name two hooks share is one value (one slot; both must declare it alike). ValueError when
-    the hooks need more slots than the block has."""
+    the hooks need more slots than the block has. Memoized by the hooks (a front door asks on
+    every call to place that call's aux pointers)."""
+    return _slots(tuple(hooks))
+
+
+@functools.lru_cache(maxsize=256)
+def _slots(hooks: tuple[Hook, ...]) -> tuple[Slot, ...]:
     out: list[Slot] = []
     by_name: dict[str, Slot] = {}
     count = {"ptr": 0, "float": 0, "int": 0}
@@ -207,7 +214,12 @@ def summary_slots(hooks: Sequence[Hook]) -> tuple[Slot, ...]:
     mask_mod reads at a range of indices (`tiles.summarized_aux`, in first-use order) on the
     next pointer slot the aux declarations (`slots`) leave free, hook_ptr<index> holding the
     summary and hook_stride<index> the table's length; tables past the last free slot get
-    none (their verdicts do without)."""
+    none (their verdicts do without). Memoized, as `slots`."""
+    return _summary_slots(tuple(hooks))
+
+
+@functools.lru_cache(maxsize=256)
+def _summary_slots(hooks: tuple[Hook, ...]) -> tuple[Slot, ...]:
     block = slots(hooks)
     free = MAX_POINTERS - sum(s.kind == "ptr" for s in block)
     tables = [a for h in hooks if h.kind == "mask_mod" for a in summarized_aux(h)]
@@ -386,6 +398,11 @@ class HookArgs:
     def kernel_args(self) -> tuple[int | float, ...]:
         """The aux block's values, one per `HOOK_PARAMS` row."""
         return self._args
+
+    def pointers(self) -> tuple[int, ...]:
+        """The aux block's pointer slots (hook_ptr0..): what a launch bound to other values
+        of the same layout sets per call (`launch.Bound(..., hook_ptrs=)`)."""
+        return tuple(int(v) for v in self._args[:MAX_POINTERS])
 
     def __repr__(self) -> str:
         return f"HookArgs({', '.join(h.digest for h in self.hooks)}: {self._args})"
