@@ -1,0 +1,89 @@
+"""One timing round of hooked mask rows through `flashgen.torch.attention` (H200 A/B of hook
+kernels and of the hooked front door): document masks (hooks_bench's 16 random documents, and
+256-token documents: no partial tiles), prefix-LM (1024) and the causal hook, d 64 and 128, T 4096
+and 16384, B*T = 16384, H*d = 2048, bf16; per row the median of three timings of 20 back-to-back
+calls (CUDA events), forward alone and, with --bwd, forward + autograd backward. Prints one JSON
+object {row: microseconds}; scripts/dev/mask_ab.sh runs it in interleaved trees.
+
+    python3 scripts/dev/mask_rows.py [--bwd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def time_us(torch: Any, fn: Callable[[], Any], n: int = 20) -> float:
+    """Median over three runs of `n` back-to-back calls, microseconds per call."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    runs = []
+    for _ in range(3):
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        runs.append(start.elapsed_time(end) * 1000 / n)
+    return sorted(runs)[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bwd", action="store_true", help="time forward + backward too")
+    args = ap.parse_args()
+    import hooks_bench as hb
+    import torch
+
+    import flashgen.torch as fgt
+    from flashgen.generator.hooks import library
+
+    doc, pre, cau = library.document_hook(), library.prefix_lm_hook(), library.causal_hook()
+    out: dict[str, float] = {}
+    for d in (64, 128):
+        for t in (4096, 16384):
+            b, h = hb.shape(d, t)
+            q, k, v = (
+                torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16)
+                .transpose(1, 2)
+                .requires_grad_(args.bwd)
+                for _ in range(3)
+            )
+            do = torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            rows: list[tuple[str, Any, dict[str, Any]]] = []
+            for name, lengths in (("doc", hb.doc_lengths(t)), ("doc256", [256] * (t // 256))):
+                ids = torch.tensor(hb.doc_ids(lengths), dtype=torch.int32, device="cuda")
+                rows.append((name, doc, {"doc_ids": ids}))
+            rows.append(("prefix", pre, {"prefix": 1024}))
+            if t == 16384:
+                rows.append(("causalhook", cau, {}))
+            for name, hook, aux in rows:
+
+                def fwd(hook: Any = hook, aux: dict[str, Any] = aux, qkv: Any = (q, k, v)) -> Any:
+                    return fgt.attention(*qkv, causal=False, mask_mod=hook, aux=aux)
+
+                with torch.no_grad():
+                    out[f"{name} d{d} T{t} fwd"] = time_us(torch, fwd)
+                if args.bwd:
+
+                    def step(
+                        fwd: Callable[[], Any] = fwd, qkv: Any = (q, k, v), do: Any = do
+                    ) -> Any:
+                        return torch.autograd.grad(fwd(), qkv, do)
+
+                    out[f"{name} d{d} T{t} fwd+bwd"] = time_us(torch, step)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
