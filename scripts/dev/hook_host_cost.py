@@ -65,41 +65,31 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bwd", action="store_true", help="forward + backward calls")
     args = ap.parse_args()
-    import hooks_bench as hb
     import torch
-    from mask_rows import time_us
+    from mask_rows import documents, inputs, shapes, time_us
 
     import flashgen.torch as fgt
     from flashgen.generator.hooks import library
 
     doc = library.document_hook()
-    for d in (64, 128):
-        for t in (4096, 16384):
-            b, h = hb.shape(d, t)
-            q, k, v = (
-                torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16)
-                .transpose(1, 2)
-                .requires_grad_(args.bwd)
-                for _ in range(3)
+    for d, t, b, h in shapes():
+        q, k, v, do = inputs(torch, d, t, b, h, args.bwd)
+        for name, ids in documents(torch, t):
+
+            def call(ids: Any = ids, qkv: Any = (q, k, v), do: Any = do) -> Any:
+                o = fgt.attention(*qkv, mask_mod=doc, aux={"doc_ids": ids})
+                return torch.autograd.grad(o, qkv, do) if args.bwd else o
+
+            wall = time_us(torch, call)
+            ours, every = gpu_us(torch, call)
+            replay = graph_us(torch, call, time_us) if not args.bwd else float("nan")
+            host = host_us(torch, call)
+            print(
+                f"{name:7s} d{d} T{t}: events wall {wall:7.1f} us; flashgen kernels "
+                f"{ours:7.1f}; all GPU {every:7.1f}; graph replay {replay:7.1f}; host "
+                f"enqueue {host:6.1f}",
+                flush=True,
             )
-            do = torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-            for name, lengths in (("doc", hb.doc_lengths(t)), ("doc256", [256] * (t // 256))):
-                ids = torch.tensor(hb.doc_ids(lengths), dtype=torch.int32, device="cuda")
-
-                def call(ids: Any = ids, qkv: Any = (q, k, v), do: Any = do) -> Any:
-                    o = fgt.attention(*qkv, mask_mod=doc, aux={"doc_ids": ids})
-                    return torch.autograd.grad(o, qkv, do) if args.bwd else o
-
-                wall = time_us(torch, call)
-                ours, every = gpu_us(torch, call)
-                replay = graph_us(torch, call, time_us) if not args.bwd else float("nan")
-                host = host_us(torch, call)
-                print(
-                    f"{name:7s} d{d} T{t}: events wall {wall:7.1f} us; flashgen kernels "
-                    f"{ours:7.1f}; all GPU {every:7.1f}; graph replay {replay:7.1f}; host "
-                    f"enqueue {host:6.1f}",
-                    flush=True,
-                )
     return 0
 
 

@@ -37,11 +37,37 @@ def time_us(torch: Any, fn: Callable[[], Any], n: int = 20) -> float:
     return sorted(runs)[1]
 
 
+def shapes() -> list[tuple[int, int, int, int]]:
+    """(d, T, B, H) of every row group: hooks_bench's protocol (B*T = 16384, H*d = 2048)."""
+    import hooks_bench as hb
+
+    return [(d, t, *hb.shape(d, t)) for d in (64, 128) for t in (4096, 16384)]
+
+
+def inputs(torch: Any, d: int, t: int, b: int, h: int, grad: bool) -> tuple[Any, ...]:
+    """q, k, v (leaves needing gradients when `grad`) and dO, (B, H, T, d) views of (B, T, H, d)
+    memory, bf16."""
+
+    def one() -> Any:
+        return torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+
+    return one().requires_grad_(grad), one().requires_grad_(grad), one().requires_grad_(grad), one()
+
+
+def documents(torch: Any, t: int) -> list[tuple[str, Any]]:
+    """(name, doc_ids on the GPU): hooks_bench's 16 random documents, and 256-token ones."""
+    import hooks_bench as hb
+
+    out = []
+    for name, lengths in (("doc", hb.doc_lengths(t)), ("doc256", [256] * (t // 256))):
+        out.append((name, torch.tensor(hb.doc_ids(lengths), dtype=torch.int32, device="cuda")))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bwd", action="store_true", help="time forward + backward too")
     args = ap.parse_args()
-    import hooks_bench as hb
     import torch
 
     import flashgen.torch as fgt
@@ -49,38 +75,29 @@ def main() -> int:
 
     doc, pre, cau = library.document_hook(), library.prefix_lm_hook(), library.causal_hook()
     out: dict[str, float] = {}
-    for d in (64, 128):
-        for t in (4096, 16384):
-            b, h = hb.shape(d, t)
-            q, k, v = (
-                torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16)
-                .transpose(1, 2)
-                .requires_grad_(args.bwd)
-                for _ in range(3)
-            )
-            do = torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-            rows: list[tuple[str, Any, dict[str, Any]]] = []
-            for name, lengths in (("doc", hb.doc_lengths(t)), ("doc256", [256] * (t // 256))):
-                ids = torch.tensor(hb.doc_ids(lengths), dtype=torch.int32, device="cuda")
-                rows.append((name, doc, {"doc_ids": ids}))
-            rows.append(("prefix", pre, {"prefix": 1024}))
-            if t == 16384:
-                rows.append(("causalhook", cau, {}))
-            for name, hook, aux in rows:
+    for d, t, b, h in shapes():
+        q, k, v, do = inputs(torch, d, t, b, h, args.bwd)
+        rows: list[tuple[str, Any, dict[str, Any]]] = [
+            (name, doc, {"doc_ids": ids}) for name, ids in documents(torch, t)
+        ]
+        rows.append(("prefix", pre, {"prefix": 1024}))
+        if t == 16384:
+            rows.append(("causalhook", cau, {}))
+        for name, hook, aux in rows:
 
-                def fwd(hook: Any = hook, aux: dict[str, Any] = aux, qkv: Any = (q, k, v)) -> Any:
-                    return fgt.attention(*qkv, causal=False, mask_mod=hook, aux=aux)
+            def fwd(hook: Any = hook, aux: dict[str, Any] = aux, qkv: Any = (q, k, v)) -> Any:
+                return fgt.attention(*qkv, causal=False, mask_mod=hook, aux=aux)
 
-                with torch.no_grad():
-                    out[f"{name} d{d} T{t} fwd"] = time_us(torch, fwd)
-                if args.bwd:
+            with torch.no_grad():
+                out[f"{name} d{d} T{t} fwd"] = time_us(torch, fwd)
+            if args.bwd:
 
-                    def step(
-                        fwd: Callable[[], Any] = fwd, qkv: Any = (q, k, v), do: Any = do
-                    ) -> Any:
-                        return torch.autograd.grad(fwd(), qkv, do)
+                def step(
+                    fwd: Callable[[], Any] = fwd, qkv: Any = (q, k, v), do: Any = do
+                ) -> Any:
+                    return torch.autograd.grad(fwd(), qkv, do)
 
-                    out[f"{name} d{d} T{t} fwd+bwd"] = time_us(torch, step)
+                out[f"{name} d{d} T{t} fwd+bwd"] = time_us(torch, step)
     print(json.dumps(out))
     return 0
 
