@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +13,10 @@ from flashgen.generator.features import RUNTIME_FEATURES, Feature, FeatureKeywor
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
-from flashgen.runtime import feature_values, launch
+from flashgen.runtime import feature_values, hook_arrays, hook_spec, launch
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.gpu import GpuUnavailable
+from flashgen.runtime.hook_calls import resolve_hooks
 from flashgen.runtime.validate import (
     cai_stream,
     check_head_dims,
@@ -41,6 +42,9 @@ def attention(
     scale: float | None = None,
     spec: KernelSpec | None = None,
     return_lse: bool = False,
+    score_mod: Any = None,
+    mask_mod: Any = None,
+    aux: Mapping[str, Any] | None = None,
     **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V with a generated kernel; O (and LSE) like the inputs.
@@ -69,6 +73,13 @@ def attention(
     outside the window are skipped; `softcap=c` turns the logits s into c * tanh(s / c);
     `alibi_slopes` (float32 (H,), host array or GPUArray like q) adds -slope[h] * |p - j|.
 
+    `score_mod` / `mask_mod`: your own score and mask functions (docs/hooks.md), each a traced
+    hook (`flashgen.generator.hooks`) or a function without aux values, their aux values in
+    `aux` by name: NumPy arrays with NumPy q, k, v (copied, with the range summaries that let
+    a document mask skip tiles), GPUArrays with GPUArrays (used in place; no summaries: every
+    tile a table-reading mask keeps any key of is computed), numbers for scalars. The call runs
+    the variant an unhooked call would, compiled with the hooks; not together with `spec`.
+
     Inputs are validated before the GPU is touched (ValueError naming value, rule and fix;
     head dims too, which variant selection would otherwise judge after finding the GPU);
     without PyCUDA, a driver or a GPU the call raises GpuUnavailable. ALiBi slopes are
@@ -88,13 +99,22 @@ def attention(
         from flashgen import torch as fg_torch
 
         return fg_torch.attention(
-            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec, **features
+            q, k, v, causal=causal, scale=scale, return_lse=return_lse, spec=spec,
+            score_mod=score_mod, mask_mod=mask_mod, aux=aux, **features,
         )  # fmt: skip
     values = feature_values.from_keywords(features, "flashgen.attention")
+    hooks = resolve_hooks(score_mod, mask_mod)
+    if hooks and spec is not None:
+        raise ValueError(
+            "spec and score_mod/mask_mod: a hooked call picks its own variant (the one an "
+            "unhooked call would run, compiled with the hooks); drop spec"
+        )
     host = _is_host(q, k, v)
     if not host:
-        o, lse = _on_device(q, k, v, causal, scale, spec, values)
+        hooked = hook_arrays.device_call(hooks, aux) if hooks or aux else None
+        o, lse = _on_device(q, k, v, causal, scale, spec, values, hooked=hooked)
         return (o, lse) if return_lse else o
+    upload = hook_arrays.host_call(hooks, aux, runtime.to_device) if hooks or aux else None
     # copied anyway: make the copies contiguous so any NumPy view is accepted
     q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
     problem = check_layout(q, k, v)
@@ -118,7 +138,8 @@ def attention(
     on_gpu = tuple(v if a is None else runtime.to_device(a) for v, a in pairs)
     # an array's copy is new each call: its signature is not worth remembering
     remember = all(a is None for a in hosted)
-    o, lse = _on_device(dq, dk, dv, causal, scale, spec, on_gpu, remember)
+    hooked = upload() if upload is not None else None  # aux arrays: per call, as pointers
+    o, lse = _on_device(dq, dk, dv, causal, scale, spec, on_gpu, remember, hooked)
     runtime.gpu().drv.Context.synchronize()  # to_host would wait anyway; this names a failure
     o, lse = runtime.to_host(o), runtime.to_host(lse)
     return (o, lse) if return_lse else o
@@ -149,6 +170,7 @@ def _on_device(
     spec: Any,
     feats: feature_values.Values,
     remember: bool = True,
+    hooked: hook_arrays.HookedCall | None = None,
 ) -> tuple[Any, Any]:
     """Launch on device arrays (GPUArrays or CUDA-array-interface objects); new GPUArrays out.
 
@@ -165,6 +187,7 @@ def _on_device(
             q.shape, q.strides, q.dtype, k.shape, k.strides, k.dtype, v.shape, v.strides,
             v.dtype, (ptrs[0] | ptrs[1] | ptrs[2]) & 15, causal, scale, spec,
             feature_values.signature(feats, _array_key),
+            hooked.key() if hooked is not None else None,
         )  # fmt: skip
         try:
             e = _entries.get(key) if causal is True or causal is False else None
@@ -173,7 +196,7 @@ def _on_device(
     else:
         e = None
     if e is None:
-        e, ptrs = _prepare(q, k, v, causal, scale, spec, feats)
+        e, ptrs = _prepare(q, k, v, causal, scale, spec, feats, hooked)
         if key is not None and remember:
             _remember(key, e)
     b, h, tq, _ = e.o_shape
@@ -182,7 +205,8 @@ def _on_device(
     if key is None:  # CUDA-array-interface inputs: after the work of the stream they name
         streams = [cai_stream(n, x) for n, x in zip("qkv", (q, k, v), strict=True)]
         launch.wait_for_streams(streams, 0)
-    e.bound(ptrs[0], ptrs[1], ptrs[2], int(o.gpudata), int(lse.gpudata), 0)
+    hook_ptrs = hooked.args().pointers() if hooked is not None else None  # this call's
+    e.bound(ptrs[0], ptrs[1], ptrs[2], int(o.gpudata), int(lse.gpudata), 0, hook_ptrs=hook_ptrs)
     return o, lse
 
 
@@ -211,9 +235,11 @@ def _array_key(array: Any) -> tuple[Any, ...]:
 
 
 def _prepare(
-    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any, feats: feature_values.Values
-) -> tuple[_Entry, tuple[int, int, int]]:
-    """Validate device arrays, select the variant, load its plan, bind the signature."""
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, spec: Any, feats: feature_values.Values,
+    hooked: hook_arrays.HookedCall | None = None,
+) -> tuple[_Entry, tuple[int, int, int]]:  # fmt: skip
+    """Validate device arrays, select the variant, load its plan, bind the signature (a hooked
+    call: `hook_spec.forward_spec`'s variant, bound to the call's aux values)."""
     problem = check_layout(q, k, v)
     check_head_dims(problem)
     value = check_scale(scale, problem.d)
@@ -233,6 +259,11 @@ def _prepare(
         check_spec_fits_call(spec, problem, causal)
         check_spec(spec, problem, check_pointers=True)
         check_fits(spec, features)
+    elif hooked is not None and hooked.hooks:
+        spec = hook_spec.forward_spec(
+            problem, causal, runtime.device_arch(), runtime.device_name(),
+            (*features.tokens, *hooked.tokens),
+        )  # fmt: skip
     else:
         spec = select(
             problem.d, problem.dtype, causal, runtime.device_arch(),
@@ -250,7 +281,8 @@ def _prepare(
     q_ptr, k_ptr, v_ptr = full.q_ptr, full.k_ptr, full.v_ptr
     if q_ptr is None or k_ptr is None or v_ptr is None:
         raise ValueError("q, k, v: no device pointer; pass GPUArrays or CUDA arrays")
-    entry = _Entry(spec, plan.bind(full, value * LOG2E, features), (b, h, tq, d), dtype)
+    args = hooked.args() if hooked is not None and hooked.hooks else None
+    entry = _Entry(spec, plan.bind(full, value * LOG2E, features, hooks=args), (b, h, tq, d), dtype)
     return entry, (q_ptr, k_ptr, v_ptr)
 
 

@@ -45,14 +45,13 @@ from flashgen.generator.features.hook import (
     summary_slots,
     token_of,
 )
-from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
+from flashgen.generator.hooks import Hook
 from flashgen.generator.hooks.summary import CHUNK, chunks, levels
 from flashgen.generator.numerics import LOG2E
-from flashgen.generator.select import select
-from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.runtime import feature_values, launch, op_args
+from flashgen.runtime import feature_values, hook_spec, launch, op_args
 from flashgen.runtime import gpu as runtime
+from flashgen.runtime.hook_calls import aux_slots, empty_table, resolve_hooks, scalar
 from flashgen.runtime.validate import check_head_dims, check_layout, check_scale, check_spec
 from flashgen.torch_support import (
     backward_family_for,
@@ -64,7 +63,7 @@ from flashgen.torch_support import (
     run_backward,
 )
 
-_HOOK_FAMILY = "mma"  # the family whose kernels compile every hook in, forward and backward
+_HOOK_FAMILY = hook_spec.HOOK_FAMILY  # compiles every hook in, forward and backward
 _AUX_DTYPES = {"int32": torch.int32, "float32": torch.float32}
 
 
@@ -73,27 +72,6 @@ def _fail(msg: str) -> Any:
 
 
 # ---- the front door's side: hooks and aux values into op arguments ---------------------------
-def resolve_hook(value: Any, kind: str) -> Hook:
-    """`value` as a traced hook of `kind`: a Hook as it is, a function traced without aux."""
-    if isinstance(value, Hook):
-        hook = value
-    elif callable(value):
-        trace = trace_score_mod if kind == "score_mod" else trace_mask_mod
-        try:
-            hook = trace(value)
-        except Exception as exc:  # the tracer's message says what the function may not do
-            _fail(
-                f"{kind}={getattr(value, '__name__', value)!r}: tracing it failed "
-                f"({type(exc).__name__}: {exc}); a hook that reads aux values is traced first: "
-                f"hk.trace_{kind}(fn, hk.Aux(...)) (docs/hooks.md)"
-            )
-    else:
-        _fail(f"{kind}={value!r}: must be a traced hook (flashgen.generator.hooks) or a function")
-    if hook.kind != kind:
-        _fail(f"{kind}: the hook given is a {hook.kind}; pass it as {hook.kind}=")
-    return hook
-
-
 def hook_op_args(
     score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None, q: Any
 ) -> tuple[str, list[Any], list[float], list[int]]:
@@ -101,22 +79,9 @@ def hook_op_args(
     them the range summaries of `summary_slots`, computed here on the tables' device), float
     scalars and int scalars in the order of the kernel's aux block. ValueError naming the aux
     value and its rule when one does not fit its declaration."""
-    hooks = []
-    if score_mod is not None:
-        hooks.append(resolve_hook(score_mod, "score_mod"))
-    if mask_mod is not None:
-        hooks.append(resolve_hook(mask_mod, "mask_mod"))
+    hooks = list(resolve_hooks(score_mod, mask_mod))
     values = dict(aux or {})
-    block = slots(hooks)
-    names = {s.aux.name for s in block}
-    if set(values) != names:
-        missing, unknown = sorted(names - set(values)), sorted(set(values) - names)
-        _fail(
-            f"aux={sorted(values)}: the hooks read {sorted(names) or 'no aux values'}"
-            + (f"; missing {', '.join(missing)}" if missing else "")
-            + (f"; unknown {', '.join(unknown)}" if unknown else "")
-            + "; pass one value per aux declaration, by name"
-        )
+    block = aux_slots(tuple(hooks), values)
     tensors: list[Any] = []
     floats: list[float] = []
     ints: list[int] = []
@@ -124,21 +89,14 @@ def hook_op_args(
         v = values[s.aux.name]
         if s.kind == "ptr":
             tensors.append(_aux_tensor(s, v, q))
-        elif isinstance(v, bool) or not isinstance(v, (int, float)):
-            _fail(f"aux {s.aux.name}={v!r}: a {s.aux.dtype} scalar; pass a Python number")
         elif s.kind == "float":
-            floats.append(float(v))
-        elif isinstance(v, float) and not v.is_integer():
-            _fail(f"aux {s.aux.name}={v!r}: an int32 scalar; pass an int")
+            floats.append(float(scalar(s, v)))
         else:
-            ints.append(int(v))
+            ints.append(int(scalar(s, v)))
     for s in summary_slots(hooks):
         table = values[s.aux.name]
         if table.numel() == 0:
-            _fail(
-                f"aux {s.aux.name}: an empty table; the mask_mod reads it at every query row and "
-                f"key, so every index it evaluates must be inside it: pass one entry per index"
-            )
+            _fail(empty_table(s.aux.name))
         tensors.append(range_summary(table))
     return ",".join(token_of(h) for h in hooks), tensors, floats, ints
 
@@ -251,35 +209,10 @@ _lock = threading.Lock()
 
 
 def _forward_spec(problem: Any, causal: bool, dev: int, tokens: tuple[str, ...]) -> KernelSpec:
-    """The variant an unhooked call would run (`select`: family wgmma's tile on Hopper),
-    compiled with the hooks and features; where that tile refuses them (wgmma's br=192 tiles:
-    `WgmmaFamily.hook_rule`), the family's best other shipped tile; where the family refuses
-    them, family mma's shipped tile, which takes every hook. Why the first: on the H200
-    wgmma's hooked forward runs 0.94-1.00x its built-in twins where mma's ran 0.2-0.4x of
-    them (bench/NOTES.md, session 18)."""
-    arch, align = _arch(dev), problem.alignment(pointers=True)
-    plain = select(
-        problem.d, problem.dtype, causal, arch, alignment=align,
-        gpu_name=torch.cuda.get_device_name(dev), dv=problem.value_dim,
+    """The hooked forward's variant on torch's CUDA device `dev` (`hook_spec.forward_spec`)."""
+    return hook_spec.forward_spec(
+        problem, causal, _arch(dev), torch.cuda.get_device_name(dev), tokens
     )  # fmt: skip
-    if plain.family != _HOOK_FAMILY:
-        try:
-            return plain.replace(features=tokens)
-        except SpecError:
-            pass  # the family's hook rules refuse this tile (the H200's tuned d64 br=192)
-        others = [s for s in shipped(plain.family) if s.br != plain.br]
-        try:  # the family's other shipped tiles, as select ranks them
-            return select(
-                problem.d, problem.dtype, causal, arch, alignment=align, candidates=others,
-                dv=problem.value_dim,
-            ).replace(features=tokens)  # fmt: skip
-        except ValueError:  # SpecError too: no other tile of the family takes the call
-            pass
-    fallback = select(
-        problem.d, problem.dtype, causal, arch, alignment=align,
-        candidates=shipped(_HOOK_FAMILY), dv=problem.value_dim,
-    )  # fmt: skip
-    return fallback.replace(features=tokens)
 
 
 def _run(

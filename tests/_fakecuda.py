@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from flashgen.generator.compile import CompiledKernel
+from flashgen.generator.features.hook import HOOK_PARAMS
 from flashgen.generator.report import ResourceReport
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import gpu as runtime
@@ -64,6 +65,7 @@ class Launch:
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     alibi: int = 0
+    hook_block: tuple[int | float, ...] = ()  # a hooked launch's aux block (HOOK_PARAMS order)
 
 
 @dataclass
@@ -174,7 +176,13 @@ class FakeLibcuda:
         assert extra is None
         n = len(self.prefix_sizes)
         addrs = [int(a) for a in params]
-        assert len(addrs) == n + launch.N_COMMON_ARGS
+        hooked = len(addrs) == n + launch.N_COMMON_ARGS + len(HOOK_PARAMS)
+        assert len(addrs) == n + launch.N_COMMON_ARGS or hooked
+        readers = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
+        block = tuple(
+            readers[p.code].from_address(a).value or 0
+            for p, a in zip(HOOK_PARAMS, addrs[n + launch.N_COMMON_ARGS :], strict=True)
+        ) if hooked else ()  # fmt: skip
         prefix = [
             ctypes.string_at(a, size) for a, size in zip(addrs[:n], self.prefix_sizes, strict=True)
         ]
@@ -194,6 +202,7 @@ class FakeLibcuda:
                  ctypes.c_int.from_address(common[22]).value),
                 ctypes.c_float.from_address(common[23]).value,
                 int(ctypes.c_void_p.from_address(common[24]).value or 0),
+                block,
             )
         )  # fmt: skip
         self.log.append(("launch",))

@@ -210,3 +210,32 @@ def test_alibi_slope_views_at_one_pointer_are_checked_on_every_call() -> None:
     with pytest.raises(ValueError, match=r"alibi_slopes.dtype=float64: must be float32"):
         flashgen.attention(dq, dk, dv, alibi_slopes=as_f64)
     check(runtime.to_device(host[::2]), host[::2])
+
+
+# ---- hooks (score_mod / mask_mod with aux values) ----------------------------------------------
+def test_hooked_numpy_and_gpuarray_calls_match_the_oracle() -> None:
+    from flashgen.generator.features.hook import HookCall
+    from flashgen.generator.hooks import library
+
+    doc, cap = library.document_hook(), library.softcap_hook()
+    q, k, v = qkv("bf16", tq=300, tk=300)
+    t = q.shape[2]
+    for docs in (3, 7, 1):  # one signature: each call's own table (and summary)
+        ids = np.sort(np.random.default_rng(docs).integers(0, docs, t)).astype(np.int32)
+        kw = {
+            "mask_mod": HookCall(doc, {"doc_ids": ids}),
+            "score_mod": HookCall(cap, {"softcap": 15.0}),
+        }
+        hooks = {"mask_mod": doc, "score_mod": cap}
+        o, lse = flashgen.attention(
+            q, k, v, aux={"doc_ids": ids, "softcap": 15.0}, return_lse=True, **hooks
+        )  # fmt: skip
+        out = check_outputs(o, lse, q, k, v, causal=False, scale=64**-0.5, dtype="bf16", **kw)
+        assert out.passed, (docs, out)
+        dq, dk, dv, dids = (runtime.to_device(x) for x in (q, k, v, ids))
+        og, lg = flashgen.attention(
+            dq, dk, dv, aux={"doc_ids": dids, "softcap": 15.0}, return_lse=True, **hooks
+        )  # fmt: skip
+        host = (runtime.to_host(og), runtime.to_host(lg))
+        out = check_outputs(*host, q, k, v, causal=False, scale=64**-0.5, dtype="bf16", **kw)
+        assert out.passed, (docs, out)

@@ -219,22 +219,23 @@ def test_the_hooked_forward_runs_the_unhooked_calls_family(monkeypatch, arch, d,
 def test_a_tile_that_refuses_hooks_takes_another_tile_of_its_family(monkeypatch):
     import flashgen.hooked as hooked
     from flashgen.generator.spec import KernelSpec
+    from flashgen.runtime import hook_spec
 
     wide = KernelSpec(family="wgmma", d=128, dtype="bf16", causal=True, br=192, bc=64)
     monkeypatch.setattr(hooked, "_arch", lambda dev: "sm_90")
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "no such GPU")
-    real = hooked.select
+    real = hook_spec.select
     monkeypatch.setattr(
-        hooked, "select", lambda *a, **kw: wide if "candidates" not in kw else real(*a, **kw)
+        hook_spec, "select", lambda *a, **kw: wide if "candidates" not in kw else real(*a, **kw)
     )
     token = token_of(library.softcap_hook())
     spec = hooked._forward_spec(_Problem(128), True, 0, (token,))
     # wgmma's br=192 takes no hook (H200's tuned d64 tile): a br=128 wgmma tile does
     assert spec.family == "wgmma" and spec.br == 128 and spec.features == (token,)
     # and where no tile of the family takes the call, family mma's does
-    real_shipped = hooked.shipped
+    real_shipped = hook_spec.shipped
     monkeypatch.setattr(
-        hooked, "shipped", lambda fam=None: [] if fam == "wgmma" else real_shipped(fam)
+        hook_spec, "shipped", lambda fam=None: [] if fam == "wgmma" else real_shipped(fam)
     )
     spec = hooked._forward_spec(_Problem(128), True, 0, (token,))
     assert spec.family == "mma" and spec.features == (token,)
