@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/experiments/next-queue-2.sh: the first GPU call of the session after the nineteenth
-# (bench/NOTES.md): proves main's hooked front door change (signatures without aux addresses,
-# per-call hook_ptrs, O in q's layout), measures its host cost, then hooks_bench's document and
+# (bench/NOTES.md): proves main's hooked front door changes (signatures without aux addresses,
+# per-call hook_ptrs, O in q's layout; flashgen.attention's hooks), measures the host cost, then hooks_bench's document and
 # prefix-LM rows against Flex (issue 27). Run from the repo root (carry .whl):
 #   bash bench/experiments/next-queue-2.sh
 set -u
@@ -9,7 +9,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/cuda/bin FLASHGEN_REQUIRE_GPU=1
 t0=$SECONDS
 bash scripts/dev/pytest_shards.sh 8 /tmp/q2-tests tests/gpu/test_hooks_torch.py \
-  tests/gpu/test_torch_sinks.py tests/gpu/test_hooks.py -k "torch or sinks or wgmma" \
+  tests/gpu/test_torch_sinks.py tests/gpu/test_hooks.py tests/gpu/test_api.py \
+  -k "torch or sinks or wgmma or hooked_numpy" \
   > "$OUT/tests.txt" 2>&1; echo "tests rc=$? at $((SECONDS - t0)) s"; tail -10 "$OUT/tests.txt"
 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -x \
   -p no:cacheprovider tests/gpu/test_hooks_torch.py -k own_aux > "$OUT/memcheck.txt" 2>&1
