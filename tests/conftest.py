@@ -59,3 +59,18 @@ def nvcc_required() -> Path:
     Session-scoped, so it is resolved once, before any test patches PATH to hide nvcc.
     """
     return require_nvcc()
+
+
+@pytest.fixture
+def no_pycuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make PyCUDA unimportable (also on a GPU host) and forget any GPU state: flashgen's
+    front doors must validate first, then raise one GpuUnavailable."""
+    import sys
+    import threading
+
+    from flashgen.runtime import gpu as runtime
+
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    monkeypatch.setattr(runtime, "_gpu", None)
+    monkeypatch.setattr(runtime, "_pushed", threading.local())

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from flashgen.generator.features.hook import token_of
-from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
+from flashgen.generator.hooks import Hook
+from flashgen.generator.hooks.trace import as_hook
 
 OPTION = {"score_mod": "--score-mod", "mask_mod": "--mask-mod"}
 
@@ -59,23 +60,19 @@ def load_hook(text: str, kind: str) -> Hook:
     value = getattr(_module(path, option, text), name, None)
     if value is None:
         raise HookFileError(f"{option} {text}: {path} defines no {name}; check the name")
-    if isinstance(value, Hook):
-        hook = value
-    elif callable(value):
-        trace = trace_score_mod if kind == "score_mod" else trace_mask_mod
-        try:
-            hook = trace(value)
-        except Exception as exc:  # tracing errors say what the expression may not do
-            raise HookFileError(
-                f"{option} {text}: tracing {name} failed ({type(exc).__name__}: {exc}); a hook "
-                f"that reads aux values must be traced in the file: NAME = "
-                f"hk.trace_{kind}(fn, hk.Aux(...)) (docs/hooks.md)"
-            ) from exc
-    else:
+    if not isinstance(value, Hook) and not callable(value):
         raise HookFileError(
             f"{option} {text}: {name} is a {type(value).__name__}; it must be a traced hook or "
             "a function"
         )
+    try:
+        hook = as_hook(value, kind)
+    except Exception as exc:  # tracing errors say what the expression may not do
+        raise HookFileError(
+            f"{option} {text}: tracing {name} failed ({type(exc).__name__}: {exc}); a hook "
+            f"that reads aux values must be traced in the file: NAME = "
+            f"hk.trace_{kind}(fn, hk.Aux(...)) (docs/hooks.md)"
+        ) from exc
     if hook.kind != kind:
         raise HookFileError(
             f"{option} {text}: {name} is a {hook.kind} hook; pass it with {OPTION[hook.kind]}"

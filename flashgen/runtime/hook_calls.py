@@ -9,27 +9,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from flashgen.generator.features.hook import Slot, slots
-from flashgen.generator.hooks import Hook, trace_mask_mod, trace_score_mod
+from flashgen.generator.hooks import Hook
+from flashgen.generator.hooks.trace import as_hook
 
 
 def resolve_hook(value: Any, kind: str) -> Hook:
     """`value` as a traced hook of `kind`: a Hook as it is, a function traced without aux."""
-    if isinstance(value, Hook):
-        hook = value
-    elif callable(value):
-        trace = trace_score_mod if kind == "score_mod" else trace_mask_mod
-        try:
-            hook = trace(value)
-        except Exception as exc:  # the tracer's message says what the function may not do
-            raise ValueError(
-                f"{kind}={getattr(value, '__name__', value)!r}: tracing it failed "
-                f"({type(exc).__name__}: {exc}); a hook that reads aux values is traced first: "
-                f"hk.trace_{kind}(fn, hk.Aux(...)) (docs/hooks.md)"
-            ) from None
-    else:
+    if not isinstance(value, Hook) and not callable(value):
         raise ValueError(
             f"{kind}={value!r}: must be a traced hook (flashgen.generator.hooks) or a function"
         )
+    try:
+        hook = as_hook(value, kind)
+    except Exception as exc:  # the tracer's message says what the function may not do
+        raise ValueError(
+            f"{kind}={getattr(value, '__name__', value)!r}: tracing it failed "
+            f"({type(exc).__name__}: {exc}); a hook that reads aux values is traced first: "
+            f"hk.trace_{kind}(fn, hk.Aux(...)) (docs/hooks.md)"
+        ) from None
     if hook.kind != kind:
         raise ValueError(f"{kind}: the hook given is a {hook.kind}; pass it as {hook.kind}=")
     return hook

@@ -3,9 +3,6 @@ clear GpuUnavailable (never an ImportError)."""
 
 from __future__ import annotations
 
-import sys
-import threading
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -15,14 +12,7 @@ from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.gpu import GpuUnavailable
 
-
-@pytest.fixture(autouse=True)
-def no_pycuda(monkeypatch):
-    """Make PyCUDA unimportable (also on a GPU host) and forget any GPU state."""
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
-    monkeypatch.setattr(runtime, "_gpu", None)
-    monkeypatch.setattr(runtime, "_pushed", threading.local())
+pytestmark = pytest.mark.usefixtures("no_pycuda")
 
 
 def qkv(d=64, dtype=np.float16, tq=10, tk=12):

@@ -5,9 +5,6 @@ as that call's pointers."""
 
 from __future__ import annotations
 
-import sys
-import threading
-
 import numpy as np
 import pytest
 
@@ -16,7 +13,6 @@ from flashgen.generator.features.hook import MAX_POINTERS, token_of
 from flashgen.generator.hooks import library
 from flashgen.generator.hooks.summary import summarize
 from flashgen.generator.spec import KernelSpec
-from flashgen.runtime import gpu as runtime
 from flashgen.runtime.gpu import GpuUnavailable
 
 DOC = library.document_hook()
@@ -29,14 +25,6 @@ def qkv(t=96, d=64, dtype=np.float16):
 
 def ids(t=96, docs=3):
     return np.repeat(np.arange(docs, dtype=np.int32), -(-t // docs))[:t]
-
-
-@pytest.fixture
-def no_pycuda(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
-    monkeypatch.setattr(runtime, "_gpu", None)
-    monkeypatch.setattr(runtime, "_pushed", threading.local())
 
 
 def test_valid_hooked_numpy_inputs_reach_gpu_unavailable(no_pycuda):

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-import threading
 from random import Random
 
 import numpy as np
@@ -66,15 +64,6 @@ def emulate(spec, q, k, v, scale, *, ignore_mask=False, skip_last_row=False):
     if skip_last_row:  # an unwritten row stays as the NaN poison
         o[:, :, -1], lse[:, :, -1] = np.nan, np.nan
     return o, lse
-
-
-@pytest.fixture
-def no_pycuda(monkeypatch):
-    """Make PyCUDA unimportable (also on a GPU host) and forget any GPU state."""
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
-    monkeypatch.setattr(runtime, "_gpu", None)
-    monkeypatch.setattr(runtime, "_pushed", threading.local())
 
 
 # ---- problem generation --------------------------------------------------------------------

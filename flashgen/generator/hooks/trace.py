@@ -52,6 +52,18 @@ def trace_mask_mod(fn: Callable[..., Any], *aux: Aux) -> Hook:
     return _trace("mask_mod", fn, aux)
 
 
+def as_hook(value: Any, kind: str) -> Hook:
+    """`value` as a hook: a traced Hook as it is, a plain function traced as a `kind` hook
+    without aux ("score_mod" or "mask_mod"). TypeError for anything else; the tracer's own
+    exception when tracing fails (callers add where the value came from). The hook's kind is
+    the caller's to check."""
+    if isinstance(value, Hook):
+        return value
+    if not callable(value):
+        raise TypeError(f"a {type(value).__name__}; a hook is a traced Hook or a function")
+    return trace_score_mod(value) if kind == "score_mod" else trace_mask_mod(value)
+
+
 def _trace(kind: Kind, fn: Callable[..., Any], aux: tuple[Aux, ...]) -> Hook:
     name = getattr(fn, "__name__", type(fn).__name__)
     label = f"{kind} {name}"
