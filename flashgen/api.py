@@ -119,6 +119,8 @@ def attention(
     q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
     problem = check_layout(q, k, v)
     check_head_dims(problem)  # selection (after the GPU is found) would say it too late
+    if hooks:
+        hook_arrays.check_call_indices(hooks, aux, problem)
     check_scale(scale, problem.d)
     _check_causal(causal)
     # array features (ALiBi's slopes) from the host: checked, contiguous float32, then copied
@@ -260,6 +262,7 @@ def _prepare(
         check_spec(spec, problem, check_pointers=True)
         check_fits(spec, features)
     elif hooked is not None and hooked.hooks:
+        hook_arrays.check_call_indices(hooked.hooks, hooked.values, problem)
         spec = hook_spec.forward_spec(
             problem, causal, runtime.device_arch(), runtime.device_name(),
             (*features.tokens, *hooked.tokens),

@@ -51,7 +51,13 @@ from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.runtime import feature_values, hook_spec, launch, op_args
 from flashgen.runtime import gpu as runtime
-from flashgen.runtime.hook_calls import aux_slots, empty_table, resolve_hooks, scalar
+from flashgen.runtime.hook_calls import (
+    aux_slots,
+    check_indices,
+    empty_table,
+    resolve_hooks,
+    scalar,
+)
 from flashgen.runtime.validate import check_head_dims, check_layout, check_scale, check_spec
 from flashgen.torch_support import (
     backward_family_for,
@@ -78,7 +84,8 @@ def hook_op_args(
     """The hooks' op arguments: their tokens joined by commas, then the aux tensors (and after
     them the range summaries of `summary_slots`, computed here on the tables' device), float
     scalars and int scalars in the order of the kernel's aux block. ValueError naming the aux
-    value and its rule when one does not fit its declaration."""
+    value and its rule when one does not fit its declaration (the tables' lengths against the
+    call's sizes: `_check_indices`, where the op runs)."""
     hooks = list(resolve_hooks(score_mod, mask_mod))
     values = dict(aux or {})
     block = aux_slots(tuple(hooks), values)
@@ -145,6 +152,28 @@ def _aux_tensor(slot: Slot, v: Any, q: Any) -> Any:
 # ---- the ops' side: op arguments into a launch ---------------------------------------------
 def _hooks(tokens: str) -> tuple[Hook, ...]:
     return tuple(hook_of(t) for t in tokens.split(",") if t)
+
+
+def _check_indices(
+    hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float], ints: list[int],
+    q: Any, k: Any,
+) -> None:  # fmt: skip
+    """ValueError when a hook can index one of the aux tables outside its shape on this call's
+    (B, H, Tq) x Tk sizes (`hook_calls.check_indices`). Where the op runs, on a signature's
+    first call (the signature holds the tables' shapes and the scalars): eager and compiled
+    calls alike, and no tracing of the analysis."""
+    it: dict[str, Iterator[Any]] = {"ptr": iter(tensors), "float": iter(floats), "int": iter(ints)}
+    shapes: dict[str, tuple[int, ...]] = {}
+    scalars: dict[str, float | int] = {}
+    for s in slots(hooks):
+        v = next(it[s.kind])
+        if s.kind == "ptr":
+            shapes[s.aux.name] = tuple(int(n) for n in v.shape)
+        else:
+            scalars[s.aux.name] = v
+    b, h, tq = (int(n) for n in q.shape[:3])
+    check_indices(hooks, batch=b, heads=h, q_len=tq, kv_len=int(k.shape[2]), shapes=shapes,
+                  scalars=scalars)  # fmt: skip
 
 
 def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
@@ -239,6 +268,7 @@ def _run(
         dev = int(q.get_device())
         features = feature_args(values, q, problem.h)
         tokens = _hooks(hooks)
+        _check_indices(tokens, aux_tensors, aux_floats, aux_ints, q, k)
         spec = _forward_spec(problem, causal, dev, (*features.tokens, *hooks.split(",")))
         made = runtime.device_plan(spec, _arch(dev), dev)
         shape = (*(int(n) for n in q.shape[:3]), int(v.shape[3]))
@@ -316,6 +346,7 @@ def _run_backward(
         bp = backward.validate_backward(spec, q, k, v, o, lse, do, dq, dk, dv)
         value = check_scale(scale, problem.d)
         tokens = _hooks(hooks)
+        _check_indices(tokens, aux_tensors, aux_floats, aux_ints, q, k)
         args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
         hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev,
                tokens)  # fmt: skip

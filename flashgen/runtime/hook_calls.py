@@ -5,11 +5,13 @@ Arrays are each front door's own (torch tensors, NumPy arrays, GPUArrays)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from flashgen.generator.features.hook import Slot, slots
 from flashgen.generator.hooks import Hook
+from flashgen.generator.hooks.bounds import out_of_range
 from flashgen.generator.hooks.trace import as_hook
 
 
@@ -77,3 +79,32 @@ def empty_table(name: str) -> str:
         f"aux {name}: an empty table; the mask_mod reads it at every query row and key, so "
         "every index it evaluates must be inside it: pass one entry per index"
     )
+
+
+def check_indices(
+    hooks: tuple[Hook, ...], *, batch: int, heads: int, q_len: int, kv_len: int,
+    shapes: Mapping[str, tuple[int, ...]], scalars: Mapping[str, float | int],
+) -> None:  # fmt: skip
+    """ValueError when a hook can index an aux table outside its shape on this problem
+    (`hooks.bounds.out_of_range`: where interval arithmetic can tell); memoized by problem."""
+    message = _first_out_of_range(
+        hooks, batch, heads, q_len, kv_len, tuple(sorted(shapes.items())),
+        tuple(sorted(scalars.items())),
+    )  # fmt: skip
+    if message is not None:
+        raise ValueError(message)
+
+
+@functools.lru_cache(maxsize=512)
+def _first_out_of_range(
+    hooks: tuple[Hook, ...], batch: int, heads: int, q_len: int, kv_len: int,
+    shapes: tuple[tuple[str, tuple[int, ...]], ...], scalars: tuple[tuple[str, Any], ...],
+) -> str | None:  # fmt: skip
+    for hook in hooks:
+        message = out_of_range(
+            hook, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, shapes=dict(shapes),
+            scalars=dict(scalars),
+        )  # fmt: skip
+        if message is not None:
+            return message
+    return None

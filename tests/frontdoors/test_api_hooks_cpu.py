@@ -121,3 +121,8 @@ def test_the_gpuarray_path_passes_the_tables_in_place_without_summaries(fake_gpu
     odd = FakeGPUArray((96,), np.int32, gpudata=0x3000_0000, strides=(8,))
     with pytest.raises(ValueError, match=r"aux doc_ids: its last axis must be contiguous"):
         flashgen.attention(q, k, v, mask_mod=DOC, aux={"doc_ids": odd})
+
+
+def test_a_table_shorter_than_the_call_is_refused_before_the_gpu(no_pycuda):
+    with pytest.raises(ValueError, match=r"aux doc_ids: .* at indices 0\.\.95 .* shape \(90,\)"):
+        flashgen.attention(*qkv(), mask_mod=DOC, aux={"doc_ids": ids(90)})

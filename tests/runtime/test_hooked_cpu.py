@@ -315,3 +315,22 @@ def test_the_hooked_backward_runs_the_unhooked_calls_family(
     assert ("deterministic" in spec.features) == deterministic
     monkeypatch.setenv("FLASHGEN_WGMMA_BWD", "0")  # the TMA family left out: mma's
     assert hooked._backward_spec(_Problem(d), True, 0, False, (token,), (x,)).family == "mma"
+
+
+def test_a_table_shorter_than_the_call_is_refused_before_any_launch():
+    # where the op runs (a signature's first call): the tables' shapes against the call's sizes
+    from flashgen.hooked import _check_indices, _hooks
+
+    k = torch.zeros(1, 2, 24, 64, dtype=torch.bfloat16)  # Tk 24 > the 16 document ids
+    docs = torch.zeros(16, dtype=torch.int32)
+    doc = library.document_hook()
+    tokens, tensors, floats, ints = hook_op_args(None, doc, {"doc_ids": docs}, Q)
+    _check_indices(_hooks(tokens), tensors, floats, ints, Q, Q)  # Tq = Tk = 16: inside
+    with pytest.raises(ValueError, match=r"aux doc_ids: .* at indices 0\.\.23 .* shape \(16,\)"):
+        _check_indices(_hooks(tokens), tensors, floats, ints, Q, k)
+    bias = torch.zeros(1, 16, dtype=torch.float32)  # one head's row; the call has two heads
+    tokens, tensors, floats, ints = hook_op_args(
+        _mixed(), None, {"bias": bias, "cap": 30, "shift": 2}, Q
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"aux bias: .* axis 0 of it at indices 0\.\.1"):
+        _check_indices(_hooks(tokens), tensors, floats, ints, Q, Q)
