@@ -16,7 +16,7 @@ from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, hook_arrays, hook_spec, launch
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.gpu import GpuUnavailable
-from flashgen.runtime.hook_calls import resolve_hooks
+from flashgen.runtime.hook_calls import check_indices, resolve_hooks
 from flashgen.runtime.validate import (
     cai_stream,
     check_head_dims,
@@ -120,7 +120,8 @@ def attention(
     problem = check_layout(q, k, v)
     check_head_dims(problem)  # selection (after the GPU is found) would say it too late
     if hooks:
-        hook_arrays.check_call_indices(hooks, aux, problem)
+        check_indices(hooks, dict(aux or {}), batch=problem.b, heads=problem.h,
+                      q_len=problem.tq, kv_len=problem.tk)  # fmt: skip
     check_scale(scale, problem.d)
     _check_causal(causal)
     # array features (ALiBi's slopes) from the host: checked, contiguous float32, then copied
@@ -262,7 +263,8 @@ def _prepare(
         check_spec(spec, problem, check_pointers=True)
         check_fits(spec, features)
     elif hooked is not None and hooked.hooks:
-        hook_arrays.check_call_indices(hooked.hooks, hooked.values, problem)
+        check_indices(hooked.hooks, hooked.values, batch=problem.b, heads=problem.h,
+                      q_len=problem.tq, kv_len=problem.tk)  # fmt: skip
         spec = hook_spec.forward_spec(
             problem, causal, runtime.device_arch(), runtime.device_name(),
             (*features.tokens, *hooked.tokens),

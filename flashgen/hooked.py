@@ -154,6 +154,14 @@ def _hooks(tokens: str) -> tuple[Hook, ...]:
     return tuple(hook_of(t) for t in tokens.split(",") if t)
 
 
+def _by_name(
+    hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float], ints: list[int]
+) -> dict[str, Any]:
+    """The op's aux lists back into values by aux name (the aux block's slot order)."""
+    it: dict[str, Iterator[Any]] = {"ptr": iter(tensors), "float": iter(floats), "int": iter(ints)}
+    return {s.aux.name: next(it[s.kind]) for s in slots(hooks)}
+
+
 def _check_indices(
     hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float], ints: list[int],
     q: Any, k: Any,
@@ -162,18 +170,9 @@ def _check_indices(
     (B, H, Tq) x Tk sizes (`hook_calls.check_indices`). Where the op runs, on a signature's
     first call (the signature holds the tables' shapes and the scalars): eager and compiled
     calls alike, and no tracing of the analysis."""
-    it: dict[str, Iterator[Any]] = {"ptr": iter(tensors), "float": iter(floats), "int": iter(ints)}
-    shapes: dict[str, tuple[int, ...]] = {}
-    scalars: dict[str, float | int] = {}
-    for s in slots(hooks):
-        v = next(it[s.kind])
-        if s.kind == "ptr":
-            shapes[s.aux.name] = tuple(int(n) for n in v.shape)
-        else:
-            scalars[s.aux.name] = v
     b, h, tq = (int(n) for n in q.shape[:3])
-    check_indices(hooks, batch=b, heads=h, q_len=tq, kv_len=int(k.shape[2]), shapes=shapes,
-                  scalars=scalars)  # fmt: skip
+    check_indices(hooks, _by_name(hooks, tensors, floats, ints), batch=b, heads=h, q_len=tq,
+                  kv_len=int(k.shape[2]))  # fmt: skip
 
 
 def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
@@ -189,14 +188,11 @@ def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
             f"either no range summaries or one per table {[s.aux.name for s in wanted]}: pass "
             "the lists hook_op_args makes"
         )
-    values: dict[str, Any] = {}
-    it: dict[str, Iterator[Any]] = {"ptr": iter(tensors), "float": iter(floats), "int": iter(ints)}
+    values = _by_name(hooks, tensors, floats, ints)
     for s in block:
-        v = next(it[s.kind])
         if s.kind == "ptr":
+            v = values[s.aux.name]
             values[s.aux.name] = (v.data_ptr(), v.stride(0)) if s.aux.ndim == 2 else v.data_ptr()
-        else:
-            values[s.aux.name] = v
     summaries: dict[str, tuple[int, int]] = {}
     for s, summary in zip(wanted, given, strict=False):
         table = next(b for b in block if b.kind == "ptr" and b.aux == s.aux)

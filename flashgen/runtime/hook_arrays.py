@@ -15,7 +15,7 @@ import numpy as np
 from flashgen.generator.features.hook import HookArgs, Slot, summary_slots, token_of
 from flashgen.generator.hooks import Hook
 from flashgen.generator.hooks.summary import summarize
-from flashgen.runtime.hook_calls import aux_slots, check_indices, empty_table, scalar
+from flashgen.runtime.hook_calls import aux_slots, empty_table, scalar
 
 _NP_DTYPES = {"int32": np.dtype(np.int32), "float32": np.dtype(np.float32)}
 
@@ -141,18 +141,3 @@ def _check_kind(slot: Slot, dtype: np.dtype[Any], ndim: int) -> None:
             f"aux {a.name}: {dtype} with {ndim} dimensions; the hook declares {a.dtype} with "
             f"{a.ndim}: pass np.asarray({a.name}, np.{a.dtype})"
         )
-
-
-def check_call_indices(
-    hooks: tuple[Hook, ...], aux: Mapping[str, Any] | None, problem: Any
-) -> None:  # fmt: skip
-    """ValueError when a hook can index an aux table (NumPy array or GPUArray, checked by
-    `host_call` / `device_call` first) outside its shape on `problem` (runtime.validate's:
-    b, h, tq, tk): `hook_calls.check_indices`."""
-    values = dict(aux or {})
-    block = aux_slots(hooks, values)
-    check_indices(
-        hooks, batch=problem.b, heads=problem.h, q_len=problem.tq, kv_len=problem.tk,
-        shapes={s.aux.name: tuple(values[s.aux.name].shape) for s in block if s.kind == "ptr"},
-        scalars={s.aux.name: scalar(s, values[s.aux.name]) for s in block if s.kind != "ptr"},
-    )  # fmt: skip

@@ -82,11 +82,19 @@ def empty_table(name: str) -> str:
 
 
 def check_indices(
-    hooks: tuple[Hook, ...], *, batch: int, heads: int, q_len: int, kv_len: int,
-    shapes: Mapping[str, tuple[int, ...]], scalars: Mapping[str, float | int],
+    hooks: tuple[Hook, ...], values: Mapping[str, Any], *, batch: int, heads: int, q_len: int,
+    kv_len: int,
 ) -> None:  # fmt: skip
     """ValueError when a hook can index an aux table outside its shape on this problem
-    (`hooks.bounds.out_of_range`: where interval arithmetic can tell); memoized by problem."""
+    (`hooks.bounds.out_of_range`: where interval arithmetic can tell); `values` the call's aux
+    values by name (arrays of any kind, read for their shape; scalars). Memoized by problem."""
+    shapes, scalars = {}, {}
+    for s in slots(hooks):
+        v = values[s.aux.name]
+        if s.kind == "ptr":
+            shapes[s.aux.name] = tuple(int(n) for n in v.shape)
+        else:
+            scalars[s.aux.name] = scalar(s, v)
     message = _first_out_of_range(
         hooks, batch, heads, q_len, kv_len, tuple(sorted(shapes.items())),
         tuple(sorted(scalars.items())),
