@@ -9,13 +9,13 @@ mma's where that one refuses them, and so does the backward (docs/hooks.md): the
 for torch.compile; CUDA-graph safe like `flashgen.torch.attention`). The hooks travel through
 the ops as their feature tokens (`scoremod<digest>,maskmod<digest>`, registered in this
 process by the front door), and their aux values as three lists in the order of the kernel's
-aux block (`features.hook.slots`): tensors, float scalars, int scalars. The tensor list then
-holds, after the aux tensors, the range summary of each table a mask_mod reads at a range of
-indices (`features.hook.summary_slots`; `doc_ids[q_idx]`): the front door computes them per
-call on the device with torch ops (`range_summary`), so they are op inputs like the tables they
-summarize (traced by torch.compile, captured by CUDA graphs, saved for the backward with the
-aux tensors, never differentiated). Family wgmma's forward skips tiles with them; an op call
-without them (the aux tensors alone) runs the same kernels, its tile verdicts element-wise.
+aux block (`features.hook.slots`): tensors, float scalars, int scalars. The tensor list may
+then hold, after the aux tensors, the range summary of each table a mask_mod reads at a range
+of indices (`features.hook.summary_slots`; `doc_ids[q_idx]`); without them (what the front
+door passes) the op builds them itself on the current stream, one small kernel per table
+(runtime/summary_kernel.py; `range_summary`'s torch ops for a table too long for it), so a call
+costs one launch for them, not ~20 torch ops of host time (bench/NOTES.md, twentieth session).
+Family wgmma's forward skips tiles with them.
 
 Aux tensors are int32 or float32 on q's device, 1-D or 2-D as declared, the last axis
 contiguous; the kernels read them without bounds checks (docs/hooks.md: clamp indices in the
@@ -25,6 +25,7 @@ hook). Gradients flow to q, k and v, not to aux values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -37,6 +38,7 @@ except ImportError as _exc:  # one line, says what is missing
         f"flashgen.hooked needs PyTorch, which cannot be imported ({_exc}); install torch"
     ) from None
 
+from flashgen.generator.arch import ARCHS
 from flashgen.generator.features.hook import (
     HookArgs,
     Slot,
@@ -49,7 +51,7 @@ from flashgen.generator.hooks import Hook
 from flashgen.generator.hooks.summary import CHUNK, chunks, levels
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.runtime import feature_values, hook_spec, launch, op_args
+from flashgen.runtime import feature_values, hook_spec, launch, op_args, summary_kernel
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.hook_calls import (
     aux_slots,
@@ -81,9 +83,9 @@ def _fail(msg: str) -> Any:
 def hook_op_args(
     score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None, q: Any
 ) -> tuple[str, list[Any], list[float], list[int]]:
-    """The hooks' op arguments: their tokens joined by commas, then the aux tensors (and after
-    them the range summaries of `summary_slots`, computed here on the tables' device), float
-    scalars and int scalars in the order of the kernel's aux block. ValueError naming the aux
+    """The hooks' op arguments: their tokens joined by commas, then the aux tensors (the op
+    adds the range summaries of `summary_slots` itself: `_with_summaries`), float scalars and
+    int scalars in the order of the kernel's aux block. ValueError naming the aux
     value and its rule when one does not fit its declaration (the tables' lengths against the
     call's sizes: `_check_indices`, where the op runs)."""
     hooks = list(resolve_hooks(score_mod, mask_mod))
@@ -101,10 +103,8 @@ def hook_op_args(
         else:
             ints.append(int(scalar(s, v)))
     for s in summary_slots(hooks):
-        table = values[s.aux.name]
-        if table.numel() == 0:
+        if values[s.aux.name].numel() == 0:
             _fail(empty_table(s.aux.name))
-        tensors.append(range_summary(table))
     return ",".join(token_of(h) for h in hooks), tensors, floats, ints
 
 
@@ -131,6 +131,55 @@ def range_summary(table: Any) -> Any:
     out = torch.stack([r[:, :nc] for r in runs])
     out[:, 1].bitwise_not_()
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _summary_plan(hooks: str) -> tuple[int, tuple[int, ...]]:
+    """(aux tensors the hooks take, the tensor index of each table `summary_slots` names)."""
+    tokens = _hooks(hooks)
+    block = slots(tokens)
+    tables = tuple(
+        next(b.index for b in block if b.kind == "ptr" and b.aux == s.aux)
+        for s in summary_slots(tokens)
+    )  # fmt: skip
+    return sum(s.kind == "ptr" for s in block), tables
+
+
+@functools.lru_cache(maxsize=16)
+def _summary_arch(dev: int) -> str | None:
+    arch = _arch(dev)
+    return arch if arch in ARCHS else None
+
+
+def _with_summaries(hooks: str, aux_tensors: list[Any], q: Any) -> list[Any]:
+    """The op's aux tensors with the range summaries the hooks read appended, built here on
+    q's device and current stream (one `summary_kernel` launch per table; torch ops for a
+    table too long for it), when the caller passed none. As they are: when the hooks read
+    none, when the caller passed them, or when a table is not a non-empty contiguous 1-D
+    int32 tensor on q's device (`_hook_args` and the front door name what is wrong; the
+    verdicts do without)."""
+    n_tables, tables = _summary_plan(hooks)
+    if not tables or len(aux_tensors) != n_tables:
+        return aux_tensors
+    dev = q.device
+    summaries = []
+    for i in tables:
+        t = aux_tensors[i]
+        if not (
+            type(t) is torch.Tensor and t.dtype == torch.int32 and t.dim() == 1
+            and t.device == dev and t.stride(0) == 1 and t.shape[0] > 0
+        ):  # fmt: skip
+            return aux_tensors
+        n = int(t.shape[0])
+        arch = _summary_arch(dev.index)
+        if arch is None or not summary_kernel.fits(n):
+            summaries.append(range_summary(t))
+            continue
+        out = torch.empty((levels(n), 2, chunks(n)), dtype=torch.int32, device=dev)
+        summary_kernel.launch(t.data_ptr(), n, out.data_ptr(), raw_stream(dev.index),
+                              dev.index, arch)  # fmt: skip
+        summaries.append(out)
+    return [*aux_tensors, *summaries]
 
 
 def _aux_tensor(slot: Slot, v: Any, q: Any) -> Any:
@@ -248,6 +297,7 @@ def _run(
     the feature arguments, then `deterministic` (for the backward only)."""
     feature_arguments = rest[: op_args.N_FEATURE_ARGS]
     values = op_args.values_of(feature_arguments)
+    aux_tensors = _with_summaries(hooks, aux_tensors, q)
     key = (  # layouts and alignments, not addresses: the launch takes each call's pointers
         "fwd", *(_key_of(x)[:4] for x in (q, k, v)), tuple(x.data_ptr() & 15 for x in (q, k, v)),
         causal, scale, hooks,
@@ -325,6 +375,7 @@ def _run_backward(
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     values = op_args.values_of(feature_arguments)
+    aux_tensors = _with_summaries(hooks, aux_tensors, q)
     tensors = (q, k, v, o, lse, do)
     key = (
         "bwd", *(_key_of(x)[:4] for x in tensors), tuple(t.data_ptr() & 15 for t in tensors),

@@ -160,3 +160,25 @@ def test_each_call_reads_its_own_aux_tables_under_one_signature() -> None:
         outcomes = check_grads((_np(dq), _np(dk), _np(dv)), qs, ks, vs, _np(do), dtype="bf16",
                                scale=d**-0.5, causal=False, **kw)  # fmt: skip
         assert all(g.passed for g in outcomes), [g for g in outcomes if not g.passed]
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 4096, 16384 + 7, 200_003, 262_144])
+def test_the_summary_kernel_builds_the_host_summary(n: int) -> None:
+    # the op's one-launch range summary (runtime/summary_kernel.py) against summarize's, on
+    # sorted document ids and on int32's ends (min and max kept apart), at chunk edges and at
+    # the kernel's largest table
+    from flashgen.generator.hooks.summary import chunks, levels, summarize
+    from flashgen.runtime import summary_kernel
+
+    rng = np.random.default_rng(n)
+    for t in (
+        np.sort(rng.integers(0, 40, n)).astype(np.int32),
+        rng.choice(np.asarray([-(2**31), 2**31 - 1, 5], np.int32), n),
+    ):
+        dev = torch.from_numpy(t).cuda()
+        out = torch.full((levels(n), 2, chunks(n)), 7, dtype=torch.int32, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        summary_kernel.launch(dev.data_ptr(), n, out.data_ptr(), stream, 0,
+                              "sm_{}{}".format(*torch.cuda.get_device_capability(0)))  # fmt: skip
+        torch.cuda.synchronize()
+        assert np.array_equal(out.cpu().numpy(), summarize(t).table)

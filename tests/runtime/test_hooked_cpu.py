@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from flashgen import hooked  # noqa: E402
 from flashgen.generator import hooks as hk  # noqa: E402
 from flashgen.generator.features.hook import MAX_POINTERS, token_of  # noqa: E402
 from flashgen.generator.hooks import library  # noqa: E402
 from flashgen.generator.hooks.summary import CHUNK, summarize  # noqa: E402
 from flashgen.hooked import _hook_args, hook_op_args, range_summary  # noqa: E402
+from flashgen.runtime import summary_kernel  # noqa: E402
 
 Q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
 
@@ -127,14 +129,12 @@ def test_the_hooks_op_arguments_trace_under_torch_compile_fullgraph():
 
     def f(q: object, ids: object) -> object:
         tokens, tensors, floats, ints = hook_op_args(None, hook, {"doc_ids": ids}, q)
-        assert tokens == token and floats == [] and ints == []
-        return tensors[0] + 1, tensors[1]
+        assert tokens == token and floats == [] and ints == [] and len(tensors) == 1
+        return tensors[0] + 1
 
     ids = torch.arange(200, dtype=torch.int32) // 7
-    out, summary = torch.compile(f, fullgraph=True, backend="eager")(Q, ids)
-    assert torch.equal(out, ids + 1)
-    # the range summary is computed in the graph, from the table (no host sync)
-    assert np.array_equal(summary.numpy(), summarize(ids.numpy()).table)
+    out = torch.compile(f, fullgraph=True, backend="eager")(Q, ids)
+    assert torch.equal(out, ids + 1)  # the table alone: the op summarizes it (no host sync)
 
 
 @pytest.mark.parametrize("with_aux", ["table+summary", "table", ""])
@@ -246,7 +246,7 @@ def test_a_tile_that_refuses_hooks_takes_another_tile_of_its_family(monkeypatch)
     st.integers(1, 40 * CHUNK), st.sampled_from(["sorted", "unsorted", "extremes"]),
     st.integers(0, 2**32 - 1),
 )  # fmt: skip
-def test_the_device_summary_is_the_host_summary(n: int, kind: str, seed: int):
+def test_the_torch_ops_summary_is_the_host_summary(n: int, kind: str, seed: int):
     rng = np.random.default_rng(seed)
     if kind == "sorted":
         t = np.sort(rng.integers(0, 30, n)).astype(np.int32)
@@ -259,23 +259,49 @@ def test_the_device_summary_is_the_host_summary(n: int, kind: str, seed: int):
     assert np.array_equal(got.numpy(), summarize(t).table)
 
 
-def test_the_front_door_summarizes_the_tables_a_mask_reads_at_ranges():
+def test_the_op_summarizes_the_tables_a_mask_reads_at_ranges(monkeypatch):
+    """The front door passes the tables alone; the op appends their summaries (here the torch
+    ops' fallback: no GPU arch to build the kernel for), unless it was given them or a table
+    cannot be summarized."""
+    monkeypatch.setattr(hooked, "_summary_arch", lambda dev: None)
     docs = torch.arange(300, dtype=torch.int32) // 50
-    _, tensors, _, _ = hook_op_args(None, library.document_hook(), {"doc_ids": docs}, Q)
-    assert tensors[0] is docs and len(tensors) == 2
-    assert np.array_equal(tensors[1].numpy(), summarize(docs.numpy()).table)
+    hook = library.document_hook()
+    hooks, tensors, _, _ = hook_op_args(None, hook, {"doc_ids": docs}, Q)
+    assert tensors == [docs]
+    got = hooked._with_summaries(hooks, tensors, Q)
+    assert got[0] is docs and len(got) == 2
+    assert np.array_equal(got[1].numpy(), summarize(docs.numpy()).table)
+    assert hooked._with_summaries(hooks, got, Q) is got  # given: kept
+    strided = torch.arange(600, dtype=torch.int32)[::2]
+    assert hooked._with_summaries(hooks, [strided], Q) == [strided]  # the verdicts do without
     # a mask without such a read, and a score_mod's tables, take none
-    _, tensors, _, _ = hook_op_args(library.alibi_hook(), library.causal_hook(),
-                                    {"alibi_slopes": torch.ones(2)}, Q)  # fmt: skip
-    assert len(tensors) == 1
+    hooks, tensors, _, _ = hook_op_args(library.alibi_hook(), library.causal_hook(),
+                                        {"alibi_slopes": torch.ones(2)}, Q)  # fmt: skip
+    assert len(tensors) == 1 and hooked._with_summaries(hooks, tensors, Q) is tensors
     with pytest.raises(ValueError, match="aux doc_ids: an empty table; .* pass one entry"):
         hook_op_args(None, library.document_hook(), {"doc_ids": docs[:0]}, Q)
+
+
+def test_a_table_too_long_for_the_summary_kernel_takes_the_torch_ops(monkeypatch):
+    launched: list[int] = []
+    monkeypatch.setattr(hooked, "_summary_arch", lambda dev: "sm_90")
+    monkeypatch.setattr(hooked.summary_kernel, "launch", lambda t, n, *a: launched.append(n))
+    monkeypatch.setattr(hooked, "raw_stream", lambda dev: 0)
+    hooks = token_of(library.document_hook())
+    short = torch.zeros(summary_kernel.MAX_ELEMENTS, dtype=torch.int32)
+    hooked._with_summaries(hooks, [short], Q)
+    assert launched == [summary_kernel.MAX_ELEMENTS]
+    long = torch.zeros(summary_kernel.MAX_ELEMENTS + 1, dtype=torch.int32)
+    got = hooked._with_summaries(hooks, [long], Q)
+    assert launched == [summary_kernel.MAX_ELEMENTS]
+    assert np.array_equal(got[1].numpy(), summarize(long.numpy()).table)
 
 
 def test_the_op_takes_the_summaries_or_none():
     hook = library.document_hook()
     docs = torch.arange(300, dtype=torch.int32) // 50
     _, tensors, floats, ints = hook_op_args(None, hook, {"doc_ids": docs}, Q)
+    tensors = [*tensors, range_summary(docs)]
     args = _hook_args((hook,), tensors, floats, ints).kernel_args()
     # slot 0 the table; slot 1 its summary, its length in the stride slot
     assert args[0] == docs.data_ptr() and args[1] == tensors[1].data_ptr()
