@@ -202,6 +202,14 @@ def device_plan(spec: KernelSpec, device_arch: str, device: int) -> _launch.Laun
     return _launch.plan(spec, lambda: compile_kernel(spec, karch).cubin, karch, device)
 
 
+def spill_bytes(spec: KernelSpec, device_arch: str) -> int:
+    """ptxas' spill stores plus loads of `spec` compiled for a GPU of arch `device_arch` (the
+    compile `device_plan` would load; cached on disk, so asking first costs it nothing)."""
+    with for_device_arch(device_arch):
+        karch = kernel_arch(spec)
+    return compile_kernel(spec, karch).report.spill_bytes
+
+
 def device_name() -> str:
     """The GPU's marketing name, e.g. 'NVIDIA H200' (tuning tables are keyed by it)."""
     return str(gpu().device.name())

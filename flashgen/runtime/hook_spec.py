@@ -6,12 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from flashgen.generator.features.hook import hooks_of, summary_slots
 from flashgen.generator.select import select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.runtime import gpu
 
 HOOK_FAMILY = "mma"
 """The family whose kernels compile every hook in, forward and backward."""
+
+
+def _reads_tables_at_ranges(tokens: tuple[str, ...]) -> bool:
+    """Whether a hook among `tokens` reads an aux table at ranges of indices (its tile
+    verdicts take range summaries: `features.hook.summary_slots`)."""
+    return bool(summary_slots(hooks_of(tokens)))
 
 
 def forward_spec(
@@ -31,9 +39,19 @@ def forward_spec(
     )  # fmt: skip
     if plain.family != HOOK_FAMILY:
         try:
-            return plain.replace(features=tokens)
+            hooked = plain.replace(features=tokens)
+            # a tile at its register limit (wgmma br=192 takes mask_mods) may spill with the
+            # hook: ptxas' report decides, and the family's other tiles take a spilling one.
+            # A mask reading a table at ranges (document ids) stays on the smaller tile: 192
+            # rows straddle more document edges, and on the H200 br=192 ran 0.71-0.93x br=128
+            # on 256-token documents and at T 4096 (1.11x only on 16 documents in 16k tokens)
+            # where table-free masks gained 8-16% (bench/NOTES.md, twentieth session)
+            if plain.br < 192 or (
+                not _reads_tables_at_ranges(tokens) and not gpu.spill_bytes(hooked, arch)
+            ):
+                return hooked
         except SpecError:
-            pass  # the family's hook rules refuse this tile (the H200's tuned d64 br=192)
+            pass  # the family's hook rules refuse this tile (wgmma br=192 and a score_mod)
         others = [s for s in shipped(plain.family) if s.br != plain.br]
         try:  # the family's other shipped tiles, as select ranks them
             return select(

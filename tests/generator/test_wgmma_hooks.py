@@ -65,7 +65,6 @@ def test_a_hooked_wgmma_forward_is_named_by_its_hooks_and_round_trips():
         ((library.softcap_hook,), {"features": ("varlen",)}, "varlen with scoremod"),
         ((library.causal_hook,), {"features": ("varlen",)}, "packed-sequence forward takes no"),
         ((library.alibi_hook,), {"d": 64, "br": 192}, "a scoremod hook with br=192"),
-        ((library.window_hook,), {"d": 64, "br": 192}, "a maskmod hook with br=192"),
         ((library.softcap_hook,), {"features": ("alibi",)}, "write the built-in score mod"),
         ((library.softcap_hook, library.alibi_hook), {}, "2 scoremod hooks"),
     ],

@@ -241,6 +241,37 @@ def test_a_tile_that_refuses_hooks_takes_another_tile_of_its_family(monkeypatch)
     assert spec.family == "mma" and spec.features == (token,)
 
 
+@pytest.mark.parametrize(("spills", "br"), [(0, 192), (56, 128)])
+def test_a_mask_hook_takes_the_wide_tile_unless_ptxas_reports_spills(monkeypatch, spills, br):
+    import flashgen.hooked as hooked
+    from flashgen.generator.spec import KernelSpec
+    from flashgen.runtime import hook_spec
+
+    wide = KernelSpec(family="wgmma", d=64, dtype="bf16", causal=False, br=192, bc=128)
+    monkeypatch.setattr(hooked, "_arch", lambda dev: "sm_90")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "no such GPU")
+    real = hook_spec.select
+    monkeypatch.setattr(
+        hook_spec, "select", lambda *a, **kw: wide if "candidates" not in kw else real(*a, **kw)
+    )
+    asked: list[str] = []
+
+    def spill_bytes(spec: KernelSpec, arch: str) -> int:
+        asked.append(spec.name)
+        return spills
+
+    monkeypatch.setattr(hook_spec.gpu, "spill_bytes", spill_bytes)
+    token = token_of(library.causal_hook())
+    spec = hooked._forward_spec(_Problem(64), False, 0, (token,))
+    assert spec.family == "wgmma" and spec.br == br and spec.features == (token,)
+    assert asked == [wide.replace(features=(token,)).name]  # the wide tile's report only
+    # a mask reading a table at ranges (document ids) keeps the narrower tile, unasked
+    asked.clear()
+    doc = token_of(library.document_hook())
+    spec = hooked._forward_spec(_Problem(64), False, 0, (doc,))
+    assert spec.family == "wgmma" and spec.br == 128 and not asked
+
+
 # ---- range summaries of the tables a mask reads at ranges of indices ----------------------------
 @given(
     st.integers(1, 40 * CHUNK), st.sampled_from(["sorted", "unsorted", "extremes"]),

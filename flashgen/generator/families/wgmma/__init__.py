@@ -154,8 +154,8 @@ class WgmmaFamily(Family):
     def hook_rule(self, spec: KernelSpec) -> list[str]:
         """What a hooked forward or backward (features/hook.py; templates/wgmma.cu.j2,
         wgmma_bwd.cu.j2) refuses beyond the rules every family shares (spec.py
-        `_check_hooks`): packed sequences, and (forward) br=192, whose consumers have no
-        registers to spare for a hook (as for the built-in mods)."""
+        `_check_hooks`): packed sequences, and a score_mod at (forward) br=192, whose
+        consumers have no registers to spare for one (as for the built-in mods)."""
         hooks = hook_tokens(spec.features) if isinstance(spec.features, (tuple, list)) else ()
         if not hooks:
             return []
@@ -167,16 +167,17 @@ class WgmmaFamily(Family):
                 f"{where} takes no hooks yet (a hook's b and q_idx/kv_idx would have to be the "
                 "sequence's); drop the hook, or run the sequences as a padded batch"
             )
-        if spec.br == 192:
+        if spec.br == 192 and any(token_kind(t) == "scoremod" for t in hooks):
             # 160 registers per consumer thread, ~128 of them O, S and P at d 64: the built-in
-            # softcap and ALiBi spill there, and so do mask_mods with a few per-row operands
-            # (ptxas 13.0, d 64 bc 128: window_hook 40-108 B, prefix_lm_hook 56 B causal;
-            # causal_hook and document_hook fit), so no hook of either kind is taken there
-            kinds = sorted({token_kind(t) for t in hooks})
+            # softcap and ALiBi spill there, and so would a score_mod. A mask_mod is taken: some
+            # fit (ptxas 13.0, d 64 bc 128: causal_hook, document_hook, prefix_lm_hook
+            # non-causal), others spill (window_hook 40-108 B, prefix_lm_hook 124 B causal),
+            # which the torch front door reads from ptxas' report before it picks the tile
+            # (hooked._forward_spec)
             p.append(
-                f"features: a {' and a '.join(kinds)} hook with br=192: three consumer "
-                "warpgroups have no registers to spare for a hook (the built-in softcap and "
-                "ALiBi spill there too); use br=128"
+                "features: a scoremod hook with br=192: three consumer warpgroups have no "
+                "registers to spare for a score_mod (the built-in softcap and ALiBi spill there "
+                "too); use br=128"
             )
         return p
 
