@@ -151,15 +151,20 @@ def test_a_mask_hook_skips_the_query_tiles_it_drops_whole_in_producer_and_consum
         f"return {verdict}(batch, head, ql * BR, min(qh * BR + BR, tq) - 1, kl, min(kh, tk - 1), "
         "tq,\n        tk, hook_i0, hook_i1);" in src
     )
-    # producer and consumers walk the same kept steps; the ring counts only those
+    # producer and consumers walk the same kept steps, each a whole warp a 32-step verdict word
+    # at a time (one step per lane; the producer's lane 0 issues the loads); the ring counts
+    # only those steps
+    assert "kept_from" not in src
+    assert "if (threadIdx.x < 32) {" in src and "const bool issuer = lane == 0;" in src
     assert (
-        "for (int it = 0, step = kept_from(0); step < n_steps; ++it, step = kept_from(step + 1)) {"
+        "for (int it = 0, step = next_kept(0); step < n_steps; ++it, step = next_kept(step + 1)) {"
         in src
     )
-    # the consumers walk the same set a 32-step verdict word at a time (one step per lane)
+    assert src.index("step = next_kept(step + 1)) {") < src.index("consumers =====")
     assert "int next = next_kept(0);" in src and "next = next_kept(step + 1);" in src
-    assert "v = verdict(hd, j, j, kv0, kv0 + BC - 1);" in src
-    assert "kept_word = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);" in src
+    assert src.count("v = verdict(hd, j, j, kv0, kv0 + BC - 1);") == 2
+    assert src.count("kept_word = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);") == 2
+    assert src.count("whole_word = __ballot_sync(0xffffffffu, w == FG_TILE_ALL);") == 1
     assert "for (int step = 0; step < n_steps; ++step) {" not in src
     assert src.count("const int s = it % STAGES, phase = ((it / STAGES) & 1) ^ 1;") == 1
     assert src.count("const int s = it % STAGES, phase = (it / STAGES) & 1;") == 1
@@ -180,48 +185,56 @@ def test_a_mask_hook_skips_the_query_tiles_it_drops_whole_in_producer_and_consum
     assert "const int hq = min(qi, tq - 1), hk = min(kj, tk - 1);" in loop
 
 
-def _kept_from(verdict, per_head: int, n_steps: int, step: int) -> int:
-    """The template's kept_from, transcribed: runs of w query tiles of one head at once."""
-    w = 1
-    while step < n_steps:
-        j = step % per_head
-        n = min(w, per_head - j)
-        if verdict(step // per_head, j, j + n - 1) == NONE:
-            step, w = step + n, w * 2
-        elif n == 1:
-            break
-        else:
-            w = n // 2
-    return step
+class _Walk:
+    """The template's step_walk, transcribed: a word of 32 steps' verdicts (one per lane) at a
+    time; `words` counts the words evaluated (each one round of the warp's verdicts)."""
+
+    def __init__(self, verdict, per_head: int, n_steps: int) -> None:
+        self.verdict, self.per_head, self.n_steps = verdict, per_head, n_steps
+        self.base, self.kept, self.words = -64, 0, 0
+
+    def next_kept(self, step: int) -> int:
+        while step < self.n_steps:
+            base = step & ~31
+            if base != self.base:
+                self.kept, self.base = 0, base
+                self.words += 1
+                for lane in range(32):
+                    mine = base + lane
+                    if mine < self.n_steps:
+                        j = mine % self.per_head
+                        if self.verdict(mine // self.per_head, j, j) != NONE:
+                            self.kept |= 1 << lane
+            rest = self.kept & ((0xFFFFFFFF << (step - base)) & 0xFFFFFFFF)
+            if rest:
+                return base + (rest & -rest).bit_length() - 1
+            step = base + 32
+        return self.n_steps
 
 
 @pytest.mark.parametrize("make", [library.causal_hook, library.window_hook, sinks_hook])
 def test_the_walk_visits_exactly_the_steps_whose_own_verdict_keeps_a_key(make):
     """Over (head, query tile) steps of a key block: the walk's steps are those whose own
-    verdict is not NONE, in order, and a run of dropped tiles costs a few verdicts."""
+    verdict is not NONE, in order, and each word of 32 steps is evaluated once."""
     hook, br, bc, group = make(), 64, 128, 2
     aux = {"window_left": 700, "window_right": 0}
     for tq, tk in [(4096, 4096), (1000, 5000), (5000, 1000), (1500, 1500)]:
         n_q = -(-tq // br)
         for kv0 in range(0, tk, bc * 5):
-            calls = [0]
-
-            def verdict(head, ql, qh, kv0=kv0, tq=tq, tk=tk, calls=calls):
-                calls[0] += 1
+            def verdict(head, ql, qh, kv0=kv0, tq=tq, tk=tk):
                 box = Box(ql * br, min(qh * br + br, tq) - 1, kv0, min(kv0 + bc, tk) - 1, 0, head,
                           tq, tk)  # fmt: skip
                 return classify(hook, box, aux)
 
             n_steps = group * n_q
             kept = [s for s in range(n_steps) if verdict(s // n_q, s % n_q, s % n_q) != NONE]
-            calls[0] = 0
-            walked, s = [], _kept_from(verdict, n_q, n_steps, 0)
+            walk = _Walk(verdict, n_q, n_steps)
+            walked, s = [], walk.next_kept(0)
             while s < n_steps:
                 walked.append(s)
-                s = _kept_from(verdict, n_q, n_steps, s + 1)
+                s = walk.next_kept(s + 1)
             assert walked == kept, (tq, tk, kv0)
-            runs = sum(1 for i, s in enumerate(kept) if i == 0 or kept[i - 1] != s - 1) + group
-            assert calls[0] <= len(kept) + 2 * runs * (n_q.bit_length() + 2)
+            assert walk.words <= -(-n_steps // 32)
 
 
 def test_a_mask_hook_beside_a_built_in_score_mod_keeps_it():
