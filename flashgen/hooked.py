@@ -64,6 +64,7 @@ from flashgen.runtime.validate import check_head_dims, check_layout, check_scale
 from flashgen.torch_support import (
     backward_family_for,
     dispatch_stack,
+    eager_autograd,
     feature_args,
     function_modes,
     out_strides,
@@ -496,6 +497,30 @@ def _direct(q: Any, k: Any, v: Any, aux_tensors: list[Any]) -> bool:
     )  # fmt: skip
 
 
+class _EagerHookedAttention(torch.autograd.Function):
+    """`flashgen::hooked_attention` with its registered autograd formula (`_setup_context`,
+    `_backward`), for eager calls only (`torch_support.eager_autograd`: the custom op's
+    autograd wrapper costs ~250 us of host time per forward + backward). `apply(q, k, v, causal,
+    scale, hooks, aux_floats, aux_ints, deterministic, n_aux, *aux_tensors, *features)`."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: Any, k: Any, v: Any, causal: bool, scale: float | None, hooks: str,
+        aux_floats: list[float], aux_ints: list[int], deterministic: bool, n_aux: int,
+        *rest: Any,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        tensors, features = list(rest[:n_aux]), rest[n_aux:]
+        args = (q, k, v, causal, scale, hooks, tensors, aux_floats, aux_ints, *features)
+        o, lse = _run(*args)
+        _setup_context(ctx, (*args, deterministic), (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:  # type: ignore[override]
+        dq, dk, dv, *_ = _backward(ctx, grad_o, grad_lse)
+        return (dq, dk, dv, *(None,) * (7 + ctx.n_aux + len(ctx.feature_arguments)))
+
+
 def hooked_attention(
     q: Any, k: Any, v: Any, *, score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None,
     causal: bool, scale: float | None, deterministic: bool, feature_arguments: tuple[Any, ...],
@@ -507,6 +532,12 @@ def hooked_attention(
     args = (q, k, v, causal, scale, hooks, tensors, floats, ints, *feature_arguments)
     if _direct(q, k, v, tensors):
         return _run(*args)
+    arrays = [a for a in feature_arguments if isinstance(a, torch.Tensor)]
+    if eager_autograd(q, k, v, [*tensors, *arrays]):
+        return _EagerHookedAttention.apply(  # type: ignore[no-any-return, no-untyped-call]
+            q, k, v, causal, scale, hooks, floats, ints, deterministic, len(tensors), *tensors,
+            *feature_arguments,
+        )  # fmt: skip
     return _OP(*args, deterministic)  # type: ignore[no-any-return]
 
 

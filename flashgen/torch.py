@@ -92,6 +92,7 @@ from flashgen.torch_support import WGMMA_BWD_ENV as WGMMA_BWD_ENV  # noqa: E402 
 from flashgen.torch_support import (  # noqa: E402
     backward_family_for,
     dispatch_stack,
+    eager_autograd,
     feature_args,
     function_modes,
     out_strides,
@@ -543,6 +544,28 @@ def _direct(q: Any, k: Any, v: Any) -> bool:
     )  # fmt: skip
 
 
+class _EagerAttention(torch.autograd.Function):
+    """`flashgen::attention` with its registered autograd formula (`_setup_context`,
+    `_backward`), for eager calls only (`torch_support.eager_autograd`): the same kernels,
+    saved tensors and gradients.
+    `apply(q, k, v, causal, scale, variant, deterministic, *feature_args)`."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: Any, k: Any, v: Any, causal: bool, scale: float | None,
+        variant: str | None, deterministic: bool, *feature_args: Any,
+    ) -> tuple[Any, Any]:  # fmt: skip
+        o, lse = _run(q, k, v, causal, scale, variant, *feature_args)
+        _setup_context(ctx, (q, k, v, causal, scale, variant, *feature_args, deterministic),
+                       (o, lse))  # fmt: skip
+        return o, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:  # type: ignore[override]
+        dq, dk, dv, *_ = _backward(ctx, grad_o, grad_lse)
+        return (dq, dk, dv, None, None, None, None, *(None,) * len(ctx.feature_args))
+
+
 def attention(
     q: Any,
     k: Any,
@@ -635,6 +658,10 @@ def attention(
         return (o, lse) if return_lse else o
     if _direct(q, k, v):
         o, lse = _run(q, k, v, causal, scale, variant, *args)
+    elif eager_autograd(q, k, v, [a for a in args if isinstance(a, _Tensor)]):
+        o, lse = _EagerAttention.apply(  # type: ignore[no-untyped-call]
+            q, k, v, causal, scale, variant, deterministic, *args
+        )
     else:
         o, lse = _OP(q, k, v, causal, scale, variant, *args, deterministic)
     return (o, lse) if return_lse else o

@@ -157,3 +157,30 @@ def run_backward(
         d_buf.data_ptr(), accum, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
     )  # fmt: skip
     prepared(pointers, stream, hook_ptrs=hook_ptrs)
+
+
+def eager_autograd(q: Any, k: Any, v: Any, tensors: Sequence[Any] = ()) -> bool:
+    """True when autograd is all the dispatcher would add to an attention op's call: eager,
+    plain CUDA tensors (and plain `tensors`: the features' or aux values), no modes. Such a
+    call runs the op's own autograd formula as a `torch.autograd.Function`
+    (`flashgen.torch._EagerAttention`, `flashgen.hooked._EagerHookedAttention`), skipping the
+    custom op's autograd wrapper, whose argument flattening and default filling cost ~250 us
+    of host time per forward + backward (bench/NOTES.md, twentieth session). torch.compile,
+    tensor subclasses, dispatch modes and torch.func transforms take the registered op, as
+    before."""
+    return (
+        not torch.compiler.is_compiling()
+        and type(q) is torch.Tensor and q.is_cuda
+        and type(k) is torch.Tensor and type(v) is torch.Tensor
+        and all(type(t) is torch.Tensor for t in tensors)
+        and not dispatch_stack()
+        and not function_modes()
+        and _functorch_level() is None
+    )  # fmt: skip
+
+
+# the innermost torch.func transform (grad, vmap, ...) around the call, or None: an
+# autograd.Function without functorch staticmethods is refused inside one, the op is not
+_functorch_level: Callable[[], Any] = getattr(
+    getattr(torch._C, "_functorch", None), "peek_interpreter_stack", lambda: None
+)

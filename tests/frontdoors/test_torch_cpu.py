@@ -347,6 +347,58 @@ def test_the_eager_shortcut_is_never_taken_off_cuda_or_with_autograd_or_fake_ten
         f = torch.empty(1, 2, 3, 64, device="cuda")
         assert not fgt._direct(f, f, f)
 
+    # nor the autograd shortcut: it needs plain CUDA tensors too
+    assert not fgt.eager_autograd(x, x, x)
+    assert not fgt.eager_autograd(meta(1, 2, 3, 64), meta(1, 2, 3, 64), meta(1, 2, 3, 64))
+    with FakeTensorMode():
+        f = torch.empty(1, 2, 3, 64, device="cuda")
+        assert not fgt.eager_autograd(f, f, f)
+    # nor inside a torch.func transform (a plain autograd.Function is refused there)
+    from flashgen import torch_support
+
+    levels: list[object] = []
+
+    def probe(x):  # type: ignore[no-untyped-def]
+        levels.append(torch_support._functorch_level())
+        return x.sum()
+
+    torch.func.grad(probe)(torch.ones(3))
+    assert levels[0] is not None and torch_support._functorch_level() is None
+
+
+def test_an_eager_training_call_runs_the_ops_autograd_formula(monkeypatch):
+    """With gradients asked on plain CUDA tensors, the front door runs `_EagerAttention`
+    (the op's own setup_context and backward as an autograd.Function): stand-in kernels here
+    (CPU tensors, the shortcut forced) show what reaches them and what comes back."""
+    seen: dict[str, tuple[object, ...]] = {}
+
+    def run(q, k, v, causal, scale, variant, *feature_args):  # type: ignore[no-untyped-def]
+        seen["fwd"] = (causal, scale, variant, *feature_args)
+        return q * 2.0, torch.zeros(q.shape[:-1], dtype=torch.float32)
+
+    def run_backward(q, k, v, o, lse, do, causal, scale, deterministic, *feature_args):  # type: ignore[no-untyped-def]
+        seen["bwd"] = (causal, scale, deterministic, *feature_args)
+        return do * 2.0, do * 3.0, do * 4.0
+
+    monkeypatch.setattr(fgt, "eager_autograd", lambda *a: True)
+    monkeypatch.setattr(fgt, "_run", run)
+    monkeypatch.setattr(fgt, "_BWD_OP", run_backward)
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16).requires_grad_() for _ in "qkv")
+    slopes = torch.ones(2)
+    o, lse = fgt.attention(q, k, v, causal=True, scale=0.5, deterministic=True, window=(8, 0),
+                           alibi_slopes=slopes, return_lse=True)  # fmt: skip
+    assert o.requires_grad and not lse.requires_grad  # LSE is not differentiable
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    assert torch.equal(dq, torch.full_like(q, 2.0)) and torch.equal(dv, torch.full_like(v, 4.0))
+    assert seen["fwd"][:3] == (True, 0.5, None) and seen["bwd"][:3] == (True, 0.5, True)
+    assert seen["fwd"][3:] == seen["bwd"][3:] and seen["bwd"][3:5] == (8, 0)
+    assert any(a is slopes for a in seen["bwd"])  # the slopes saved and passed back
+    # what the backward kernels cannot serve is refused when gradients are asked, as before
+    v_wide = torch.randn(1, 2, 16, 32, dtype=torch.bfloat16).requires_grad_()
+    o = fgt.attention(q, k, v_wide)
+    with pytest.raises(NotImplementedError, match="no backward pass yet with dv != d"):
+        o.sum().backward()
+
 
 class Attention(torch.nn.Module):
     """A model-layout attention block: fused QKV projection, flashgen, output projection."""

@@ -131,7 +131,13 @@ def _prepared_params(
     prepared = backward.Prepared(plan, spec, bp, 0.5, hooks=hooks)
     for ptrs in calls:  # each call with its aux pointers (None: those bound)
         prepared(tuple(range(16, 16 * 12, 16)), 0, hook_ptrs=ptrs)
+    # the addresses in `seen` point into prepared's argument objects: kept alive for the
+    # reads that follow (freed, they were read after reuse: a flaky failure in CI)
+    _ALIVE.append(prepared)
     return seen
+
+
+_ALIVE: list[object] = []
 
 
 @pytest.mark.parametrize("det", [(), ("deterministic",)])

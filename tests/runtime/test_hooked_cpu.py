@@ -171,6 +171,45 @@ def test_the_backward_gives_one_gradient_entry_per_input(with_aux: str):
         lib._destroy()
 
 
+@pytest.mark.parametrize("with_aux", [True, False])
+def test_an_eager_training_call_runs_the_hooked_ops_autograd_formula(monkeypatch, with_aux):
+    """With gradients asked on plain CUDA tensors, hooked calls run `_EagerHookedAttention`
+    (the op's setup_context and backward as an autograd.Function; stand-in kernels on CPU
+    tensors here): the aux tables and features reach both kernels."""
+    seen: dict[str, tuple[object, ...]] = {}
+
+    def run(q, k, v, causal, scale, hooks, tensors, floats, ints, *features):  # type: ignore[no-untyped-def]
+        seen["fwd"] = (causal, hooks, list(tensors), floats, ints, *features)
+        return q * 2.0, torch.zeros(q.shape[:-1], dtype=torch.float32)
+
+    def run_backward(q, k, v, o, lse, do, causal, scale, det, hooks, tensors, floats, ints,
+                     *features):  # type: ignore[no-untyped-def]  # fmt: skip
+        seen["bwd"] = (causal, hooks, list(tensors), floats, ints, *features)
+        return do * 2.0, do * 3.0, do * 4.0
+
+    monkeypatch.setattr(hooked, "_run", run)
+    monkeypatch.setattr(hooked, "_BWD_OP", run_backward)
+    import flashgen.torch as fgt
+    from flashgen.runtime import feature_values
+
+    q, k, v = (torch.randn(1, 2, 16, 64, dtype=torch.bfloat16).requires_grad_() for _ in "qkv")
+    docs = torch.zeros(16, dtype=torch.int32)
+    mask, aux = (library.document_hook(), {"doc_ids": docs}) if with_aux else (
+        library.causal_hook(), None)  # fmt: skip
+    # as hooked_attention calls it once `eager_autograd` says yes (CUDA tensors only)
+    hooks, tensors, floats, ints = hook_op_args(None, mask, aux, q)
+    features = fgt._op_args(feature_values.from_keywords({"window": (8, 0)}, "test"))
+    o, lse = hooked._EagerHookedAttention.apply(
+        q, k, v, False, None, hooks, floats, ints, False, len(tensors), *tensors, *features
+    )
+    assert o.requires_grad and not lse.requires_grad
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+    assert torch.equal(dq, torch.full_like(q, 2.0)) and torch.equal(dk, torch.full_like(k, 3.0))
+    assert seen["fwd"][1] == token_of(mask) and seen["fwd"][5:7] == (8, 0)
+    assert seen["bwd"][:2] == seen["fwd"][:2] and seen["bwd"][3:] == seen["fwd"][3:]
+    assert [t is docs for t in seen["bwd"][2]] == ([True] if with_aux else [])
+
+
 def test_a_token_made_without_registering_still_finds_its_live_hook():
     # inside torch.compile the front door's token_of runs at trace time, and its write to the
     # registry is not replayed: rendering must find the hook by its digest all the same
