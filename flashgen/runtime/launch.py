@@ -311,6 +311,28 @@ def wait_for_streams(producers: Sequence[int | None], stream: int) -> None:
             drv.stream_wait(producer, stream)
 
 
+def launch_in_context(
+    context: int, function: int, grid: tuple[int, int, int], threads: int, smem: int,
+    stream: int, params: Any,
+) -> int:  # fmt: skip
+    """`cuLaunchKernel` of `function` (a 1-D block of `threads`) in `context`, pushed for the
+    launch when another is current; the driver's return code (0: launched)."""
+    drv = driver()
+    cur = ctypes.c_void_p()
+    drv.cuCtxGetCurrent(ctypes.byref(cur))
+    pushed = cur.value != context
+    if pushed:
+        drv.check(drv.cuCtxPushCurrent(context), "making the kernel's context current")
+    try:
+        gx, gy, gz = grid
+        return int(
+            drv.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, smem, stream, params, None)
+        )
+    finally:
+        if pushed:
+            drv.cuCtxPopCurrent(ctypes.byref(cur))
+
+
 @dataclass(eq=False)
 class LaunchPlan:
     """A loaded kernel ready to launch on one device: function, block, shared memory."""
@@ -350,24 +372,13 @@ class LaunchPlan:
         the plan's context (pushed for the launch when another is current); RuntimeError
         naming the kernel when the driver refuses. (Bound inlines the same for the forward's
         per-call path.)"""
-        drv = driver()
-        cur = ctypes.c_void_p()
-        drv.cuCtxGetCurrent(ctypes.byref(cur))
-        pushed = cur.value != self.context
-        if pushed:
-            drv.check(drv.cuCtxPushCurrent(self.context), "making the kernel's context current")
-        try:
-            gx, gy, gz = grid
-            rc = drv.cuLaunchKernel(
-                self.function, gx, gy, gz, self.block[0], 1, 1, self.smem, stream, params, None
-            )
-        finally:
-            if pushed:
-                drv.cuCtxPopCurrent(ctypes.byref(cur))
+        rc = launch_in_context(
+            self.context, self.function, grid, self.block[0], self.smem, stream, params
+        )
         if rc:
             raise RuntimeError(
                 f"kernel {self.spec.name} failed (grid {grid}, block {self.block[0]}, "
-                f"{self.smem} B shared memory): {drv.error(rc)}"
+                f"{self.smem} B shared memory): {driver().error(rc)}"
             )
 
     def bind(

@@ -150,21 +150,11 @@ def launch(table: int, n: int, out: int, stream: int, device: int, arch: str) ->
     if not fits(n):
         raise ValueError(f"n={n}: the summary kernel takes 1 to {MAX_ELEMENTS} elements")
     context, func = _function(device, arch)
-    drv = _launch.driver()
     args = (ctypes.c_void_p(table), ctypes.c_int(n), ctypes.c_void_p(out))
     params = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
-    cur = ctypes.c_void_p()
-    drv.cuCtxGetCurrent(ctypes.byref(cur))
-    pushed = cur.value != context
-    if pushed:
-        drv.check(drv.cuCtxPushCurrent(context), "making the summary kernel's context current")
-    try:
-        rc = drv.cuLaunchKernel(func, 1, 1, 1, THREADS, 1, 1, 0, stream, params, None)
-    finally:
-        if pushed:
-            drv.cuCtxPopCurrent(ctypes.byref(cur))
+    rc = _launch.launch_in_context(context, func, (1, 1, 1), THREADS, 0, stream, params)
     if rc:
-        raise RuntimeError(f"kernel {NAME} failed (n={n}): {drv.error(rc)}")
+        raise RuntimeError(f"kernel {NAME} failed (n={n}): {_launch.driver().error(rc)}")
 
 
 __all__ = ["MAX_ELEMENTS", "NAME", "SOURCE", "cubin", "fits", "launch"]
