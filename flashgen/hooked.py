@@ -43,6 +43,7 @@ from flashgen.generator.features.hook import (
     HookArgs,
     Slot,
     hook_of,
+    map_slot,
     slots,
     summary_slots,
     token_of,
@@ -51,7 +52,14 @@ from flashgen.generator.hooks import Hook
 from flashgen.generator.hooks.summary import CHUNK, chunks, levels
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.runtime import feature_values, hook_spec, launch, op_args, summary_kernel
+from flashgen.runtime import (
+    block_map,
+    feature_values,
+    hook_spec,
+    launch,
+    op_args,
+    summary_kernel,
+)
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.hook_calls import (
     aux_slots,
@@ -226,9 +234,10 @@ def _check_indices(
 
 
 def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
-               ints: list[int]) -> HookArgs:  # fmt: skip
+               ints: list[int], block_map: int | None = None) -> HookArgs:  # fmt: skip
     """The launcher's aux values (`HookArgs`) from the op's lists: the aux tensors, then the
-    range summaries (all of `summary_slots`, or none: the verdicts do without)."""
+    range summaries (all of `summary_slots`, or none: the verdicts do without); `block_map`
+    the address of a block map for the map slot, or None."""
     block, wanted = slots(hooks), summary_slots(hooks)
     n_tables = sum(s.kind == "ptr" for s in block)
     given = tensors[n_tables:]
@@ -260,7 +269,7 @@ def _hook_args(hooks: tuple[Hook, ...], tensors: list[Any], floats: list[float],
                 "on its device: pass flashgen.hooked.range_summary(table)"
             )
         summaries[s.aux.name] = (summary.data_ptr(), n)
-    return HookArgs(hooks, values, summaries)
+    return HookArgs(hooks, values, summaries, block_map)
 
 
 def _key_of(x: Any) -> tuple[Any, ...]:
@@ -327,19 +336,75 @@ def _run(
         bare = dataclasses.replace(
             full, q_ptr=None, k_ptr=None, v_ptr=None, o_ptr=None, lse_ptr=None
         )
+        maps = _map_plan(spec, hooks, aux_tensors, q, k, dev)
+        # a launch binds which aux slots are set; the map's address is each call's own
+        # (`_with_block_map`), so the slot is bound with a stand-in here
+        placeholder = _MAP_STAND_IN if maps is not None else None
         bound = made.bind(
-            bare, value * LOG2E, features, hooks=_hook_args(tokens, aux_tensors, aux_floats,
-                                                             aux_ints),
+            bare, value * LOG2E, features,
+            hooks=_hook_args(tokens, aux_tensors, aux_floats, aux_ints, block_map=placeholder),
         )  # fmt: skip
-        e = (bound, shape, o_stride, q.device, q.dtype, tokens)
+        e = (bound, shape, o_stride, q.device, q.dtype, tokens, maps)
         launch.remember(_entries, key, e)
-    bound, shape, o_stride, device, dtype, tokens = e
+    bound, shape, o_stride, device, dtype, tokens, maps = e
     o = torch.empty_strided(shape, o_stride, dtype=dtype, device=device)
     lse = torch.empty(shape[:3], dtype=torch.float32, device=device)
-    ptrs = _hook_args(tokens, aux_tensors, aux_floats, aux_ints).pointers()
-    bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-          raw_stream(device.index), hook_ptrs=ptrs)  # fmt: skip
+    args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
+    ptrs = args.pointers()
+    stream = raw_stream(device.index)
+    if maps is not None:
+        ptrs = _with_block_map(maps, args, ptrs, device, stream)
+    bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream,
+          hook_ptrs=ptrs)  # fmt: skip
     return o, lse
+
+
+_MAP_STAND_IN = 1 << 12
+"""A nonzero, aligned address a launch is bound with in the map slot; never read (each call
+passes its own map's address)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _MapPlan:
+    """How a signature's forward builds its block map (runtime/block_map.py) on each call."""
+
+    tokens: tuple[str, ...]
+    layout: block_map.Layout
+    tq: int
+    tk: int
+    slot: int
+    arch: str
+
+
+def _map_plan(spec: KernelSpec, hooks: str, aux_tensors: list[Any], q: Any, k: Any,
+              dev: int) -> _MapPlan | None:  # fmt: skip
+    """A block map for this signature's forward when it pays: family wgmma's kernel (the one
+    that reads it), a mask_mod that reads a table at ranges (its in-kernel verdicts wait on
+    the table's range summary; a table-free mask's verdicts are a few integer operations) whose
+    summaries the op built, and a free slot for the map in the aux block."""
+    tokens = tuple(hooks.split(","))
+    hooks_ = _hooks(hooks)
+    slot = map_slot(hooks_)
+    n_tables, tables = _summary_plan(hooks)
+    arch = _summary_arch(dev)
+    if (
+        spec.family != "wgmma" or slot is None or not tables or arch is None
+        or len(aux_tensors) != n_tables + len(tables)
+    ):  # fmt: skip
+        return None
+    b, h, tq = (int(n) for n in q.shape[:3])
+    tk = int(k.shape[2])
+    lay = block_map.layout(tokens, b, h, tq, tk, spec.br, spec.bc)
+    return _MapPlan(tokens, lay, tq, tk, slot, arch)
+
+
+def _with_block_map(plan: _MapPlan, args: HookArgs, ptrs: tuple[int, ...], device: Any,
+                    stream: int) -> tuple[int, ...]:  # fmt: skip
+    """`ptrs` with this call's block map, built here on `stream` from the call's aux values."""
+    out = torch.empty(plan.layout.size, dtype=torch.int32, device=device)
+    block_map.launch(plan.tokens, plan.layout, plan.tq, plan.tk, args.kernel_args(),
+                     out.data_ptr(), stream, device.index, plan.arch)  # fmt: skip
+    return tuple(out.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs))
 
 
 def _backward_spec(

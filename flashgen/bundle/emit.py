@@ -70,6 +70,7 @@ from flashgen.generator.features.hook import (
     call_args,
     hook_tokens,
     hooks_of,
+    map_slot,
     slots,
     summary_slots,
 )
@@ -393,6 +394,8 @@ def hook_set_context(tokens: Sequence[str], hooks: Sequence[Hook]) -> dict[str, 
     block = slots(hooks)
     ptrs = [sl for sl in block if sl.kind == "ptr"]
     summarized = {sl.index for sl in summary_slots(hooks)}
+    mapped = map_slot(hooks)
+    nulled = summarized | ({mapped} if mapped is not None else set())
     macro = f"FLASHGEN_{name.upper()}"
     return {
         "name": name,
@@ -422,11 +425,12 @@ def hook_set_context(tokens: Sequence[str], hooks: Sequence[Hook]) -> dict[str, 
         "ptr_ndims": [
             next((sl.aux.ndim for sl in ptrs if sl.index == i), 0) for i in range(MAX_POINTERS)
         ],
-        # the launcher's pointer arguments: a slot that holds a range summary in the runtime's
-        # launches (summary_slots) is NULL here, whatever the caller left in it: the bundle's
-        # tile verdicts do without summaries (docs/hooks.md)
+        # the launcher's pointer arguments: a slot that holds a range summary or a block map
+        # in the runtime's launches (summary_slots, map_slot) is NULL here, whatever the caller
+        # left in it: the bundle's tile verdicts are made in the kernel, without summaries
+        # (docs/hooks.md)
         "ptr_args": ", ".join(
-            "nullptr" if i in summarized else f"aux->ptr[{i}]" for i in range(MAX_POINTERS)
+            "nullptr" if i in nulled else f"aux->ptr[{i}]" for i in range(MAX_POINTERS)
         ),
     }
 

@@ -98,9 +98,10 @@ def test_the_launcher_passes_the_aux_block_in_the_kernels_slot_order() -> None:
     (decl,) = kernel_declarations(launcher, DOC.name)
     assert words_of(decl)[-4:] == ["int", "hook_i2,", "int", "hook_i3);"]
     text = prose(launcher)
-    # slot 1 holds doc_ids' range summary in the runtime's launches (features.hook
-    # summary_slots): a bundle passes NULL there, so its verdicts do without, whatever aux holds
-    assert ("aux->ptr[0], nullptr, aux->ptr[2], aux->ptr[3], aux->stride[0], aux->stride[1], "
+    # slot 1 holds doc_ids' range summary and slot 3 a block map in the runtime's launches
+    # (features.hook summary_slots, map_slot): a bundle passes NULL there, so its verdicts are
+    # made in the kernel without summaries, whatever aux holds
+    assert ("aux->ptr[0], nullptr, aux->ptr[2], nullptr, aux->stride[0], aux->stride[1], "
             "aux->stride[2], aux->stride[3], aux->f[0], aux->f[1], aux->f[2], aux->f[3], "
             "aux->i[0], aux->i[1], aux->i[2], aux->i[3]);") in text  # fmt: skip
     assert (

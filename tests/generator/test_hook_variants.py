@@ -343,3 +343,53 @@ def test_a_hooked_kernel_s_banner_names_a_way_to_rebuild_it_that_works():
     s = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, features=(token,))
     assert s.build_command.startswith(f"flashgen build --name {s.name} --score-mod FILE:NAME")
     assert library.softcap_hook().digest in s.build_command
+
+
+# ---- block maps (runtime/block_map.py) -----------------------------------------------------------
+def test_a_block_map_takes_the_last_pointer_slot_when_it_is_free():
+    doc, alibi, causal = library.document_hook(), library.alibi_hook(), library.causal_hook()
+    assert fh.map_slot((doc,)) == 3 and fh.map_slot((causal,)) == 3
+    assert fh.map_slot((alibi,)) is None  # no mask_mod: no verdicts to map
+    three = hk.trace_mask_mod(
+        lambda b, h, q, kv, x, y, z: x[q] + y[q] + z[kv] > 0,
+        *(hk.Aux(n, "int32", 1) for n in "xyz"),
+    )  # three tables and a summary fill the block
+    assert fh.map_slot((three,)) is None
+    ctx = fh.template_context((fh.token_of(doc),))["hook_mask"]
+    assert (ctx["map"], ctx["map_b"], ctx["map_h"]) == ("hook_ptr3", False, False)
+    head = hk.trace_mask_mod(lambda b, h, q, kv: kv <= q + h)
+    assert fh.template_context((fh.token_of(head),))["hook_mask"]["map_h"] is True
+    assert fh.HookArgs((doc,), {"doc_ids": 0x1000}, block_map=0x3000).pointers() == (
+        0x1000, 0, 0, 0x3000,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="block_map=4100: an 8-byte aligned device pointer"):
+        fh.HookArgs((doc,), {"doc_ids": 0x1000}, block_map=0x1004)
+    with pytest.raises(ValueError, match="no free slot for a block map"):
+        fh.HookArgs((alibi,), {"alibi_slopes": 0x1000}, block_map=0x3000)
+
+
+def test_wgmma_reads_a_block_map_and_its_builder_compiles():
+    from flashgen.runtime import block_map
+
+    doc = library.document_hook()
+    spec = hooked(doc, family="wgmma", d=64, causal=False)
+    src = render(spec).source
+    assert "const uint2* map_row = nullptr;" in src and "if (hook_ptr3 != nullptr)" in src
+    plain = render(hooked(library.alibi_hook(), family="wgmma", d=64, causal=False)).source
+    assert "map_row" not in plain  # no mask_mod: no map
+    tokens = (fh.token_of(doc),)
+    lay = block_map.layout(tokens, 2, 8, 1000, 1500, 128, 176)
+    assert (lay.q_tiles, lay.words, lay.parts, lay.size) == (8, 1, 1, 16)
+    assert lay.grid == (8, 1, 1)
+    with pytest.raises(ValueError, match="needs a mask_mod"):
+        block_map.layout((fh.token_of(library.alibi_hook()),), 1, 1, 8, 8, 128, 128)
+    text = block_map.source(tokens)
+    assert f"mask_mod_{doc.digest}_tile(batch, head, q0, q_hi" in text
+
+
+def test_the_block_map_builder_and_its_reader_compile(nvcc_required: Path):
+    from flashgen.runtime import block_map
+
+    doc = library.document_hook()
+    assert block_map.cubin((fh.token_of(doc),), "sm_90")[:4] == b"\x7fELF"
+    _no_spills(hooked(doc, family="wgmma", d=128, causal=True), "sm_90a")

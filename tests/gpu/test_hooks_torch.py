@@ -182,3 +182,59 @@ def test_the_summary_kernel_builds_the_host_summary(n: int) -> None:
                               "sm_{}{}".format(*torch.cuda.get_device_capability(0)))  # fmt: skip
         torch.cuda.synchronize()
         assert np.array_equal(out.cpu().numpy(), summarize(t).table)
+
+
+def _head_window(b, h, q_idx, kv_idx):  # a mask that reads h: its map has a part per head
+    return kv_idx <= q_idx + 100 * h
+
+
+@pytest.mark.parametrize(("tq", "tk", "br", "bc"), [(1000, 1500, 128, 128), (4096, 4096, 192, 128),
+                                                    (300, 9000, 128, 176), (64, 64, 128, 64)])
+def test_the_block_map_holds_the_tile_verdicts(tq: int, tk: int, br: int, bc: int) -> None:
+    # runtime/block_map.py's kernel against hooks/tiles.py's verdicts (the rules the kernels'
+    # `_tile` functions implement) on every (query tile, key tile): the document mask with its
+    # range summary, and a table-free mask that reads h (a map part per head)
+    from flashgen.generator.features.hook import HookArgs, token_of
+    from flashgen.generator.hooks.summary import summarize
+    from flashgen.generator.hooks.tiles import Box, TileClass, classify
+    from flashgen.hooked import range_summary
+    from flashgen.runtime import block_map
+
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability(0))
+    if arch not in ("sm_90",):
+        pytest.skip(f"{arch}: block maps are read by family wgmma (sm_90)")
+    rng = np.random.default_rng(tq + tk)
+    ids = np.sort(rng.integers(0, 7, max(tq, tk))).astype(np.int32)
+    doc = library.document_hook()
+    head = hk.trace_mask_mod(_head_window)
+    stream = torch.cuda.current_stream().cuda_stream
+    for hook, heads in ((doc, 3), (head, 3)):
+        tokens = (token_of(hook),)
+        lay = block_map.layout(tokens, 2, heads, tq, tk, br, bc)
+        assert lay.head_part == (heads if hook is head else 1) and lay.batch_part == 1
+        if hook is doc:
+            table = torch.from_numpy(ids).cuda()
+            summary = range_summary(table)
+            args = HookArgs([hook], {"doc_ids": table.data_ptr()},
+                            {"doc_ids": (summary.data_ptr(), len(ids))})  # fmt: skip
+            aux, summaries = {"doc_ids": ids}, {"doc_ids": summarize(ids)}
+        else:
+            args, aux, summaries = HookArgs([hook]), {}, {}
+        out = torch.full((lay.size,), -1, dtype=torch.int32, device="cuda")
+        block_map.launch(tokens, lay, tq, tk, args.kernel_args(), out.data_ptr(), stream, 0, arch)
+        torch.cuda.synchronize()
+        words = out.cpu().numpy().view(np.uint32).reshape(lay.head_part, lay.q_tiles, lay.words, 2)
+        key_tiles = -(-tk // bc)
+        for h in range(lay.head_part):
+            for qt in range(lay.q_tiles):
+                for t in range(lay.words * 32):
+                    kept = (words[h, qt, t // 32, 0] >> (t % 32)) & 1
+                    whole = (words[h, qt, t // 32, 1] >> (t % 32)) & 1
+                    if t >= key_tiles:
+                        assert (kept, whole) == (0, 0)
+                        continue
+                    box = Box(qt * br, min(qt * br + br, tq) - 1, t * bc, min(t * bc + bc, tk) - 1,
+                              0, h, tq, tk)  # fmt: skip
+                    want = classify(hook, box, aux, summaries)
+                    assert (kept, whole) == (want != TileClass.NONE, want == TileClass.ALL), (
+                        hook.name, h, qt, t, want)

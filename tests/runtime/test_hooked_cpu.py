@@ -430,3 +430,25 @@ def test_a_table_shorter_than_the_call_is_refused_before_any_launch():
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"aux bias: .* axis 0 of it at indices 0\.\.1"):
         _check_indices(_hooks(tokens), tensors, floats, ints, Q, Q)
+
+
+def test_the_forward_builds_a_block_map_where_it_pays(monkeypatch):
+    # family wgmma's kernel reads the map; a table-reading mask with its summaries built takes
+    # one; a table-free mask, a call without summaries or family mma's kernel do without
+    from flashgen.generator.spec import KernelSpec
+
+    monkeypatch.setattr(hooked, "_summary_arch", lambda dev: "sm_90")
+    doc = library.document_hook()
+    docs = torch.arange(300, dtype=torch.int32) // 50
+    tokens = token_of(doc)
+    q, k = torch.zeros(2, 3, 300, 64), torch.zeros(2, 3, 500, 64)
+    wgmma = KernelSpec(family="wgmma", d=64, dtype="bf16", causal=False, features=(tokens,))
+    plan = hooked._map_plan(wgmma, tokens, [docs, range_summary(docs)], q, k, 0)
+    assert plan is not None and (plan.tq, plan.tk, plan.slot) == (300, 500, 3)
+    assert (plan.layout.br, plan.layout.bc, plan.layout.q_tiles) == (wgmma.br, wgmma.bc, 3)
+    assert hooked._map_plan(wgmma, tokens, [docs], q, k, 0) is None  # no summaries
+    mma = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, features=(tokens,))
+    assert hooked._map_plan(mma, tokens, [docs, range_summary(docs)], q, k, 0) is None
+    causal = token_of(library.causal_hook())
+    plain = KernelSpec(family="wgmma", d=64, dtype="bf16", causal=False, features=(causal,))
+    assert hooked._map_plan(plain, causal, [], q, k, 0) is None

@@ -227,6 +227,28 @@ def _summary_slots(hooks: tuple[Hook, ...]) -> tuple[Slot, ...]:
     return tuple(Slot(a, "summary", used + i) for i, a in enumerate(tables[:free]))
 
 
+def map_slot(hooks: Sequence[Hook]) -> int | None:
+    """The pointer slot of the aux block that carries a block map (runtime/block_map.py: per
+    query tile, bit sets of the key tiles the mask_mod keeps any / every key of) for the
+    variant's tile verdicts: the block's last pointer slot when the aux declarations and the
+    range summaries (`summary_slots`) leave it free and a hook is a mask_mod; None otherwise
+    (the variant then evaluates its verdicts in the kernel). A NULL map means none."""
+    return _map_slot(tuple(hooks))
+
+
+@functools.lru_cache(maxsize=256)
+def _map_slot(hooks: tuple[Hook, ...]) -> int | None:
+    if not any(h.kind == "mask_mod" for h in hooks):
+        return None
+    used = sum(s.kind == "ptr" for s in slots(hooks)) + len(summary_slots(hooks))
+    return MAX_POINTERS - 1 if used < MAX_POINTERS else None
+
+
+def reads_input(hook: Hook, name: str) -> bool:
+    """Whether `hook`'s expression reads the fixed input `name` ("b", "h", "q_idx", ...)."""
+    return any(n.op == "input" and n.value == name for n in postorder(hook.expr))
+
+
 def summary_call_args(
     hook: Hook, summaries: Sequence[Slot], slot: Callable[[str, int], str] | None = None
 ) -> str:
@@ -275,7 +297,9 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
     `aux` arguments that follow its fixed inputs; a score_mod's also `dfac`: whether the
     backward multiplies dS by its derivative, False when that is the constant 1; a mask_mod's
     also `tile`, the name of its verdict on a whole tile, and `tile_aux`, its C++ arguments
-    after the fixed inputs: `aux` then the range summaries of `summary_slots`).
+    after the fixed inputs: `aux` then the range summaries of `summary_slots`; `map`, the
+    kernel parameter carrying a block map (`map_slot`) or None, and `map_b` / `map_h`,
+    whether the mask reads b / h, i.e. whether the map has one part per batch / head).
     `hook_tile_source`: that verdict's C++ and its helpers (hooks/tiles.py), for templates that
     skip tiles (family wgmma's).
     `hook_logit_source`: a score_mod's lowered logit function (hooks/fold.py: invariant factors
@@ -311,6 +335,9 @@ def template_context(features: Sequence[str]) -> dict[str, Any]:
         else:
             call["tile"] = f"{name}_tile"
             call["tile_aux"] = call["aux"] + summary_call_args(h, summaries)
+            where = map_slot(hooks)
+            call["map"] = None if where is None else f"hook_ptr{where}"
+            call["map_b"], call["map_h"] = reads_input(h, "b"), reads_input(h, "h")
             mine = tuple(s.aux for s in summaries if s.aux in h.aux)
             readers = [tile_helpers(), *([summary_helpers()] if mine else [])]
             verdict = emit_tile_class(h, call["tile"], summarized=mine)
@@ -330,6 +357,8 @@ class HookArgs:
     table name, as (device pointer, the table's length n): the layout of
     hooks/summary.py's `summarize` for a table of n elements; a table left out has none (its
     slot stays NULL and the tile verdicts do without: correct, slower where they skip tiles).
+    `block_map`: the device pointer of a block map (runtime/block_map.py) in `map_slot`'s slot,
+    or None (NULL: the kernels evaluate their verdicts themselves).
     `kernel_args()` is the aux block's values, in `HOOK_PARAMS` order."""
 
     __slots__ = ("_args", "hooks")
@@ -339,6 +368,7 @@ class HookArgs:
         hooks: Sequence[Hook],
         values: Mapping[str, Any] | None = None,
         summaries: Mapping[str, tuple[int, int]] | None = None,
+        block_map: int | None = None,
     ) -> None:
         values = dict(values or {})
         block = slots(hooks)
@@ -392,6 +422,16 @@ class HookArgs:
                     "table's length (1 <= n < 2^31); pass (summary address, len(table))"
                 )
             ptrs[where.index], strides[where.index] = int(ptr), int(n)
+        if block_map:
+            at = map_slot(hooks)
+            if at is None or int(block_map) % 8:
+                raise ValueError(
+                    f"block_map={block_map!r}: "
+                    + ("an 8-byte aligned device pointer" if at is not None else
+                       "the variant's aux block has no free slot for a block map")
+                    + "; pass runtime.block_map's map for this variant, or none"
+                )
+            ptrs[at] = int(block_map)
         self.hooks = tuple(hooks)
         self._args: tuple[int | float, ...] = (*ptrs, *strides, *floats, *ints)
 
@@ -537,6 +577,8 @@ __all__ = [
     "hook_tokens",
     "hooks_of",
     "is_hook_token",
+    "map_slot",
+    "reads_input",
     "register",
     "slots",
     "summary_call_args",

@@ -1,0 +1,198 @@
+"""Block maps: a mask_mod's tile verdicts made once, before the attention kernel, by one small
+generated kernel, and read by family wgmma's forward as bit words.
+
+A hooked forward with a mask_mod skips the key tiles the mask drops whole and evaluates the
+mask per element only on tiles it keeps in part (`{hook}_tile`, interval arithmetic over the
+tile, templates/wgmma.cu.j2 `hook_tile_walk`). Made in the kernel, each verdict on a table-
+reading mask (a document mask's `doc_ids`) waits for loads of the table's range summary, and
+every warp of every item makes them again: on the H200 the hooked document mask ran 1.4-1.8x
+the varlen kernel's time over the same documents (bench/NOTES.md, twenty-first session).
+
+A block map holds the same verdicts, made by the same `{hook}_tile` function with the same
+arguments, so it adds no soundness argument: per query tile of the kernel's BR rows, two bit
+words per 32 key tiles of BC keys: `kept` (the mask keeps some key of the tile) and `whole`
+(it keeps every key). Layout: uint32 [parts][query tiles][words][2], parts = (B if the mask
+reads b else 1) x (H if it reads h else 1) (`Layout`). The forward reads one 8-byte word per
+32 key tiles where it made 32 verdicts.
+
+The builder kernel is generated per hook set (the hooks' C++ and their tile verdict, as the
+attention kernel has them), compiled through the cubin cache, loaded once per device and
+launched on the caller's stream with ctypes (`launch`), like runtime/summary_kernel.py. It takes
+the hooked variant's aux block (`features.hook.HOOK_PARAMS`) as the attention kernel does, so
+the verdicts read the same aux values and range summaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flashgen.generator.arch import ARCHS
+from flashgen.generator.cache import CubinCache, cache_key
+from flashgen.generator.compile import (
+    cubin_flags,
+    flashgen_version,
+    nvcc_flags_seen,
+    run_nvcc_timed,
+)
+from flashgen.generator.features.hook import HOOK_PARAMS, hooks_of, reads_input, template_context
+from flashgen.generator.nvcc import find_nvcc, nvcc_version
+from flashgen.runtime import launch as _launch
+
+NAME = "flashgen_block_map"
+THREADS = 128
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A block map's shape for one call and tile: `parts` (batch x head parts the mask tells
+    apart), `q_tiles` (ceil(tq / br)), `words` (ceil(ceil(tk / bc) / 32)); `grid` the builder's
+    (q_tiles, heads part, batch part); `size` the map's length in uint32."""
+
+    q_tiles: int
+    words: int
+    batch_part: int
+    head_part: int
+    br: int
+    bc: int
+
+    @property
+    def parts(self) -> int:
+        return self.batch_part * self.head_part
+
+    @property
+    def size(self) -> int:
+        return self.parts * self.q_tiles * self.words * 2
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.q_tiles, self.head_part, self.batch_part)
+
+
+def layout(tokens: Sequence[str], batch: int, heads: int, tq: int, tk: int, br: int,
+           bc: int) -> Layout:  # fmt: skip
+    """The map's layout for the mask_mod among `tokens` on a (batch, heads, tq) x tk call and
+    a kernel tile of br x bc. ValueError without a mask_mod or with an empty problem."""
+    masks = [h for h in hooks_of(tokens) if h.kind == "mask_mod"]
+    if not masks:
+        raise ValueError(f"features {list(tokens)}: a block map needs a mask_mod hook")
+    if min(batch, heads, tq, tk, br, bc) < 1:
+        raise ValueError(
+            f"a block map over batch={batch}, heads={heads}, tq={tq}, tk={tk} with a {br} x "
+            f"{bc} tile: every size must be at least 1"
+        )
+    mask = masks[0]
+    key_tiles = -(-tk // bc)
+    return Layout(
+        q_tiles=-(-tq // br),
+        words=-(-key_tiles // 32),
+        batch_part=batch if reads_input(mask, "b") else 1,
+        head_part=heads if reads_input(mask, "h") else 1,
+        br=br,
+        bc=bc,
+    )
+
+
+def source(tokens: Sequence[str]) -> str:
+    """The builder kernel's CUDA source for the hooks among `tokens` (which hold a mask_mod)."""
+    ctx = template_context(tuple(tokens))
+    mask = ctx["hook_mask"]
+    if mask is None:
+        raise ValueError(f"features {list(tokens)}: a block map needs a mask_mod hook")
+    params = ",\n    ".join(p.declaration("float", restrict=False) for p in HOOK_PARAMS)
+    name = mask["name"]
+    return f"""// flashgen: a block map (runtime/block_map.py) for mask_mod {name}: per query
+// tile of br rows, bit words (kept, whole) over key tiles of bc keys, 32 tiles a word,
+// made with the tile verdict the attention kernel uses, with the same arguments.
+#include <cstdint>
+{ctx["hook_source"]}
+{ctx["hook_tile_source"]}
+
+extern "C" __global__ void __launch_bounds__({THREADS})
+{NAME}(unsigned* __restrict__ out, int words, int br, int bc, int tq, int tk,
+    {params}) {{
+  const int qt = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int q0 = qt * br, q_hi = min(q0 + br, tq) - 1, key_tiles = (tk + bc - 1) / bc;
+  const int lane = threadIdx.x % 32;
+  unsigned* row = out + (((long long)batch * gridDim.y + head) * gridDim.x + qt) * words * 2;
+  for (int w = threadIdx.x / 32; w < words; w += {THREADS // 32}) {{
+    const int t = w * 32 + lane;
+    const int v = t < key_tiles ? {mask["tile"]}(batch, head, q0, q_hi, t * bc,
+        min(t * bc + bc, tk) - 1, tq, tk{mask["tile_aux"]}) : FG_TILE_NONE;
+    const unsigned kept = __ballot_sync(0xffffffffu, v != FG_TILE_NONE);
+    const unsigned whole = __ballot_sync(0xffffffffu, v == FG_TILE_ALL);
+    if (lane == 0) {{
+      row[2 * w] = kept;
+      row[2 * w + 1] = whole;
+    }}
+  }}
+}}
+"""
+
+
+def cubin(tokens: Sequence[str], arch: str) -> bytes:
+    """The builder's cubin for the hooks among `tokens` on `arch`, from the cubin cache or nvcc."""
+    text = source(tokens)
+    flags = cubin_flags(ARCHS[arch].gencode)
+    key = cache_key(text, nvcc_flags_seen(flags), arch, nvcc_version(find_nvcc()),
+                    flashgen_version())  # fmt: skip
+    store = CubinCache()
+    hit = store.get(key)
+    if hit is not None:
+        return hit[0]
+    run = run_nvcc_timed(flags, text, what=f"{NAME} for {arch}")
+    with contextlib.suppress(OSError):  # an unwritable cache costs a rebuild, not this call
+        store.put(key, run.output, {"name": NAME, "flags": flags})
+    return run.output
+
+
+_loaded: dict[tuple[int, str], tuple[int, int]] = {}  # (device, source digest) -> (ctx, func)
+_lock = threading.Lock()
+
+
+def _function(tokens: tuple[str, ...], device: int, arch: str) -> tuple[int, int]:
+    key = (device, ",".join(tokens))
+    got = _loaded.get(key)
+    if got is None:
+        with _lock:
+            got = _loaded.get(key)
+            if got is None:
+                drv = _launch.driver()
+                _, func = drv.load(device, cubin(tokens, arch), NAME, 0)
+                got = _loaded[key] = (drv.primary_context(device), func)
+    return got
+
+
+_C_TYPES: dict[str, Any] = {"P": ctypes.c_void_p, "i": ctypes.c_int}
+
+
+def launch(tokens: Sequence[str], lay: Layout, tq: int, tk: int, hook_args: Sequence[float],
+           out: int, stream: int, device: int, arch: str) -> None:  # fmt: skip
+    """Build the block map of the hooks among `tokens` into `out` (device address of
+    `lay.size` uint32) on CUstream `stream` of `device`, the verdicts reading `hook_args` (the
+    aux block's values, `HookArgs.kernel_args()`): no synchronization. RuntimeError when the
+    driver refuses the launch."""
+    if len(hook_args) != len(HOOK_PARAMS):
+        raise ValueError(
+            f"hook_args: {len(hook_args)} values; the aux block has {len(HOOK_PARAMS)}"
+        )
+    context, func = _function(tuple(tokens), device, arch)
+    args: list[Any] = [
+        ctypes.c_void_p(out), ctypes.c_int(lay.words), ctypes.c_int(lay.br),
+        ctypes.c_int(lay.bc), ctypes.c_int(tq), ctypes.c_int(tk),
+    ]  # fmt: skip
+    for p, v in zip(HOOK_PARAMS, hook_args, strict=True):
+        args.append(ctypes.c_float(v) if p.code == "f" else _C_TYPES[p.code](int(v)))
+    params = (ctypes.c_void_p * len(args))(
+        *(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args)
+    )
+    rc = _launch.launch_in_context(context, func, lay.grid, THREADS, 0, stream, params)
+    if rc:
+        raise RuntimeError(f"kernel {NAME} failed ({lay}): {_launch.driver().error(rc)}")
+
+
+__all__ = ["NAME", "Layout", "cubin", "launch", "layout", "source"]
