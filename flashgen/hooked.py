@@ -352,10 +352,12 @@ def _run(
     args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
     ptrs = args.pointers()
     stream = raw_stream(device.index)
+    held = None  # the block map, alive until the launch is enqueued
     if maps is not None:
-        ptrs = _with_block_map(maps, args, ptrs, device, stream)
+        ptrs, held = _with_block_map(maps, args, ptrs, device, stream)
     bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream,
           hook_ptrs=ptrs)  # fmt: skip
+    del held
     return o, lse
 
 
@@ -378,10 +380,11 @@ class _MapPlan:
 
 def _map_plan(spec: KernelSpec, hooks: str, aux_tensors: list[Any], q: Any, k: Any,
               dev: int) -> _MapPlan | None:  # fmt: skip
-    """A block map for this signature's forward when it pays: family wgmma's kernel (the one
-    that reads it), a mask_mod that reads a table at ranges (its in-kernel verdicts wait on
-    the table's range summary; a table-free mask's verdicts are a few integer operations) whose
-    summaries the op built, and a free slot for the map in the aux block."""
+    """A block map for this signature's forward or backward (`spec.direction`) when it pays:
+    family wgmma's kernel (the one that reads it), a mask_mod that reads a table at ranges
+    (its in-kernel verdicts wait on the table's range summary; a table-free mask's verdicts
+    are a few integer operations) whose summaries the op built, and a free slot for the map
+    in the aux block."""
     tokens = tuple(hooks.split(","))
     hooks_ = _hooks(hooks)
     slot = map_slot(hooks_)
@@ -394,17 +397,20 @@ def _map_plan(spec: KernelSpec, hooks: str, aux_tensors: list[Any], q: Any, k: A
         return None
     b, h, tq = (int(n) for n in q.shape[:3])
     tk = int(k.shape[2])
-    lay = block_map.layout(tokens, b, h, tq, tk, spec.br, spec.bc)
+    lay = block_map.layout(tokens, b, h, tq, tk, spec.br, spec.bc, spec.direction == "bwd")
     return _MapPlan(tokens, lay, tq, tk, slot, arch)
 
 
 def _with_block_map(plan: _MapPlan, args: HookArgs, ptrs: tuple[int, ...], device: Any,
-                    stream: int) -> tuple[int, ...]:  # fmt: skip
-    """`ptrs` with this call's block map, built here on `stream` from the call's aux values."""
+                    stream: int) -> tuple[tuple[int, ...], Any]:  # fmt: skip
+    """(`ptrs` with this call's block map, the map): built here on `stream` from the call's
+    aux values. The caller holds the map until the kernel that reads it is enqueued: freed
+    earlier, torch's allocator hands its memory to the next allocation on the stream (the
+    backward's scratch), whose writes land before the kernel reads it."""
     out = torch.empty(plan.layout.size, dtype=torch.int32, device=device)
     block_map.launch(plan.tokens, plan.layout, plan.tq, plan.tk, args.kernel_args(),
                      out.data_ptr(), stream, device.index, plan.arch)  # fmt: skip
-    return tuple(out.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs))
+    return tuple(out.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs)), out
 
 
 def _backward_spec(
@@ -460,13 +466,21 @@ def _run_backward(
         value = check_scale(scale, problem.d)
         tokens = _hooks(hooks)
         _check_indices(tokens, aux_tensors, aux_floats, aux_ints, q, k)
-        args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
+        maps = _map_plan(spec, hooks, aux_tensors, q, k, dev)
+        placeholder = _MAP_STAND_IN if maps is not None else None  # as the forward's
+        args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints, block_map=placeholder)
         hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev,
-               tokens)  # fmt: skip
+               tokens, maps)  # fmt: skip
         launch.remember(_entries, key, hit)
-    prepared, dev, tokens = hit
-    ptrs = _hook_args(tokens, aux_tensors, aux_floats, aux_ints).pointers()
-    run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), raw_stream(dev), hook_ptrs=ptrs)
+    prepared, dev, tokens, maps = hit
+    call = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
+    ptrs = call.pointers()
+    stream = raw_stream(dev)
+    held = None  # the block map, alive until the kernels are enqueued (`_with_block_map`)
+    if maps is not None:
+        ptrs, held = _with_block_map(maps, call, ptrs, q.device, stream)
+    run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), stream, hook_ptrs=ptrs)
+    del held
     return dq, dk, dv
 
 

@@ -49,16 +49,24 @@ THREADS = 128
 
 @dataclass(frozen=True)
 class Layout:
-    """A block map's shape for one call and tile: `parts` (batch x head parts the mask tells
-    apart), `q_tiles` (ceil(tq / br)), `words` (ceil(ceil(tk / bc) / 32)); `grid` the builder's
-    (q_tiles, heads part, batch part); `size` the map's length in uint32."""
+    """A block map's shape for one call, one direction and one kernel tile (br x bc).
 
-    q_tiles: int
+    Forward (`backward` False): a row per query tile (`rows` = ceil(tq / br)), `words` =
+    ceil(key tiles / 32) words per row, each word `planes` = 2 uint32: kept, whole.
+    Backward: a row per key block of bc keys (`rows` = ceil(tk / bc)), `words` = ceil(query
+    tiles / 32), `planes` = 1 + bc / 64 uint32 per word: kept (any key of the block), then
+    whole for each consumer warpgroup's 64 keys. Rows repeat per part: `batch_part` x
+    `head_part` (B and H where the mask reads b and h, else 1). `grid` is the builder's
+    (rows, heads part, batch part); `size` the map's length in uint32."""
+
+    rows: int
     words: int
+    planes: int
     batch_part: int
     head_part: int
     br: int
     bc: int
+    backward: bool = False
 
     @property
     def parts(self) -> int:
@@ -66,34 +74,38 @@ class Layout:
 
     @property
     def size(self) -> int:
-        return self.parts * self.q_tiles * self.words * 2
+        return self.parts * self.rows * self.words * self.planes
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return (self.q_tiles, self.head_part, self.batch_part)
+        return (self.rows, self.head_part, self.batch_part)
 
 
 def layout(tokens: Sequence[str], batch: int, heads: int, tq: int, tk: int, br: int,
-           bc: int) -> Layout:  # fmt: skip
+           bc: int, backward: bool = False) -> Layout:  # fmt: skip
     """The map's layout for the mask_mod among `tokens` on a (batch, heads, tq) x tk call and
-    a kernel tile of br x bc. ValueError without a mask_mod or with an empty problem."""
+    a kernel tile of br x bc (the backward's: br query rows, bc keys, a multiple of 64).
+    ValueError without a mask_mod or with an empty problem."""
     masks = [h for h in hooks_of(tokens) if h.kind == "mask_mod"]
     if not masks:
         raise ValueError(f"features {list(tokens)}: a block map needs a mask_mod hook")
-    if min(batch, heads, tq, tk, br, bc) < 1:
+    if min(batch, heads, tq, tk, br, bc) < 1 or (backward and bc % 64):
         raise ValueError(
             f"a block map over batch={batch}, heads={heads}, tq={tq}, tk={tk} with a {br} x "
             f"{bc} tile: every size must be at least 1"
+            + (" and a backward tile's keys a multiple of 64" if backward else "")
         )
     mask = masks[0]
-    key_tiles = -(-tk // bc)
+    q_tiles, key_tiles = -(-tq // br), -(-tk // bc)
     return Layout(
-        q_tiles=-(-tq // br),
-        words=-(-key_tiles // 32),
+        rows=key_tiles if backward else q_tiles,
+        words=-(-(q_tiles if backward else key_tiles) // 32),
+        planes=1 + bc // 64 if backward else 2,
         batch_part=batch if reads_input(mask, "b") else 1,
         head_part=heads if reads_input(mask, "h") else 1,
         br=br,
         bc=bc,
+        backward=backward,
     )
 
 
@@ -131,6 +143,32 @@ extern "C" __global__ void __launch_bounds__({THREADS})
     }}
   }}
 }}
+
+// The backward's: a row per key block of bc keys, words over query tiles of br rows, per word
+// kept (any key of the block) then whole for each 64 keys (a consumer warpgroup's), as the
+// backward's step walk asks them (whole only where kept).
+extern "C" __global__ void __launch_bounds__({THREADS})
+{NAME}_bwd(unsigned* __restrict__ out, int words, int br, int bc, int tq, int tk,
+    {params}) {{
+  const int kb = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int kv0 = kb * bc, kv_hi = min(kv0 + bc - 1, tk - 1), q_tiles = (tq + br - 1) / br;
+  const int lane = threadIdx.x % 32, planes = 1 + bc / 64;
+  unsigned* row = out + (((long long)batch * gridDim.y + head) * gridDim.x + kb) * words * planes;
+  for (int w = threadIdx.x / 32; w < words; w += {THREADS // 32}) {{
+    const int j = w * 32 + lane, q0 = j * br, q_hi = min(q0 + br, tq) - 1;
+    const bool kept = j < q_tiles && {mask["tile"]}(batch, head, q0, q_hi, kv0, kv_hi, tq,
+        tk{mask["tile_aux"]}) != FG_TILE_NONE;
+    const unsigned kept_bits = __ballot_sync(0xffffffffu, kept);
+    if (lane == 0) row[w * planes] = kept_bits;
+    for (int g = 0; g < bc / 64; ++g) {{
+      const int kc0 = kv0 + 64 * g;
+      const bool whole = kept && {mask["tile"]}(batch, head, q0, q_hi, min(kc0, tk - 1),
+          min(kc0 + 63, tk - 1), tq, tk{mask["tile_aux"]}) == FG_TILE_ALL;
+      const unsigned whole_bits = __ballot_sync(0xffffffffu, whole);
+      if (lane == 0) row[w * planes + 1 + g] = whole_bits;
+    }}
+  }}
+}}
 """
 
 
@@ -150,19 +188,19 @@ def cubin(tokens: Sequence[str], arch: str) -> bytes:
     return run.output
 
 
-_loaded: dict[tuple[int, str], tuple[int, int]] = {}  # (device, source digest) -> (ctx, func)
+_loaded: dict[tuple[int, str, str], tuple[int, int]] = {}  # (device, hooks, kernel) -> ctx, func
 _lock = threading.Lock()
 
 
-def _function(tokens: tuple[str, ...], device: int, arch: str) -> tuple[int, int]:
-    key = (device, ",".join(tokens))
+def _function(tokens: tuple[str, ...], device: int, arch: str, name: str) -> tuple[int, int]:
+    key = (device, ",".join(tokens), name)
     got = _loaded.get(key)
     if got is None:
         with _lock:
             got = _loaded.get(key)
             if got is None:
                 drv = _launch.driver()
-                _, func = drv.load(device, cubin(tokens, arch), NAME, 0)
+                _, func = drv.load(device, cubin(tokens, arch), name, 0)
                 got = _loaded[key] = (drv.primary_context(device), func)
     return got
 
@@ -180,7 +218,8 @@ def launch(tokens: Sequence[str], lay: Layout, tq: int, tk: int, hook_args: Sequ
         raise ValueError(
             f"hook_args: {len(hook_args)} values; the aux block has {len(HOOK_PARAMS)}"
         )
-    context, func = _function(tuple(tokens), device, arch)
+    name = f"{NAME}_bwd" if lay.backward else NAME
+    context, func = _function(tuple(tokens), device, arch, name)
     args: list[Any] = [
         ctypes.c_void_p(out), ctypes.c_int(lay.words), ctypes.c_int(lay.br),
         ctypes.c_int(lay.bc), ctypes.c_int(tq), ctypes.c_int(tk),
@@ -192,7 +231,7 @@ def launch(tokens: Sequence[str], lay: Layout, tq: int, tk: int, hook_args: Sequ
     )
     rc = _launch.launch_in_context(context, func, lay.grid, THREADS, 0, stream, params)
     if rc:
-        raise RuntimeError(f"kernel {NAME} failed ({lay}): {_launch.driver().error(rc)}")
+        raise RuntimeError(f"kernel {name} failed ({lay}): {_launch.driver().error(rc)}")
 
 
 __all__ = ["NAME", "Layout", "cubin", "launch", "layout", "source"]

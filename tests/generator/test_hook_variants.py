@@ -379,7 +379,7 @@ def test_wgmma_reads_a_block_map_and_its_builder_compiles():
     assert "map_row" not in plain  # no mask_mod: no map
     tokens = (fh.token_of(doc),)
     lay = block_map.layout(tokens, 2, 8, 1000, 1500, 128, 176)
-    assert (lay.q_tiles, lay.words, lay.parts, lay.size) == (8, 1, 1, 16)
+    assert (lay.rows, lay.words, lay.parts, lay.size) == (8, 1, 1, 16)
     assert lay.grid == (8, 1, 1)
     with pytest.raises(ValueError, match="needs a mask_mod"):
         block_map.layout((fh.token_of(library.alibi_hook()),), 1, 1, 8, 8, 128, 128)
@@ -393,3 +393,17 @@ def test_the_block_map_builder_and_its_reader_compile(nvcc_required: Path):
     doc = library.document_hook()
     assert block_map.cubin((fh.token_of(doc),), "sm_90")[:4] == b"\x7fELF"
     _no_spills(hooked(doc, family="wgmma", d=128, causal=True), "sm_90a")
+
+
+def test_wgmma_backward_reads_a_block_map_per_part():
+    doc = library.document_hook()
+    src = render(hooked(doc, family="wgmma", direction="bwd", d=64, causal=False)).source
+    assert "constexpr int MAP_PLANES = 1 + BC / 64;" in src
+    assert "map_block = static_cast<const unsigned*>(hook_ptr3) + (long long)(kv0 / BC)" in src
+    assert "map_block + (j >> 5) * MAP_PLANES" in src  # the document mask reads neither b nor h
+    parted = hk.trace_mask_mod(
+        lambda b, h, q, kv, ids: (ids[q] == ids[kv]) & (kv <= q + h + b), hk.Aux("ids", "int32", 1)
+    )
+    src = render(hooked(parted, family="wgmma", direction="bwd", d=64, causal=False)).source
+    assert "(long long)batch * n_heads * map_part + " in src
+    assert "map_block + hd * map_part + (j >> 5) * MAP_PLANES" in src

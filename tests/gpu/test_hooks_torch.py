@@ -188,6 +188,39 @@ def _head_window(b, h, q_idx, kv_idx):  # a mask that reads h: its map has a par
     return kv_idx <= q_idx + 100 * h
 
 
+def _parted_documents(b, h, q_idx, kv_idx, ids):  # reads a table at ranges, b and h
+    return (ids[q_idx] == ids[kv_idx]) & (kv_idx <= q_idx + 96 * h + 160 * b)
+
+
+PARTED = hk.trace_mask_mod(_parted_documents, hk.Aux("ids", "int32", 1))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_block_maps_with_a_part_per_batch_and_head_match_the_oracle(d: int) -> None:
+    # the op builds forward and backward block maps for a table-reading mask; this one reads
+    # b and h too, so each map has a part per (batch, head): outputs and gradients against
+    # the oracle, tq != tk (bottom-right keys past the queries)
+    b, h, tq, tk = 2, 3, 320, 450
+    g = torch.Generator().manual_seed(d)
+    ids = torch.sort(torch.randint(0, 4, (tk,), generator=g)).values.to(torch.int32)
+    q = torch.randn(b, tq, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(b, tk, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            for _ in range(2))  # fmt: skip
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    do = torch.randn(b, h, tq, d, device="cuda", dtype=torch.bfloat16)
+    o, lse = fgt.attention(q, k, v, mask_mod=PARTED, aux={"ids": ids.cuda()}, return_lse=True)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    torch.cuda.synchronize()
+    qs, ks, vs = _f64(q, k, v)
+    kw = _oracle_kw(None, PARTED, {"ids": ids.numpy()})
+    res = oracle.check_outputs(_np(o), lse.cpu().numpy(), qs, ks, vs, causal=False,
+                               scale=d**-0.5, dtype="bf16", **kw)  # fmt: skip
+    assert res.passed, res
+    outcomes = check_grads((_np(dq), _np(dk), _np(dv)), qs, ks, vs, _np(do), dtype="bf16",
+                           scale=d**-0.5, causal=False, **kw)  # fmt: skip
+    assert all(x.passed for x in outcomes), [x for x in outcomes if not x.passed]
+
+
 @pytest.mark.parametrize(("tq", "tk", "br", "bc"), [(1000, 1500, 128, 128), (4096, 4096, 192, 128),
                                                     (300, 9000, 128, 176), (64, 64, 128, 64)])
 def test_the_block_map_holds_the_tile_verdicts(tq: int, tk: int, br: int, bc: int) -> None:
@@ -223,10 +256,10 @@ def test_the_block_map_holds_the_tile_verdicts(tq: int, tk: int, br: int, bc: in
         out = torch.full((lay.size,), -1, dtype=torch.int32, device="cuda")
         block_map.launch(tokens, lay, tq, tk, args.kernel_args(), out.data_ptr(), stream, 0, arch)
         torch.cuda.synchronize()
-        words = out.cpu().numpy().view(np.uint32).reshape(lay.head_part, lay.q_tiles, lay.words, 2)
+        words = out.cpu().numpy().view(np.uint32).reshape(lay.head_part, lay.rows, lay.words, 2)
         key_tiles = -(-tk // bc)
         for h in range(lay.head_part):
-            for qt in range(lay.q_tiles):
+            for qt in range(lay.rows):
                 for t in range(lay.words * 32):
                     kept = (words[h, qt, t // 32, 0] >> (t % 32)) & 1
                     whole = (words[h, qt, t // 32, 1] >> (t % 32)) & 1
@@ -238,3 +271,31 @@ def test_the_block_map_holds_the_tile_verdicts(tq: int, tk: int, br: int, bc: in
                     want = classify(hook, box, aux, summaries)
                     assert (kept, whole) == (want != TileClass.NONE, want == TileClass.ALL), (
                         hook.name, h, qt, t, want)
+        # the backward's layout: rows of key blocks (bc a multiple of 64), words over query
+        # tiles of 64 rows, kept over the block's keys then whole per 64 keys where kept
+        bbc = 128 if bc % 64 else bc
+        back = block_map.layout(tokens, 2, heads, tq, tk, 64, bbc, backward=True)
+        out = torch.full((back.size,), -1, dtype=torch.int32, device="cuda")
+        block_map.launch(tokens, back, tq, tk, args.kernel_args(), out.data_ptr(), stream, 0,
+                         arch)  # fmt: skip
+        torch.cuda.synchronize()
+        words = out.cpu().numpy().view(np.uint32).reshape(
+            back.head_part, back.rows, back.words, back.planes
+        )
+        q_tiles = -(-tq // 64)
+        for h in range(back.head_part):
+            for kb in range(back.rows):
+                kv0, kv_hi = kb * bbc, min(kb * bbc + bbc, tk) - 1
+                for j in range(back.words * 32):
+                    bits = [(words[h, kb, j // 32, p] >> (j % 32)) & 1 for p in range(back.planes)]
+                    if j >= q_tiles:
+                        assert not any(bits)
+                        continue
+                    rows = (j * 64, min(j * 64 + 64, tq) - 1)
+                    want = classify(hook, Box(*rows, kv0, kv_hi, 0, h, tq, tk), aux, summaries)
+                    assert bits[0] == (want != TileClass.NONE), (hook.name, h, kb, j, want)
+                    for grp in range(bbc // 64):
+                        kc0 = kv0 + 64 * grp
+                        sub = Box(*rows, min(kc0, tk - 1), min(kc0 + 63, tk - 1), 0, h, tq, tk)
+                        full = bits[0] and classify(hook, sub, aux, summaries) == TileClass.ALL
+                        assert bits[1 + grp] == full, (hook.name, h, kb, j, grp)

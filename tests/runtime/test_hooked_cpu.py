@@ -445,7 +445,7 @@ def test_the_forward_builds_a_block_map_where_it_pays(monkeypatch):
     wgmma = KernelSpec(family="wgmma", d=64, dtype="bf16", causal=False, features=(tokens,))
     plan = hooked._map_plan(wgmma, tokens, [docs, range_summary(docs)], q, k, 0)
     assert plan is not None and (plan.tq, plan.tk, plan.slot) == (300, 500, 3)
-    assert (plan.layout.br, plan.layout.bc, plan.layout.q_tiles) == (wgmma.br, wgmma.bc, 3)
+    assert (plan.layout.br, plan.layout.bc, plan.layout.rows) == (wgmma.br, wgmma.bc, 3)
     assert hooked._map_plan(wgmma, tokens, [docs], q, k, 0) is None  # no summaries
     mma = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, features=(tokens,))
     assert hooked._map_plan(mma, tokens, [docs, range_summary(docs)], q, k, 0) is None
