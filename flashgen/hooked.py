@@ -52,8 +52,8 @@ from flashgen.generator.hooks import Hook
 from flashgen.generator.hooks.summary import CHUNK, chunks, levels
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec, SpecError
+from flashgen.runtime import block_map as map_kernel
 from flashgen.runtime import (
-    block_map,
     feature_values,
     hook_spec,
     launch,
@@ -307,12 +307,13 @@ def _run(
     the feature arguments, then `deterministic` (for the backward only)."""
     feature_arguments = rest[: op_args.N_FEATURE_ARGS]
     values = op_args.values_of(feature_arguments)
+    aux_tensors, aux_ints, given = _given_maps(hooks, aux_tensors, aux_ints)
     aux_tensors = _with_summaries(hooks, aux_tensors, q)
     key = (  # layouts and alignments, not addresses: the launch takes each call's pointers
         "fwd", *(_key_of(x)[:4] for x in (q, k, v)), tuple(x.data_ptr() & 15 for x in (q, k, v)),
         causal, scale, hooks,
         tuple(_aux_key(t) for t in aux_tensors), tuple(aux_floats), tuple(aux_ints),
-        feature_values.signature(values, _key_of),
+        given.key() if given is not None else None, feature_values.signature(values, _key_of),
     )  # fmt: skip
     e = _entries.get(key)
     if e is None:
@@ -337,9 +338,11 @@ def _run(
             full, q_ptr=None, k_ptr=None, v_ptr=None, o_ptr=None, lse_ptr=None
         )
         maps = _map_plan(spec, hooks, aux_tensors, q, k, dev)
+        if maps is not None and given is not None:
+            given.check(maps, spec, q)
         # a launch binds which aux slots are set; the map's address is each call's own
-        # (`_with_block_map`), so the slot is bound with a stand-in here
-        placeholder = _MAP_STAND_IN if maps is not None else None
+        # (`_call_maps`), so the slot is bound with a stand-in here
+        placeholder = _MAP_STAND_IN if _reads_map(maps, given) else None
         bound = made.bind(
             bare, value * LOG2E, features,
             hooks=_hook_args(tokens, aux_tensors, aux_floats, aux_ints, block_map=placeholder),
@@ -350,11 +353,8 @@ def _run(
     o = torch.empty_strided(shape, o_stride, dtype=dtype, device=device)
     lse = torch.empty(shape[:3], dtype=torch.float32, device=device)
     args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
-    ptrs = args.pointers()
     stream = raw_stream(device.index)
-    held = None  # the block map, alive until the launch is enqueued
-    if maps is not None:
-        ptrs, held = _with_block_map(maps, args, ptrs, device, stream)
+    ptrs, held = _call_maps(maps, given, args, device, stream)  # held: alive until launched
     bound(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream,
           hook_ptrs=ptrs)  # fmt: skip
     del held
@@ -368,37 +368,110 @@ passes its own map's address)."""
 
 @dataclasses.dataclass(frozen=True)
 class _MapPlan:
-    """How a signature's forward builds its block map (runtime/block_map.py) on each call."""
+    """A signature's block map (runtime/block_map.py): its layout and slot; `build`: whether
+    the op builds one on each call when the caller passed none."""
 
     tokens: tuple[str, ...]
-    layout: block_map.Layout
+    layout: map_kernel.Layout
     tq: int
     tk: int
     slot: int
     arch: str
+    build: bool
 
 
 def _map_plan(spec: KernelSpec, hooks: str, aux_tensors: list[Any], q: Any, k: Any,
               dev: int) -> _MapPlan | None:  # fmt: skip
-    """A block map for this signature's forward or backward (`spec.direction`) when it pays:
-    family wgmma's kernel (the one that reads it), a mask_mod that reads a table at ranges
-    (its in-kernel verdicts wait on the table's range summary; a table-free mask's verdicts
-    are a few integer operations) whose summaries the op built, and a free slot for the map
-    in the aux block."""
+    """The block map this signature's forward or backward (`spec.direction`) reads: family
+    wgmma's kernels do, when the aux block has a slot for it (None otherwise: a map passed
+    is not read, and the kernels evaluate the mask as they would). The op builds one itself
+    (`build`) where it pays: a mask_mod that reads a table at ranges (its in-kernel verdicts
+    wait on the table's range summary; a table-free mask's verdicts are a few integer
+    operations) whose summaries the op built."""
     tokens = tuple(hooks.split(","))
-    hooks_ = _hooks(hooks)
-    slot = map_slot(hooks_)
-    n_tables, tables = _summary_plan(hooks)
+    slot = map_slot(_hooks(hooks))
     arch = _summary_arch(dev)
-    if (
-        spec.family != "wgmma" or slot is None or not tables or arch is None
-        or len(aux_tensors) != n_tables + len(tables)
-    ):  # fmt: skip
+    if spec.family != "wgmma" or slot is None or arch is None:
         return None
+    n_tables, tables = _summary_plan(hooks)
     b, h, tq = (int(n) for n in q.shape[:3])
     tk = int(k.shape[2])
-    lay = block_map.layout(tokens, b, h, tq, tk, spec.br, spec.bc, spec.direction == "bwd")
-    return _MapPlan(tokens, lay, tq, tk, slot, arch)
+    lay = map_kernel.layout(tokens, b, h, tq, tk, spec.br, spec.bc, spec.direction == "bwd")
+    build = bool(tables) and len(aux_tensors) == n_tables + len(tables)
+    return _MapPlan(tokens, lay, tq, tk, slot, arch, build)
+
+
+@dataclasses.dataclass(frozen=True)
+class _GivenMaps:
+    """Block maps the caller built (`flashgen.torch.block_map`): the forward's and the
+    backward's int32 tensors, and the (br, bc) tiles they were built for, forward then
+    backward."""
+
+    forward: Any
+    backward: Any
+    tiles: tuple[int, int, int, int]
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.tiles, _aux_key(self.forward), _aux_key(self.backward))
+
+    def check(self, plan: _MapPlan, spec: KernelSpec, q: Any) -> Any:
+        """The map for `plan`'s direction, checked against it (ValueError naming the
+        difference); the tensor."""
+        back = plan.layout.backward
+        t = self.backward if back else self.forward
+        tile = self.tiles[2:] if back else self.tiles[:2]
+        lay = plan.layout
+        if (
+            tile != (lay.br, lay.bc) or type(t) is not torch.Tensor or t.dtype != torch.int32
+            or not t.is_contiguous() or t.device != q.device or t.numel() != lay.size
+        ):  # fmt: skip
+            _fail(
+                f"block_map: its {'backward' if back else 'forward'} map was built for a "
+                f"{tile[0]} x {tile[1]} tile ({t.numel()} int32 on {t.device}); this call's "
+                f"{spec.name} reads one for a {lay.br} x {lay.bc} tile, {lay.size} contiguous "
+                "int32 on q's device: build the block map with flashgen.torch.block_map for "
+                "this call's q, k, causal and hooks"
+            )
+        return t
+
+
+def _given_maps(hooks: str, aux_tensors: list[Any], aux_ints: list[int]
+                ) -> tuple[list[Any], list[int], _GivenMaps | None]:  # fmt: skip
+    """The op's aux lists without the caller's block maps, and the maps: two tensors after
+    the range summaries and four ints, their tiles, after the hooks' int scalars (how
+    `flashgen.torch.block_map` passes them); the lists as they are without."""
+    n_ints = sum(s.kind == "int" for s in slots(_hooks(hooks)))
+    if len(aux_ints) != n_ints + 4:
+        return aux_tensors, aux_ints, None
+    n_tables, tables = _summary_plan(hooks)
+    if len(aux_tensors) != n_tables + len(tables) + 2:
+        _fail(
+            f"aux_tensors: {len(aux_tensors)} tensors with a block map's four tile ints; a "
+            f"block map travels as two tensors after the {n_tables} aux tensors and "
+            f"{len(tables)} range summaries: pass flashgen.torch.block_map's object"
+        )
+    tiles = tuple(int(i) for i in aux_ints[n_ints:])
+    given = _GivenMaps(aux_tensors[-2], aux_tensors[-1], tiles)  # type: ignore[arg-type]
+    return aux_tensors[:-2], aux_ints[:n_ints], given
+
+
+def _call_maps(plan: _MapPlan | None, given: _GivenMaps | None, args: HookArgs,
+               device: Any, stream: int) -> tuple[tuple[int, ...], Any]:  # fmt: skip
+    """(The aux block's pointers for this call, what holds its block map alive): the caller's
+    map, or one built here (`_with_block_map`) where the plan says so, or none."""
+    ptrs = args.pointers()
+    if plan is None:
+        return ptrs, None
+    if given is not None:
+        t = given.backward if plan.layout.backward else given.forward
+        return tuple(t.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs)), t
+    if plan.build:
+        return _with_block_map(plan, args, ptrs, device, stream)
+    return ptrs, None
+
+
+def _reads_map(plan: _MapPlan | None, given: _GivenMaps | None) -> bool:
+    return plan is not None and (given is not None or plan.build)
 
 
 def _with_block_map(plan: _MapPlan, args: HookArgs, ptrs: tuple[int, ...], device: Any,
@@ -408,7 +481,7 @@ def _with_block_map(plan: _MapPlan, args: HookArgs, ptrs: tuple[int, ...], devic
     earlier, torch's allocator hands its memory to the next allocation on the stream (the
     backward's scratch), whose writes land before the kernel reads it."""
     out = torch.empty(plan.layout.size, dtype=torch.int32, device=device)
-    block_map.launch(plan.tokens, plan.layout, plan.tq, plan.tk, args.kernel_args(),
+    map_kernel.launch(plan.tokens, plan.layout, plan.tq, plan.tk, args.kernel_args(),
                      out.data_ptr(), stream, device.index, plan.arch)  # fmt: skip
     return tuple(out.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs)), out
 
@@ -447,12 +520,14 @@ def _run_backward(
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     values = op_args.values_of(feature_arguments)
+    aux_tensors, aux_ints, given = _given_maps(hooks, aux_tensors, aux_ints)
     aux_tensors = _with_summaries(hooks, aux_tensors, q)
     tensors = (q, k, v, o, lse, do)
     key = (
         "bwd", *(_key_of(x)[:4] for x in tensors), tuple(t.data_ptr() & 15 for t in tensors),
         causal, scale, bool(deterministic), hooks, tuple(_aux_key(t) for t in aux_tensors),
-        tuple(aux_floats), tuple(aux_ints), feature_values.signature(values, _key_of),
+        tuple(aux_floats), tuple(aux_ints), given.key() if given is not None else None,
+        feature_values.signature(values, _key_of),
     )  # fmt: skip
     hit = _entries.get(key)
     if hit is None:
@@ -467,18 +542,17 @@ def _run_backward(
         tokens = _hooks(hooks)
         _check_indices(tokens, aux_tensors, aux_floats, aux_ints, q, k)
         maps = _map_plan(spec, hooks, aux_tensors, q, k, dev)
-        placeholder = _MAP_STAND_IN if maps is not None else None  # as the forward's
+        if maps is not None and given is not None:
+            given.check(maps, spec, q)
+        placeholder = _MAP_STAND_IN if _reads_map(maps, given) else None  # as the forward's
         args = _hook_args(tokens, aux_tensors, aux_floats, aux_ints, block_map=placeholder)
         hit = (backward.Prepared(plan, spec, bp, value * LOG2E, features, hooks=args), dev,
                tokens, maps)  # fmt: skip
         launch.remember(_entries, key, hit)
     prepared, dev, tokens, maps = hit
     call = _hook_args(tokens, aux_tensors, aux_floats, aux_ints)
-    ptrs = call.pointers()
     stream = raw_stream(dev)
-    held = None  # the block map, alive until the kernels are enqueued (`_with_block_map`)
-    if maps is not None:
-        ptrs, held = _with_block_map(maps, call, ptrs, q.device, stream)
+    ptrs, held = _call_maps(maps, given, call, q.device, stream)  # held: alive until launched
     run_backward(prepared, (q, k, v, o, lse, do, dq, dk, dv), stream, hook_ptrs=ptrs)
     del held
     return dq, dk, dv
@@ -600,14 +674,106 @@ class _EagerHookedAttention(torch.autograd.Function):
         return (dq, dk, dv, *(None,) * (7 + ctx.n_aux + len(ctx.feature_arguments)))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockMap:
+    """A hooked call's block maps, built once (`block_map`) and passed to every call of the
+    same shapes, hooks and aux values (`flashgen.torch.attention(..., block_map=)`): across
+    layers and steps, as FlexAttention's BlockMask. It holds the range summaries of the
+    tables the mask reads and the forward's and backward's maps (runtime/block_map.py) for
+    the variants those calls run, so a call builds neither. Its aux tensors are the ones it
+    was built from: a call must pass those same tensors, unmodified (checked by identity and
+    torch's version counter; a changed table needs a new map)."""
+
+    hooks: str
+    aux: tuple[Any, ...]
+    versions: tuple[int, ...]
+    summaries: tuple[Any, ...]
+    forward: Any
+    backward: Any
+    tiles: tuple[int, int, int, int]
+    sizes: tuple[int, int, int, int, int, int]  # B, H, Tq, Tk, d, dv
+    dtype: Any
+    causal: bool
+
+    def op_args(self, hooks: str, tensors: list[Any], ints: list[int], q: Any, k: Any, v: Any,
+                causal: bool) -> tuple[list[Any], list[int]]:  # fmt: skip
+        """The op's aux lists with this map appended, after checking that the call is the
+        one it was built for (ValueError naming the difference)."""
+        b, h, tq, d = (int(n) for n in q.shape)
+        sizes = (b, h, tq, int(k.shape[2]), d, int(v.shape[3]))
+        if hooks != self.hooks:
+            _fail("block_map: built for other hooks; build it with this call's score_mod and "
+                  "mask_mod")  # fmt: skip
+        if (sizes, q.dtype, bool(causal)) != (self.sizes, self.dtype, self.causal):
+            _fail(
+                f"block_map: built for (B, H, Tq, Tk, d, dv) = {self.sizes}, {self.dtype}, "
+                f"causal={self.causal}; this call is {sizes}, {q.dtype}, causal={causal}: build "
+                "one for these shapes"
+            )
+        compiling = torch.compiler.is_compiling()
+        for t, mine, version in zip(tensors, self.aux, self.versions, strict=True):
+            if t is not mine or (not compiling and t._version != version):
+                _fail(
+                    "block_map: built from other aux tensors, or they were modified since "
+                    "(a map holds the verdicts of the tables it was built from): pass the same "
+                    "unmodified tensors, or build a new map"
+                )
+        return [*tensors, *self.summaries, self.forward, self.backward], [*ints, *self.tiles]
+
+
+def block_map(
+    q: Any, k: Any, v: Any, *, mask_mod: Any, score_mod: Any = None,
+    aux: Mapping[str, Any] | None = None, causal: bool = False,
+) -> BlockMap:  # fmt: skip
+    """The block maps of a hooked call (`BlockMap`): for calls of q, k, v's shapes, dtype and
+    device with these hooks and aux values (features beside them must leave the variant's
+    tile as it is: a call whose variant reads another tile is refused, naming it). Built on
+    the current stream; no synchronization."""
+    if q.device.type != "cuda":
+        _fail(f"q on {q.device}: a block map is built on a CUDA device; move q with .cuda()")
+    if mask_mod is None:
+        _fail("mask_mod=None: a block map holds a mask_mod's tile verdicts; pass the mask_mod")
+    if causal is not True and causal is not False:
+        _fail(f"causal={causal!r}: must be True or False")
+    hooks, tensors, floats, ints = hook_op_args(score_mod, mask_mod, aux, q)
+    with_summaries = _with_summaries(hooks, tensors, q)
+    problem = check_layout(q, k, v)
+    dev = int(q.get_device())
+    tokens = tuple(hooks.split(","))
+    n_tables, tables = _summary_plan(hooks)
+    hooks_ = _hooks(hooks)
+    _check_indices(hooks_, tensors, floats, ints, q, k)
+    fwd = _forward_spec(problem, causal, dev, tokens)
+    bwd = _backward_spec(problem, causal, dev, False, tokens, (q, k, v))
+    stream = raw_stream(dev)
+    maps = []
+    for spec in (fwd, bwd):
+        plan = _map_plan(spec, hooks, with_summaries, q, k, dev)
+        if plan is None:  # a kernel that reads no map: an empty one
+            maps.append(torch.empty(0, dtype=torch.int32, device=q.device))
+            continue
+        args = _hook_args(hooks_, with_summaries, floats, ints)
+        maps.append(_with_block_map(plan, args, args.pointers(), q.device, stream)[1])
+    b, h, tq = (int(n) for n in q.shape[:3])
+    sizes = (b, h, tq, int(k.shape[2]), problem.d, problem.value_dim)
+    return BlockMap(
+        hooks=hooks, aux=tuple(tensors), versions=tuple(t._version for t in tensors),
+        summaries=tuple(with_summaries[n_tables:]), forward=maps[0], backward=maps[1],
+        tiles=(fwd.br, fwd.bc, bwd.br, bwd.bc), sizes=sizes, dtype=q.dtype, causal=causal,
+    )  # fmt: skip
+
+
 def hooked_attention(
     q: Any, k: Any, v: Any, *, score_mod: Any, mask_mod: Any, aux: Mapping[str, Any] | None,
     causal: bool, scale: float | None, deterministic: bool, feature_arguments: tuple[Any, ...],
+    block_map: BlockMap | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """(O, LSE) of `flashgen.torch.attention` with hooks (its docstring; module docstring)."""
     if q.device.type != "cuda":
         _fail(f"q on {q.device}: hooked attention runs on a CUDA device; move it with .cuda()")
     hooks, tensors, floats, ints = hook_op_args(score_mod, mask_mod, aux, q)
+    if block_map is not None:
+        tensors, ints = block_map.op_args(hooks, tensors, ints, q, k, v, causal)
     args = (q, k, v, causal, scale, hooks, tensors, floats, ints, *feature_arguments)
     if _direct(q, k, v, tensors):
         return _run(*args)
@@ -629,6 +795,8 @@ def clear_cache() -> None:
 __all__ = [
     "BWD_SCHEMA",
     "SCHEMA",
+    "BlockMap",
+    "block_map",
     "clear_cache",
     "hook_op_args",
     "hooked_attention",

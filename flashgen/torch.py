@@ -81,7 +81,7 @@ from flashgen.runtime.validate import (
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
-from flashgen.hooked import hook_op_args, hooked_attention  # noqa: E402
+from flashgen.hooked import BlockMap, block_map, hook_op_args, hooked_attention  # noqa: E402
 from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     DenseDecode,
     attention_with_kvcache,
@@ -102,7 +102,14 @@ from flashgen.torch_support import (  # noqa: E402
 from flashgen.torch_support import device_arch as _device_arch  # noqa: E402 (tests patch it)
 from flashgen.varlen import flash_attn_varlen_func  # noqa: E402
 
-__all__ = ["SCHEMA", "attention", "attention_with_kvcache", "flash_attn_varlen_func"]
+__all__ = [
+    "SCHEMA",
+    "BlockMap",
+    "attention",
+    "attention_with_kvcache",
+    "block_map",
+    "flash_attn_varlen_func",
+]
 
 
 # ---- the features as op arguments (runtime/op_args.py) ----------------------------------------
@@ -580,6 +587,7 @@ def attention(
     mask_mod: Any = None,
     aux: Mapping[str, Any] | None = None,
     sinks: Any = None,
+    block_map: BlockMap | None = None,
     **features: Unpack[FeatureKeywords],
 ) -> Any:
     """softmax(Q·Kᵀ·scale + mask)·V on CUDA tensors; O (and LSE) as torch tensors.
@@ -603,6 +611,9 @@ def attention(
     `sinks`: a float32 (H,) tensor on q's device, one logit per query head that joins every
     row's softmax as a key with no value (gpt-oss's attention sinks); gradients flow to it
     (flashgen.sinks; with score_mod/mask_mod too). LSE then includes the sink.
+    `block_map`: a mask_mod's tile verdicts built once for calls like this one
+    (`flashgen.torch.block_map(q, k, v, mask_mod=..., aux=...)`, docs/hooks.md), passed to
+    every such call (layers, steps) instead of rebuilt per call.
 
     Runs on the current stream of q's device, never synchronizes, allocates only through
     torch's caching allocator: safe inside CUDA-graph capture (after one warm-up call per
@@ -627,6 +638,11 @@ def attention(
     if scale is not None:
         scale = check_scale(scale, 1)
     args = _op_args(feature_values.from_keywords(features, "flashgen.torch.attention"))
+    if block_map is not None and mask_mod is None:
+        raise ValueError(
+            "block_map without mask_mod: a block map holds a mask_mod's verdicts; pass the "
+            "mask_mod (and aux) it was built with"
+        )
     if score_mod is not None or mask_mod is not None or aux is not None:
         if spec is not None:
             raise ValueError(
@@ -636,6 +652,8 @@ def attention(
         if sinks is not None:
             check_sinks(sinks, q)
             hooks, tensors, floats, ints = hook_op_args(score_mod, mask_mod, aux, q)
+            if block_map is not None:
+                tensors, ints = block_map.op_args(hooks, tensors, ints, q, k, v, causal)
             o, lse = HookedSinkAttention.apply(  # type: ignore[no-untyped-call]
                 q, k, v, sinks, causal, scale, deterministic, hooks, floats, ints,
                 len(tensors), *tensors, *args,
@@ -644,6 +662,7 @@ def attention(
         o, lse = hooked_attention(
             q, k, v, score_mod=score_mod, mask_mod=mask_mod, aux=aux, causal=causal,
             scale=scale, deterministic=deterministic, feature_arguments=args,
+            block_map=block_map,
         )  # fmt: skip
         return (o, lse) if return_lse else o
     variant = None

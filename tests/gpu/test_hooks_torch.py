@@ -299,3 +299,45 @@ def test_the_block_map_holds_the_tile_verdicts(tq: int, tk: int, br: int, bc: in
                         sub = Box(*rows, min(kc0, tk - 1), min(kc0 + 63, tk - 1), 0, h, tq, tk)
                         full = bits[0] and classify(hook, sub, aux, summaries) == TileClass.ALL
                         assert bits[1 + grp] == full, (hook.name, h, kb, j, grp)
+
+
+@pytest.mark.parametrize("mask", ["document", "causal"])
+def test_a_block_map_built_once_serves_every_call_alike(mask: str) -> None:
+    # flashgen.torch.block_map built once, passed to calls of other q, k, v values (layers):
+    # the same outputs and gradients, bit for bit, as the calls that build their own maps (a
+    # table-free mask builds none per call: the given map must agree with the in-kernel
+    # verdicts), and the oracle's; a CUDA graph replays with it; a changed table is refused
+    b, t, h, d = 2, 640, 2, 64
+    ids = (torch.arange(t, dtype=torch.int32) // 150).cuda()
+    hook = library.document_hook() if mask == "document" else library.causal_hook()
+    aux = {"doc_ids": ids} if mask == "document" else {}
+    make = lambda: torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # noqa: E731
+    q0, k0, v0 = make(), make(), make()
+    bm = fgt.block_map(q0, k0, v0, mask_mod=hook, aux=aux)
+    for _ in range(2):
+        q, k, v = (make().requires_grad_() for _ in range(3))
+        do = make()
+        o, lse = fgt.attention(q, k, v, mask_mod=hook, aux=aux, block_map=bm, return_lse=True)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        o_self = fgt.attention(q, k, v, mask_mod=hook, aux=aux)
+        grads_self = torch.autograd.grad(o_self, (q, k, v), do)
+        assert torch.equal(o, o_self)
+        assert all(torch.equal(x, y) for x, y in zip(grads, grads_self, strict=True))
+    qs, ks, vs = _f64(q, k, v)
+    kw = _oracle_kw(None, hook, {"doc_ids": ids.cpu().numpy()} if aux else {})
+    res = oracle.check_outputs(_np(o), lse.cpu().numpy(), qs, ks, vs, causal=False, scale=d**-0.5,
+                               dtype="bf16", **kw)  # fmt: skip
+    assert res.passed, res
+    with torch.no_grad():
+        q, k, v = make(), make(), make()
+        want = fgt.attention(q, k, v, mask_mod=hook, aux=aux, block_map=bm)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = fgt.attention(q, k, v, mask_mod=hook, aux=aux, block_map=bm)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+    if mask == "document":
+        ids.add_(1)  # the map's verdicts are for the table as it was
+        with pytest.raises(ValueError, match="built from other aux tensors, or they were"):
+            fgt.attention(q, k, v, mask_mod=hook, aux=aux, block_map=bm)

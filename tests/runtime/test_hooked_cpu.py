@@ -446,9 +446,71 @@ def test_the_forward_builds_a_block_map_where_it_pays(monkeypatch):
     plan = hooked._map_plan(wgmma, tokens, [docs, range_summary(docs)], q, k, 0)
     assert plan is not None and (plan.tq, plan.tk, plan.slot) == (300, 500, 3)
     assert (plan.layout.br, plan.layout.bc, plan.layout.rows) == (wgmma.br, wgmma.bc, 3)
-    assert hooked._map_plan(wgmma, tokens, [docs], q, k, 0) is None  # no summaries
+    assert plan.build  # the op builds it when the caller passed none
+    assert not hooked._map_plan(wgmma, tokens, [docs], q, k, 0).build  # no summaries
     mma = KernelSpec(family="mma", d=64, dtype="bf16", causal=False, features=(tokens,))
     assert hooked._map_plan(mma, tokens, [docs, range_summary(docs)], q, k, 0) is None
     causal = token_of(library.causal_hook())
     plain = KernelSpec(family="wgmma", d=64, dtype="bf16", causal=False, features=(causal,))
-    assert hooked._map_plan(plain, causal, [], q, k, 0) is None
+    free = hooked._map_plan(plain, causal, [], q, k, 0)
+    assert free is not None and not free.build  # read when given, not built per call
+
+
+def test_a_callers_block_maps_travel_after_the_summaries_with_their_tiles():
+    doc = library.document_hook()
+    tokens = token_of(doc)
+    docs = torch.arange(300, dtype=torch.int32) // 50
+    summary = range_summary(docs)
+    fwd, bwd = torch.zeros(6, dtype=torch.int32), torch.zeros(9, dtype=torch.int32)
+    tiles = [128, 128, 64, 128]
+    tensors, ints, given = hooked._given_maps(tokens, [docs, summary, fwd, bwd], tiles)
+    assert tensors == [docs, summary] and ints == [] and given is not None
+    assert given.forward is fwd and given.backward is bwd and given.tiles == (128, 128, 64, 128)
+    assert hooked._given_maps(tokens, [docs], []) == ([docs], [], None)  # no map
+    with pytest.raises(ValueError, match="a block map travels as two tensors after the 1 aux"):
+        hooked._given_maps(tokens, [docs, fwd, bwd], [128, 128, 64, 128])  # no summary
+    from flashgen.generator.spec import KernelSpec
+
+    monkey_arch = hooked._summary_arch
+    try:
+        hooked._summary_arch = lambda dev: "sm_90"  # type: ignore[assignment]
+        spec = KernelSpec(family="wgmma", d=64, dtype="bf16", causal=False, features=(tokens,))
+        q, k = torch.zeros(1, 2, 300, 64), torch.zeros(1, 2, 300, 64)
+        plan = hooked._map_plan(spec, tokens, [docs, summary], q, k, 0)
+        right = torch.zeros(plan.layout.size, dtype=torch.int32)
+        ok = hooked._GivenMaps(right, bwd, (spec.br, spec.bc, 64, 128))
+        assert ok.check(plan, spec, q) is right
+        for bad in (
+            hooked._GivenMaps(right, bwd, (192, spec.bc, 64, 128)),  # another tile
+            hooked._GivenMaps(right[1:], bwd, (spec.br, spec.bc, 64, 128)),  # another size
+            hooked._GivenMaps(right.to(torch.int64), bwd, (spec.br, spec.bc, 64, 128)),
+        ):
+            with pytest.raises(ValueError, match="block_map: its forward map was built for"):
+                bad.check(plan, spec, q)
+    finally:
+        hooked._summary_arch = monkey_arch  # type: ignore[assignment]
+
+
+def test_a_block_map_is_for_the_call_it_was_built_for():
+    doc = library.document_hook()
+    docs = torch.arange(300, dtype=torch.int32) // 50
+    q = torch.zeros(1, 2, 300, 64, dtype=torch.bfloat16)
+    hooks, tensors, floats, ints = hook_op_args(None, doc, {"doc_ids": docs}, Q)
+    fwd, bwd = torch.zeros(4, dtype=torch.int32), torch.zeros(6, dtype=torch.int32)
+    bm = hooked.BlockMap(
+        hooks=hooks, aux=(docs,), versions=(docs._version,), summaries=(range_summary(docs),),
+        forward=fwd, backward=bwd, tiles=(128, 128, 64, 128), sizes=(1, 2, 300, 300, 64, 64),
+        dtype=torch.bfloat16, causal=False,
+    )  # fmt: skip
+    got_tensors, got_ints = bm.op_args(hooks, tensors, ints, q, q, q, False)
+    assert got_tensors[0] is docs and got_tensors[-2:] == [fwd, bwd]
+    assert got_ints == [128, 128, 64, 128]
+    with pytest.raises(ValueError, match=r"built for \(B, H, Tq, Tk, d, dv\) = \(1, 2, 300, 300"):
+        bm.op_args(hooks, tensors, ints, q, q, q, True)
+    with pytest.raises(ValueError, match="built for other hooks"):
+        bm.op_args(token_of(library.causal_hook()), tensors, ints, q, q, q, False)
+    with pytest.raises(ValueError, match="built from other aux tensors, or they were modified"):
+        bm.op_args(hooks, [docs.clone()], ints, q, q, q, False)
+    docs.add_(0)  # an in-place change: the verdicts may no longer hold
+    with pytest.raises(ValueError, match="built from other aux tensors, or they were modified"):
+        bm.op_args(hooks, tensors, ints, q, q, q, False)
