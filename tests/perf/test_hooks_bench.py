@@ -33,7 +33,7 @@ def test_defaults_parse_to_the_issue_grid() -> None:
         ["document", "prefix_lm"], [64, 128], [4096, 16384], ["fwd", "fwd+bwd"]
     )  # fmt: skip
     assert a.rounds == 3 and a.docs == 16 and a.prefix == 1024 and a.timing == "events"
-    assert a.impls == ["flashgen", "flex", "fa4", "fa4-blocks", "builtin"]
+    assert a.impls == ["flashgen", "flashgen-map", "flex", "fa4", "fa4-blocks", "builtin"]
     assert a.hook_cost == list(hb.HOOK_COST) and not a.no_hook_cost
 
 
