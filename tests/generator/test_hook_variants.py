@@ -387,6 +387,7 @@ def test_wgmma_reads_a_block_map_and_its_builder_compiles():
     assert f"mask_mod_{doc.digest}_tile(batch, head, q0, q_hi" in text
 
 
+@pytest.mark.compile_all  # a wgmma kernel through nvcc: the compile-everything check's
 def test_the_block_map_builder_and_its_reader_compile(nvcc_required: Path):
     from flashgen.runtime import block_map
 
