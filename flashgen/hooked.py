@@ -15,7 +15,11 @@ of indices (`features.hook.summary_slots`; `doc_ids[q_idx]`); without them (what
 door passes) the op builds them itself on the current stream, one small kernel per table
 (runtime/summary_kernel.py; `range_summary`'s torch ops for a table too long for it), so a call
 costs one launch for them, not ~20 torch ops of host time (bench/NOTES.md, twentieth session).
-Family wgmma's forward skips tiles with them.
+Family wgmma's forward skips tiles with them. Where the mask reads a table at ranges, the op
+also builds block maps (runtime/block_map.py: the tile verdicts made once, before the kernel,
+read as bits) for wgmma's forward and backward, or takes the ones a caller built once with
+`block_map` and passes to every call (`BlockMap`; two tensors after the summaries, their
+tiles as four ints after the hooks' ints).
 
 Aux tensors are int32 or float32 on q's device, 1-D or 2-D as declared, the last axis
 contiguous; the kernels read them without bounds checks (docs/hooks.md: clamp indices in the
@@ -682,7 +686,7 @@ class BlockMap:
     tables the mask reads and the forward's and backward's maps (runtime/block_map.py) for
     the variants those calls run, so a call builds neither. Its aux tensors are the ones it
     was built from: a call must pass those same tensors, unmodified (checked by identity and
-    torch's version counter; a changed table needs a new map)."""
+    torch's version counter, in eager calls; a changed table needs a new map)."""
 
     hooks: str
     aux: tuple[Any, ...]
@@ -710,9 +714,11 @@ class BlockMap:
                 f"causal={self.causal}; this call is {sizes}, {q.dtype}, causal={causal}: build "
                 "one for these shapes"
             )
-        compiling = torch.compiler.is_compiling()
-        for t, mine, version in zip(tensors, self.aux, self.versions, strict=True):
-            if t is not mine or (not compiling and t._version != version):
+        # identity and version counters are eager facts: under torch.compile the tensors are
+        # fakes, so there the shapes above are all that is checked
+        checked = () if torch.compiler.is_compiling() else tensors
+        for t, mine, version in zip(checked, self.aux, self.versions, strict=False):
+            if t is not mine or t._version != version:
                 _fail(
                     "block_map: built from other aux tensors, or they were modified since "
                     "(a map holds the verdicts of the tables it was built from): pass the same "

@@ -22,7 +22,9 @@ leave free, after them (`summary_slots`): hook_ptr<j> the summary, hook_stride<j
 were; which summaries a variant takes follows from its hooks' expressions (their tokens). A
 table that finds no free slot has no summary (its tile verdicts stay element-wise). Family
 wgmma's forward reads them in its tile verdicts; every other kernel ignores the slots; a NULL
-summary means none (the verdict is then as without one).
+summary means none (the verdict is then as without one). The block's last pointer slot, when
+the declarations and summaries leave it free, carries a block map (`map_slot`; the verdicts
+made before the launch, runtime/block_map.py), read by family wgmma's kernels; NULL: none.
 
 The same module holds the hook's value for the oracle (`HookCall`: the hook and its aux arrays
 by name; its float64 logits, kept keys and error terms) and for the launcher (`HookArgs`: the
