@@ -24,24 +24,14 @@ the verdicts read the same aux values and range summaries.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import threading
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flashgen.generator.arch import ARCHS
-from flashgen.generator.cache import CubinCache, cache_key
-from flashgen.generator.compile import (
-    cubin_flags,
-    flashgen_version,
-    nvcc_flags_seen,
-    run_nvcc_timed,
-)
 from flashgen.generator.features.hook import HOOK_PARAMS, hooks_of, reads_input, template_context
-from flashgen.generator.nvcc import find_nvcc, nvcc_version
-from flashgen.runtime import launch as _launch
+from flashgen.runtime import small_kernel
 
 NAME = "flashgen_block_map"
 THREADS = 128
@@ -110,8 +100,14 @@ def layout(tokens: Sequence[str], batch: int, heads: int, tq: int, tk: int, br: 
 
 
 def source(tokens: Sequence[str]) -> str:
-    """The builder kernel's CUDA source for the hooks among `tokens` (which hold a mask_mod)."""
-    ctx = template_context(tuple(tokens))
+    """The builder kernel's CUDA source for the hooks among `tokens` (which hold a mask_mod).
+    Memoized: every launch looks its kernel up by it."""
+    return _source(tuple(tokens))
+
+
+@functools.lru_cache(maxsize=64)
+def _source(tokens: tuple[str, ...]) -> str:
+    ctx = template_context(tokens)
     mask = ctx["hook_mask"]
     if mask is None:
         raise ValueError(f"features {list(tokens)}: a block map needs a mask_mod hook")
@@ -174,35 +170,7 @@ extern "C" __global__ void __launch_bounds__({THREADS})
 
 def cubin(tokens: Sequence[str], arch: str) -> bytes:
     """The builder's cubin for the hooks among `tokens` on `arch`, from the cubin cache or nvcc."""
-    text = source(tokens)
-    flags = cubin_flags(ARCHS[arch].gencode)
-    key = cache_key(text, nvcc_flags_seen(flags), arch, nvcc_version(find_nvcc()),
-                    flashgen_version())  # fmt: skip
-    store = CubinCache()
-    hit = store.get(key)
-    if hit is not None:
-        return hit[0]
-    run = run_nvcc_timed(flags, text, what=f"{NAME} for {arch}")
-    with contextlib.suppress(OSError):  # an unwritable cache costs a rebuild, not this call
-        store.put(key, run.output, {"name": NAME, "flags": flags})
-    return run.output
-
-
-_loaded: dict[tuple[int, str, str], tuple[int, int]] = {}  # (device, hooks, kernel) -> ctx, func
-_lock = threading.Lock()
-
-
-def _function(tokens: tuple[str, ...], device: int, arch: str, name: str) -> tuple[int, int]:
-    key = (device, ",".join(tokens), name)
-    got = _loaded.get(key)
-    if got is None:
-        with _lock:
-            got = _loaded.get(key)
-            if got is None:
-                drv = _launch.driver()
-                _, func = drv.load(device, cubin(tokens, arch), name, 0)
-                got = _loaded[key] = (drv.primary_context(device), func)
-    return got
+    return small_kernel.cubin(source(tokens), arch, NAME)
 
 
 _C_TYPES: dict[str, Any] = {"P": ctypes.c_void_p, "i": ctypes.c_int}
@@ -219,19 +187,14 @@ def launch(tokens: Sequence[str], lay: Layout, tq: int, tk: int, hook_args: Sequ
             f"hook_args: {len(hook_args)} values; the aux block has {len(HOOK_PARAMS)}"
         )
     name = f"{NAME}_bwd" if lay.backward else NAME
-    context, func = _function(tuple(tokens), device, arch, name)
+    function = small_kernel.function(source(tokens), name, device, arch)
     args: list[Any] = [
         ctypes.c_void_p(out), ctypes.c_int(lay.words), ctypes.c_int(lay.br),
         ctypes.c_int(lay.bc), ctypes.c_int(tq), ctypes.c_int(tk),
     ]  # fmt: skip
     for p, v in zip(HOOK_PARAMS, hook_args, strict=True):
         args.append(ctypes.c_float(v) if p.code == "f" else _C_TYPES[p.code](int(v)))
-    params = (ctypes.c_void_p * len(args))(
-        *(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args)
-    )
-    rc = _launch.launch_in_context(context, func, lay.grid, THREADS, 0, stream, params)
-    if rc:
-        raise RuntimeError(f"kernel {name} failed ({lay}): {_launch.driver().error(rc)}")
+    small_kernel.launch(function, lay.grid, THREADS, stream, args, f"{name} ({lay})")
 
 
 __all__ = ["NAME", "Layout", "cubin", "launch", "layout", "source"]

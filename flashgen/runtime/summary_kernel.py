@@ -16,21 +16,10 @@ The kernel is the same for every hook and arch: compiled once per arch through t
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import threading
 
-from flashgen.generator.arch import ARCHS
-from flashgen.generator.cache import CubinCache, cache_key
-from flashgen.generator.compile import (
-    cubin_flags,
-    flashgen_version,
-    nvcc_flags_seen,
-    run_nvcc_timed,
-)
 from flashgen.generator.hooks.summary import CHUNK
-from flashgen.generator.nvcc import find_nvcc, nvcc_version
-from flashgen.runtime import launch as _launch
+from flashgen.runtime import small_kernel
 
 THREADS = 1024
 MAX_CHUNKS = 4096
@@ -113,34 +102,7 @@ def fits(n: int) -> bool:
 
 def cubin(arch: str) -> bytes:
     """The kernel's cubin for `arch` (an `ARCHS` name), from the cubin cache or nvcc."""
-    flags = cubin_flags(ARCHS[arch].gencode)
-    key = cache_key(SOURCE, nvcc_flags_seen(flags), arch, nvcc_version(find_nvcc()),
-                    flashgen_version())  # fmt: skip
-    store = CubinCache()
-    hit = store.get(key)
-    if hit is not None:
-        return hit[0]
-    run = run_nvcc_timed(flags, SOURCE, what=f"{NAME} for {arch}")
-    # an unwritable cache costs a rebuild in the next process, not this call
-    with contextlib.suppress(OSError):
-        store.put(key, run.output, {"name": NAME, "flags": flags})
-    return run.output
-
-
-_loaded: dict[int, tuple[int, int]] = {}  # device -> (primary context, CUfunction)
-_lock = threading.Lock()
-
-
-def _function(device: int, arch: str) -> tuple[int, int]:
-    got = _loaded.get(device)
-    if got is None:
-        with _lock:
-            got = _loaded.get(device)
-            if got is None:
-                drv = _launch.driver()
-                _, func = drv.load(device, cubin(arch), NAME, 0)
-                got = _loaded[device] = (drv.primary_context(device), func)
-    return got
+    return small_kernel.cubin(SOURCE, arch, NAME)
 
 
 def launch(table: int, n: int, out: int, stream: int, device: int, arch: str) -> None:
@@ -149,12 +111,9 @@ def launch(table: int, n: int, out: int, stream: int, device: int, arch: str) ->
     synchronization. RuntimeError when the driver refuses the launch."""
     if not fits(n):
         raise ValueError(f"n={n}: the summary kernel takes 1 to {MAX_ELEMENTS} elements")
-    context, func = _function(device, arch)
     args = (ctypes.c_void_p(table), ctypes.c_int(n), ctypes.c_void_p(out))
-    params = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
-    rc = _launch.launch_in_context(context, func, (1, 1, 1), THREADS, 0, stream, params)
-    if rc:
-        raise RuntimeError(f"kernel {NAME} failed (n={n}): {_launch.driver().error(rc)}")
+    small_kernel.launch(small_kernel.function(SOURCE, NAME, device, arch), (1, 1, 1), THREADS,
+                        stream, args, f"{NAME} (n={n})")  # fmt: skip
 
 
 __all__ = ["MAX_ELEMENTS", "NAME", "SOURCE", "cubin", "fits", "launch"]
