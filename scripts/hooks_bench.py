@@ -540,16 +540,19 @@ class Bench:
                 out[name] = f"setup failed: {type(exc).__name__}: {exc}"[:300]
         return out
 
-    def _flashgen(self, row: Row, x: dict[str, Any]) -> Impl:
+    def _flashgen_parts(self, row: Row, x: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        """(flashgen.torch, the row's mask hook, its aux values)."""
         try:
             import flashgen.torch as fgt
             from flashgen.generator.hooks import library
         except Exception as exc:  # noqa: BLE001
             raise Unavailable(f"flashgen.torch does not import: {exc}") from None
         if row.name == "document":
-            hook, aux = library.document_hook(), {"doc_ids": x["ids"]}
-        else:
-            hook, aux = library.prefix_lm_hook(), {"prefix": self.args.prefix}
+            return fgt, library.document_hook(), {"doc_ids": x["ids"]}
+        return fgt, library.prefix_lm_hook(), {"prefix": self.args.prefix}
+
+    def _flashgen(self, row: Row, x: dict[str, Any]) -> Impl:
+        fgt, hook, aux = self._flashgen_parts(row, x)
 
         def run(q: Any, k: Any, v: Any) -> Any:
             return fgt.attention(q, k, v, causal=False, mask_mod=hook, aux=aux)
@@ -559,15 +562,7 @@ class Bench:
     def _flashgen_map(self, row: Row, x: dict[str, Any]) -> Impl:
         """flashgen with a block map built once per row (on its first call, in the warm-up),
         as flex's BlockMask is."""
-        try:
-            import flashgen.torch as fgt
-            from flashgen.generator.hooks import library
-        except Exception as exc:  # noqa: BLE001
-            raise Unavailable(f"flashgen.torch does not import: {exc}") from None
-        if row.name == "document":
-            hook, aux = library.document_hook(), {"doc_ids": x["ids"]}
-        else:
-            hook, aux = library.prefix_lm_hook(), {"prefix": self.args.prefix}
+        fgt, hook, aux = self._flashgen_parts(row, x)
         built: list[Any] = []
 
         def run(q: Any, k: Any, v: Any) -> Any:
