@@ -133,6 +133,22 @@ def test_features_beside_a_mask_hook_and_compile_and_graphs() -> None:
     assert torch.equal(og, o)
 
 
+def _assert_mask_matches_oracle(o: Any, lse: Any, grads: tuple[Any, ...],
+                                qkv64: list[np.ndarray], do: Any, mask_mod: Any,
+                                aux: dict[str, Any]) -> None:  # fmt: skip
+    """O, LSE and dQ, dK, dV of a non-causal bf16 call with `mask_mod` (its aux as NumPy
+    values) against the oracle, at the default scale."""
+    qs, ks, vs = qkv64
+    scale = qs.shape[-1] ** -0.5
+    kw = _oracle_kw(None, mask_mod, aux)
+    res = oracle.check_outputs(_np(o), lse.cpu().numpy(), qs, ks, vs, causal=False,
+                               scale=scale, dtype="bf16", **kw)  # fmt: skip
+    assert res.passed, res
+    outcomes = check_grads(tuple(_np(g) for g in grads), qs, ks, vs, _np(do), dtype="bf16",
+                           scale=scale, causal=False, **kw)  # fmt: skip
+    assert all(g.passed for g in outcomes), [g for g in outcomes if not g.passed]
+
+
 def test_each_call_reads_its_own_aux_tables_under_one_signature() -> None:
     # Calls of one signature share a prepared launch whose aux pointers are the call's own
     # (hook_ptrs): tables of the same shape at other addresses, with other contents (and so
@@ -153,13 +169,8 @@ def test_each_call_reads_its_own_aux_tables_under_one_signature() -> None:
         o, lse = fgt.attention(q, k, v, mask_mod=mask_mod, aux=aux, return_lse=True)
         dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
         torch.cuda.synchronize()
-        kw = _oracle_kw(None, mask_mod, {"doc_ids": ids.numpy()})
-        res = oracle.check_outputs(_np(o), lse.cpu().numpy(), qs, ks, vs, causal=False,
-                                   scale=d**-0.5, dtype="bf16", **kw)  # fmt: skip
-        assert res.passed, res
-        outcomes = check_grads((_np(dq), _np(dk), _np(dv)), qs, ks, vs, _np(do), dtype="bf16",
-                               scale=d**-0.5, causal=False, **kw)  # fmt: skip
-        assert all(g.passed for g in outcomes), [g for g in outcomes if not g.passed]
+        _assert_mask_matches_oracle(o, lse, (dq, dk, dv), (qs, ks, vs), do, mask_mod,
+                                    {"doc_ids": ids.numpy()})  # fmt: skip
 
 
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 4096, 16384 + 7, 200_003, 262_144])
@@ -211,14 +222,8 @@ def test_block_maps_with_a_part_per_batch_and_head_match_the_oracle(d: int) -> N
     o, lse = fgt.attention(q, k, v, mask_mod=PARTED, aux={"ids": ids.cuda()}, return_lse=True)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
     torch.cuda.synchronize()
-    qs, ks, vs = _f64(q, k, v)
-    kw = _oracle_kw(None, PARTED, {"ids": ids.numpy()})
-    res = oracle.check_outputs(_np(o), lse.cpu().numpy(), qs, ks, vs, causal=False,
-                               scale=d**-0.5, dtype="bf16", **kw)  # fmt: skip
-    assert res.passed, res
-    outcomes = check_grads((_np(dq), _np(dk), _np(dv)), qs, ks, vs, _np(do), dtype="bf16",
-                           scale=d**-0.5, causal=False, **kw)  # fmt: skip
-    assert all(x.passed for x in outcomes), [x for x in outcomes if not x.passed]
+    _assert_mask_matches_oracle(o, lse, (dq, dk, dv), _f64(q, k, v), do, PARTED,
+                                {"ids": ids.numpy()})  # fmt: skip
 
 
 @pytest.mark.parametrize(("tq", "tk", "br", "bc"), [(1000, 1500, 128, 128), (4096, 4096, 192, 128),
