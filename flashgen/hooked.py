@@ -462,32 +462,30 @@ def _given_maps(hooks: str, aux_tensors: list[Any], aux_ints: list[int]
 def _call_maps(plan: _MapPlan | None, given: _GivenMaps | None, args: HookArgs,
                device: Any, stream: int) -> tuple[tuple[int, ...], Any]:  # fmt: skip
     """(The aux block's pointers for this call, what holds its block map alive): the caller's
-    map, or one built here (`_with_block_map`) where the plan says so, or none."""
+    map, or one built here (`_build_block_map`) where the plan says so, or none."""
     ptrs = args.pointers()
-    if plan is None:
+    if plan is None or (given is None and not plan.build):
         return ptrs, None
     if given is not None:
         t = given.backward if plan.layout.backward else given.forward
-        return tuple(t.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs)), t
-    if plan.build:
-        return _with_block_map(plan, args, ptrs, device, stream)
-    return ptrs, None
+    else:
+        t = _build_block_map(plan, args, device, stream)
+    return tuple(t.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs)), t
 
 
 def _reads_map(plan: _MapPlan | None, given: _GivenMaps | None) -> bool:
     return plan is not None and (given is not None or plan.build)
 
 
-def _with_block_map(plan: _MapPlan, args: HookArgs, ptrs: tuple[int, ...], device: Any,
-                    stream: int) -> tuple[tuple[int, ...], Any]:  # fmt: skip
-    """(`ptrs` with this call's block map, the map): built here on `stream` from the call's
-    aux values. The caller holds the map until the kernel that reads it is enqueued: freed
-    earlier, torch's allocator hands its memory to the next allocation on the stream (the
-    backward's scratch), whose writes land before the kernel reads it."""
+def _build_block_map(plan: _MapPlan, args: HookArgs, device: Any, stream: int) -> Any:
+    """A block map built on `stream` from the call's aux values. The caller holds it until
+    the kernel that reads it is enqueued: freed earlier, torch's allocator hands its memory to
+    the next allocation on the stream (the backward's scratch), whose writes land before the
+    kernel reads it."""
     out = torch.empty(plan.layout.size, dtype=torch.int32, device=device)
     map_kernel.launch(plan.tokens, plan.layout, plan.tq, plan.tk, args.kernel_args(),
-                     out.data_ptr(), stream, device.index, plan.arch)  # fmt: skip
-    return tuple(out.data_ptr() if i == plan.slot else p for i, p in enumerate(ptrs)), out
+                      out.data_ptr(), stream, device.index, plan.arch)  # fmt: skip
+    return out
 
 
 def _backward_spec(
@@ -746,7 +744,7 @@ def block_map(
     problem = check_layout(q, k, v)
     dev = int(q.get_device())
     tokens = tuple(hooks.split(","))
-    n_tables, tables = _summary_plan(hooks)
+    n_tables, _ = _summary_plan(hooks)
     hooks_ = _hooks(hooks)
     _check_indices(hooks_, tensors, floats, ints, q, k)
     fwd = _forward_spec(problem, causal, dev, tokens)
@@ -759,7 +757,7 @@ def block_map(
             maps.append(torch.empty(0, dtype=torch.int32, device=q.device))
             continue
         args = _hook_args(hooks_, with_summaries, floats, ints)
-        maps.append(_with_block_map(plan, args, args.pointers(), q.device, stream)[1])
+        maps.append(_build_block_map(plan, args, q.device, stream))
     b, h, tq = (int(n) for n in q.shape[:3])
     sizes = (b, h, tq, int(k.shape[2]), problem.d, problem.value_dim)
     return BlockMap(
