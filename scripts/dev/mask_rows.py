@@ -1,9 +1,10 @@
 """One timing round of hooked mask rows through `flashgen.torch.attention` (H200 A/B of hook
 kernels and of the hooked front door): document masks (hooks_bench's 16 random documents, and
-256-token documents: no partial tiles), prefix-LM (1024) and the causal hook, d 64 and 128, T 4096
-and 16384, B*T = 16384, H*d = 2048, bf16; per row the median of three timings of 20 back-to-back
-calls (CUDA events), forward alone and, with --bwd, forward + autograd backward. Prints one JSON
-object {row: microseconds}; scripts/dev/mask_ab.sh runs it in interleaved trees.
+256-token documents: no partial tiles), prefix-LM (1024), the causal hook and (T 16384) the
+window hook beside the built-in causal and window kernels it is measured against, d 64 and 128,
+T 4096 and 16384, B*T = 16384, H*d = 2048, bf16; per row the median of three timings of 20
+back-to-back calls (CUDA events), forward alone and, with --bwd, forward + autograd backward.
+Prints one JSON object {row: microseconds}; scripts/dev/mask_ab.sh runs it in interleaved trees.
 
     python3 scripts/dev/mask_rows.py [--bwd]
 """
@@ -77,16 +78,22 @@ def main() -> int:
     out: dict[str, float] = {}
     for d, t, b, h in shapes():
         q, k, v, do = inputs(torch, d, t, b, h, args.bwd)
-        rows: list[tuple[str, Any, dict[str, Any]]] = [
-            (name, doc, {"doc_ids": ids}) for name, ids in documents(torch, t)
+        rows: list[tuple[str, dict[str, Any]]] = [
+            (name, {"mask_mod": doc, "aux": {"doc_ids": ids}}) for name, ids in documents(torch, t)
         ]
-        rows.append(("prefix", pre, {"prefix": 1024}))
+        rows.append(("prefix", {"mask_mod": pre, "aux": {"prefix": 1024}}))
         if t == 16384:
-            rows.append(("causalhook", cau, {}))
-        for name, hook, aux in rows:
+            win = {"window_left": 4096, "window_right": 0}
+            rows += [
+                ("causalhook", {"mask_mod": cau, "aux": {}}),
+                ("causal", {"causal": True}),  # the built-in kernels the hook rows face
+                ("windowhook", {"causal": True, "mask_mod": library.window_hook(), "aux": win}),
+                ("window", {"causal": True, "window": (4096, 0)}),
+            ]
+        for name, kw in rows:
 
-            def fwd(hook: Any = hook, aux: dict[str, Any] = aux, qkv: Any = (q, k, v)) -> Any:
-                return fgt.attention(*qkv, causal=False, mask_mod=hook, aux=aux)
+            def fwd(kw: dict[str, Any] = kw, qkv: Any = (q, k, v)) -> Any:
+                return fgt.attention(*qkv, **{"causal": False, **kw})
 
             with torch.no_grad():
                 out[f"{name} d{d} T{t} fwd"] = time_us(torch, fwd)
