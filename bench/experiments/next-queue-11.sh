@@ -1,6 +1,6 @@
 #!/bin/bash
 # bench/experiments/next-queue-11.sh (session 22): `wgmma-hook-keep-bits-table-free.patch`, the
-# keep-bits change (next-queue-10.sh) for masks that read no table only (window, causal,
+# keep-bits change (session 20's wgmma-hook-mask-bits-early.patch) for masks that read no table only (window, causal,
 # prefix-LM hooks: their d 64 br = 192 variants then compile without spills and are chosen);
 # table-reading masks (documents) keep the element-wise call, as on main. Hooked forward GPU
 # tests, then a 3-round A/B on the mask rows, forward. Run from the repo root (carry .whl):
