@@ -69,9 +69,28 @@ def test_no_stray_files_in_examples() -> None:
     assert not stray, f"generated/examples/ holds files that are no example: {stray}; {FIX}"
 
 
-def test_check_mode_passes_on_the_committed_tree(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture(scope="module")
+def page_drift(nvcc_required: Path) -> dict[str, list[str]]:
+    """What readme_stale() and docs_stale() report on the committed README and docs, each run
+    once: their commands compile with nvcc in a fresh cache, and three tests read the result."""
+    return {"readme": update_examples.readme_stale(), "docs": update_examples.docs_stale()}
+
+
+def test_check_mode_passes_on_the_committed_tree(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    page_drift: dict[str, list[str]],
+) -> None:
+    # the README and docs checks' verdicts on this tree, as computed once in page_drift
+    monkeypatch.setattr(update_examples, "readme_stale", lambda: page_drift["readme"])
+    monkeypatch.setattr(update_examples, "docs_stale", lambda: page_drift["docs"])
     status = update_examples.main(["--check"])
     assert status == 0, capsys.readouterr().out
+
+
+# a README of the sandbox below: one example block whose output drifted (`--help` runs in-process,
+# without nvcc)
+STALE_README = "# x\n\n<!-- example: flashgen --help -->\n```\n$ flashgen --help\nstale\n```\n"
 
 
 def test_script_detects_and_repairs_drift(
@@ -79,11 +98,18 @@ def test_script_detects_and_repairs_drift(
 ) -> None:
     monkeypatch.setattr(update_examples, "EXAMPLES_DIR", tmp_path / "examples")
     monkeypatch.setattr(update_examples, "ROOT", tmp_path)
+    # the sandbox's own README (the module's README is the committed one: a check ran its nvcc
+    # commands, and an update could have rewritten it)
+    readme = tmp_path / "README.md"
+    readme.write_text(STALE_README)
+    monkeypatch.setattr(update_examples, "README", readme)
     assert update_examples.stale(), "an empty examples dir must be reported"
     assert update_examples.main(["--check"]) == 1
-    assert "run: python scripts/update_examples.py" in capsys.readouterr().out
-    update_examples.update()
-    assert update_examples.stale() == []
+    out = capsys.readouterr().out
+    assert "run: python scripts/update_examples.py" in out
+    assert "README.md: `flashgen --help` prints something else now" in out
+    assert "wrote README.md" in update_examples.update()
+    assert update_examples.stale() == [] and update_examples.readme_stale() == []
     simt = tmp_path / "examples" / "flash_fwd_simt_d64_br32_bc32_fp32_noncausal.cu"
     simt.write_text(simt.read_text().replace("constexpr int BC = 32;", "constexpr int BC = 16;"))
     (tmp_path / "examples" / "flash_fwd_old.cu").write_text("// stale\n")
@@ -104,8 +130,8 @@ def test_readme_has_example_blocks_for_build_and_inspect() -> None:
     assert any(a.startswith("inspect") for a in args)
 
 
-def test_readme_examples_are_what_the_commands_print(nvcc_required: Path) -> None:
-    problems = update_examples.readme_stale()
+def test_readme_examples_are_what_the_commands_print(page_drift: dict[str, list[str]]) -> None:
+    problems = page_drift["readme"]
     assert problems == [], f"{problems}; {FIX}"
 
 
@@ -122,8 +148,8 @@ def test_readme_check_detects_a_stale_number(nvcc_required: Path) -> None:
     assert update_examples._TIMING.sub("", fixed) == update_examples._TIMING.sub("", fresh)
 
 
-def test_docs_examples_are_what_the_commands_print(nvcc_required: Path) -> None:
-    problems = update_examples.docs_stale()
+def test_docs_examples_are_what_the_commands_print(page_drift: dict[str, list[str]]) -> None:
+    problems = page_drift["docs"]
     assert problems == [], f"{problems}; {FIX}"
 
 
