@@ -24,24 +24,40 @@ def test_the_session_caches_in_a_temporary_folder_not_the_users() -> None:
     assert root != Path.home() / ".cache" / "flashgen"
 
 
-def _collect(*args: str) -> str:
+def _collect(*runs: tuple[str, ...]) -> list[str]:
+    """`pytest --collect-only -q tests/generator/test_compile.py ARGS` for each ARGS of `runs`,
+    in processes started together (their interpreter start-ups overlap); their outputs."""
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "--collect-only", "-q",
-            "tests/generator/test_compile.py", *args,
-        ],
-        capture_output=True, text=True, cwd=REPO, env=env, check=False, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q"]
+    procs = [
+        subprocess.Popen(
+            [*collect, "tests/generator/test_compile.py", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for args in runs
+    ]
+    outs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, out + err
+            outs.append(out)
+    finally:
+        for proc in procs:  # after a timeout or a failure: none is left running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outs
 
 
 def test_compile_all_is_deselected_by_default_and_selected_by_its_marker() -> None:
-    default = _collect()
+    default, selected = _collect((), ("-m", "compile_all"))
     assert "test_every_shipped_variant_compiles" not in default
     assert "deselected" in default
-    selected = _collect("-m", "compile_all")
     lines = [ln for ln in selected.splitlines() if "::" in ln]
     assert any("test_every_shipped_variant_compiles" in ln for ln in lines), lines
     # the nvcc-heavy tests marked beside it leave the default run
