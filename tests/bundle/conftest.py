@@ -2,9 +2,9 @@
 
 `built`: ONE bundle holding a variant of each family and the wgmma backward (the smallest ones,
 for sm_90 only: -DFLASHGEN_CUDA_ARCHITECTURES=90-real) configured and built with CMake and nvcc:
-compile and link, no GPU. The slowest step of these tests, so it starts in the background
-before the first test of this folder when a selected test needs it; the tests on the CPU
-stand-ins run meanwhile.
+compile and link, no GPU. The slowest step of these tests, so only compile_all tests (CI's
+compile check) use it, and it starts in the background before the first test of this folder
+when a selected test needs it; the other tests run meanwhile.
 
 `stand_ins`: bundles whose launchers (real code) are linked with CPU stand-ins for the CUDA
 runtime and the kernels (sources/stand_in.cpp): the stand-in bundle (every kind of variant),

@@ -1,9 +1,11 @@
 """The forward launchers' argument checks, run: from a host-only program linked with the
-CMake-built library (every refusal happens before any CUDA call: there is no driver), and the
-length limit through the CPU stand-ins."""
+launchers of the stand-in bundle (every refusal happens before any CUDA call or kernel: there is
+no driver) and, in CI's compile check, with the CMake-built library; and the length limit
+through the CPU stand-ins."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -96,21 +98,46 @@ EXPECTED = {
 COLUMN = {"simt": 0, "mma": 1, "wgmma": 2}
 
 
-def test_launchers_refuse_bad_parameters_without_touching_the_gpu(built: Path) -> None:
+def _validate_source() -> str:
+    return fill(
+        "validate_fwd.cu", SIMT=symbol(SIMT), MMA=symbol(MMA), WGMMA=symbol(WGMMA),
+        SIMT_EB=SIMT.dtype_info.itemsize, MMA_EB=MMA.dtype_info.itemsize,
+        WGMMA_EB=WGMMA.dtype_info.itemsize,
+    )  # fmt: skip
+
+
+def test_launchers_refuse_bad_parameters_without_touching_the_gpu(
+    stand_ins: StandIns, tmp_path: Path
+) -> None:
+    """The launchers of the stand-in bundle (which holds SIMT, MMA and WGMMA, and no variant
+    the dispatch cases below may find), compiled by nvcc in the stand_ins fixture; the program
+    has no device code, so g++ compiles it."""
+    (tmp_path / "validate.cpp").write_text(_validate_source())
+    compile_all(
+        [[tool("g++"), "-std=c++17", f"-I{stand_ins.root}", *cuda_includes(), "validate.cpp",
+          *stand_ins.objects, "-o", "validate"]],
+        tmp_path,
+    )  # fmt: skip
+    _check_refusals(run_program(tmp_path / "validate"))
+
+
+@pytest.mark.compile_all  # needs the CMake build of real kernels (`built`): CI's compile check
+def test_the_cmake_built_launchers_refuse_bad_parameters(built: Path) -> None:
+    """The same program linked with the library CMake built from the `built` bundle."""
     nvcc = require_nvcc()
     src = built / "validate.cu"
-    src.write_text(
-        fill("validate_fwd.cu", SIMT=symbol(SIMT), MMA=symbol(MMA), WGMMA=symbol(WGMMA),
-             SIMT_EB=SIMT.dtype_info.itemsize, MMA_EB=MMA.dtype_info.itemsize,
-             WGMMA_EB=WGMMA.dtype_info.itemsize)
-    )  # fmt: skip
+    src.write_text(_validate_source())
     exe = built / "validate"
     compile_all(
         [[str(nvcc), "-std=c++17", f"-I{built}", str(src),
           str(built / "build" / "libflashgen_kernels.a"), "-o", str(exe)]],
         built,
     )  # fmt: skip
-    out = run_program(exe)
+    _check_refusals(run_program(exe))
+
+
+def _check_refusals(out: subprocess.CompletedProcess[str]) -> None:
+    """validate_fwd.cu's output: each case refused (or not) as EXPECTED, with its reason."""
     assert out.returncode == 0, out.stderr
     seen = set()
     lines = [ln.split("|") for ln in out.stdout.splitlines()]

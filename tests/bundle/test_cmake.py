@@ -1,6 +1,7 @@
 """The CMake build: what CMakeLists.txt declares (read as CMake commands), and the library CMake
 builds from it (the session's `built` bundle: a variant of each family and the wgmma backward,
-for sm_90 only, configured and built with nvcc, no GPU)."""
+for sm_90 only, configured and built with nvcc, no GPU; its tests are compile_all tests, run by
+CI's compile check)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ def test_cmake_compiles_the_wgmma_kernel_for_sm90a_alone() -> None:
     assert "-lcuda" not in cmake
 
 
+@pytest.mark.compile_all  # the CMake build of real kernels (`built`): CI's compile check
 def test_cmake_builds_the_library_and_the_example(built: Path) -> None:
     lib = built / "build" / "libflashgen_kernels.a"
     assert lib.is_file() and (built / "build" / "example").is_file()
@@ -127,6 +129,7 @@ def test_cmake_builds_the_library_and_the_example(built: Path) -> None:
     assert not re.search(r"\bcu[A-Z]\w+", undefined), undefined
 
 
+@pytest.mark.compile_all  # the CMake build of real kernels (`built`): CI's compile check
 def test_cmake_builds_the_wgmma_kernel_for_sm90a_and_the_others_for_sm90(built: Path) -> None:
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump is None:
