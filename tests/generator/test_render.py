@@ -69,14 +69,30 @@ def test_render_is_identical_across_processes_and_hash_seeds() -> None:
         "print(h.hexdigest())\n"
     )
     root = str(Path(__file__).resolve().parents[2])
-    digests = set()
-    for seed in ("1", "12345"):
+    procs = []
+    for seed in ("1", "12345"):  # the two processes run at once (each renders the whole space)
         env = dict(os.environ, PYTHONHASHSEED=seed)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
-        digests.add(out.stdout.strip())
+    digests = set()
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+            digests.add(out.strip())
+    finally:
+        for proc in procs:  # after a failure: none is left running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert digests == {_digest(SPECS)}
 
 
