@@ -10,6 +10,7 @@ the default addopts in pyproject.toml; `python -m pytest -m compile_all` runs th
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -44,6 +45,17 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     _session_cache = tempfile.mkdtemp(prefix="flashgen-test-cache-")
     os.environ["FLASHGEN_CACHE_DIR"] = _session_cache
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built out of the cyclic garbage collector.
+
+    The modules, their imports (torch, NumPy, Hypothesis) and the ~3,600 collected items live
+    until the session ends, yet every full collection walked all of them again: the default
+    run's full collections took ~9 s, ~4 s with them frozen. Objects the tests create afterwards
+    are collected as before.
+    """
+    gc.freeze()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
