@@ -171,6 +171,19 @@ def test_profiles_are_registered_on_first_use():
     assert strategies.settings_for("thorough").deadline is None
 
 
+def test_every_profile_in_force_is_the_projects_even_where_hypothesis_has_one_of_that_name():
+    # Hypothesis registers a `ci` profile of its own; it must not stand in for ours
+    from hypothesis import settings
+
+    settings.register_profile("ci", max_examples=3)  # as a foreign registration would
+    strategies.register_profiles()
+    for name, values in strategies.PROFILES.items():
+        got = strategies.settings_for(name)
+        for key, value in values.items():
+            want = tuple(value) if isinstance(value, list) else value  # settings keep tuples
+            assert getattr(got, key) == want, (name, key)
+
+
 # ---- the correctness rule against an emulated kernel ----------------------------------------
 
 
