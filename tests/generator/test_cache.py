@@ -357,8 +357,12 @@ def spec_built(tmp_path_factory: pytest.TempPathFactory, nvcc_required: Path) ->
     return root
 
 
-def _copy_of(built: Path, tmp_path: Path) -> CubinCache:
-    """A cache of this test's own holding the entries of `built`."""
+def _copy_of(built: Path, tmp_path: Path, env_var: str | None = None) -> CubinCache:
+    """A cache of this test's own holding the entries of `built`; an empty one when the
+    session's environment sets `env_var` (the shared build then carries that variable's flags,
+    not the plain build the test starts from)."""
+    if env_var is not None and os.environ.get(env_var):
+        return CubinCache(tmp_path / "cache")
     return CubinCache(Path(shutil.copytree(built, tmp_path / "cache")))
 
 
@@ -520,10 +524,7 @@ def test_appended_nvcc_flags_rebuild_instead_of_serving_the_old_cubin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec_built: Path
 ) -> None:
     """The reported bug: with -Xptxas=-O0 appended, the cache returned the -O3 cubin."""
-    # the shared first build is this session's environment's: the optimized build when that
-    # appends no flags (as in CI); otherwise its entry would be a third one here
-    appended = os.environ.get("NVCC_APPEND_FLAGS")
-    c = CubinCache(tmp_path / "cache") if appended else _copy_of(spec_built, tmp_path)
+    c = _copy_of(spec_built, tmp_path, "NVCC_APPEND_FLAGS")
     monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
     optimized = compile_kernel(SPEC, "sm_80", cache=c)
     monkeypatch.setenv("NVCC_APPEND_FLAGS", "-Xptxas=-O0")
@@ -538,7 +539,7 @@ def test_ptxas_flags_from_the_environment_rebuild_instead_of_serving_the_old_cub
 ) -> None:
     """The reported bug: nvcc.profile appends $PTXAS_FLAGS to ptxas' flags, and PTXAS_FLAGS=-O0
     builds were served to plain runs and back."""
-    c = _copy_of(spec_built, tmp_path)
+    c = _copy_of(spec_built, tmp_path, "PTXAS_FLAGS")
     monkeypatch.delenv("PTXAS_FLAGS", raising=False)
     plain = compile_kernel(SPEC, "sm_80", cache=c)
     monkeypatch.setenv("PTXAS_FLAGS", "-O0")
