@@ -1,0 +1,66 @@
+"""One rank of the CPU ring-attention check (tests/distributed/test_ring_cpu.py starts `world`
+of these): gloo, MathBlocks in float64, every case against an autograd float64 oracle on the
+whole sequence; prints one JSON line per case with the largest errors of O, LSE, dQ, dK, dV.
+
+    python ring_worker.py RANK WORLD PORT
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import torch
+import torch.distributed as dist
+
+from flashgen.distributed import ring_attention, shard
+
+CASES = [  # (layout, causal, B, H, H_kv, T_per_rank, d)
+    ("zigzag", True, 2, 4, 2, 6, 8),
+    ("zigzag", False, 1, 2, 2, 4, 8),
+    ("contiguous", True, 1, 4, 1, 5, 8),
+    ("contiguous", False, 2, 2, 2, 3, 16),
+]
+
+
+def oracle(q, k, v, causal: bool):  # noqa: ANN001, ANN201  (plain float64 autograd)
+    g = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        t = q.shape[2]
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ vv, torch.logsumexp(s, -1)
+
+
+def main() -> None:
+    rank, world, port = (int(a) for a in sys.argv[1:4])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    for layout, causal, b, h, h_kv, t_rank, d in CASES:
+        t = t_rank * world * (2 if layout == "zigzag" else 1)
+        gen = torch.Generator().manual_seed(1234)  # the same whole tensors on every rank
+        q, k, v = (torch.randn(b, hh, t, d, generator=gen, dtype=torch.float64)
+                   for hh in (h, h_kv, h_kv))  # fmt: skip
+        do = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
+        ref = [x.clone().requires_grad_() for x in (q, k, v)]
+        o_ref, lse_ref = oracle(*ref, causal)
+        o_ref.backward(do)
+        mine = [shard(x, rank, world, layout=layout).requires_grad_() for x in (q, k, v)]
+        o, lse = ring_attention(*mine, causal=causal, layout=layout, return_lse=True)
+        o.backward(shard(do, rank, world, layout=layout))
+        pairs = [(o, o_ref), (lse, lse_ref)] + [
+            (m.grad, r.grad) for m, r in zip(mine, ref, strict=True)
+        ]
+        err = [
+            float((a.detach() - shard(r.detach(), rank, world, layout=layout)).abs().max())
+            for a, r in pairs
+        ]
+        print(json.dumps({"rank": rank, "case": [layout, causal, b, h, h_kv, t, d], "err": err}),
+              flush=True)  # fmt: skip
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
