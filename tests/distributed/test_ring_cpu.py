@@ -153,3 +153,31 @@ def test_ring_attention_refuses_bad_calls() -> None:
         ring_attention(q[0], q, q)
     with pytest.raises(ValueError, match="share one dtype"):
         ring_attention(q, q.double(), q)
+
+
+def test_ring_check_oracle_is_the_attention_gradient() -> None:
+    """scripts/ring_check.py's chunked float64 oracle (the GPU bar's reference) against torch
+    autograd, causal and not, GQA, chunks that do not divide T."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from ring_check import oracle
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    g = torch.Generator().manual_seed(3)
+    for causal in (True, False):
+        q, do = (torch.randn(1, 4, 40, 16, generator=g, dtype=torch.float64) for _ in range(2))
+        k, v = (torch.randn(1, 2, 40, 16, generator=g, dtype=torch.float64) for _ in range(2))
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        s = qq @ kk.repeat_interleave(2, 1).transpose(-1, -2) * 0.3
+        if causal:
+            s = s.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), -math.inf)
+        o = torch.softmax(s, -1) @ vv.repeat_interleave(2, 1)
+        o.backward(do)
+        rows, keys = torch.tensor([0, 5, 17, 39]), torch.tensor([1, 20, 39])
+        ref = oracle(q, k, v, do, causal, 0.3, rows, keys, chunk=7)
+        assert qq.grad is not None and kk.grad is not None and vv.grad is not None
+        want = {"o": o[:, :, rows], "lse": torch.logsumexp(s, -1)[:, :, rows],
+                "dq": qq.grad[:, :, rows], "dk": kk.grad[:, :, keys],
+                "dv": vv.grad[:, :, keys]}  # fmt: skip
+        for name, w in want.items():
+            assert float((ref[name] - w.detach()).abs().max()) < 1e-12, name
