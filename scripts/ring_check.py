@@ -15,9 +15,10 @@ single-GPU kernel's error as the reference's; for LSE the slack is 1e-4 instead 
 Weak scaling (causal, bf16, d 128, H 16, 32k tokens per GPU: T = 32k x N): per-GPU TFLOP/s of
 the ring forward and forward+backward (FLOPs of the whole causal attention / N / time; the
 backward counted at 2.5x the forward) against flashgen's single-GPU kernel at T = 32k on the
-same GPU; medians of CUDA-event timings between barriers. Peers when importable: the
-`ring_flash_attn` package (zigzag_ring_flash_attn_func, on FA2) and torch's
-`context_parallel` over SDPA. Rank 0 prints the rows and writes OUT.json.
+same GPU; medians of CUDA-event timings between barriers. Peers: torch's experimental
+`context_parallel` over SDPA, and the `ring_flash_attn` package (zigzag_ring_flash_attn_func,
+on FA2) where it imports; a peer that cannot run is reported with its error. Rank 0 prints
+the rows and writes OUT.json.
 """
 
 from __future__ import annotations
@@ -171,7 +172,35 @@ def bench(rank: int, world: int, dev: str, t_gpu: int = 32768, h: int = 16) -> d
         res["ringflash_fwdbwd_tflops"] = 3.5 * flops / world / ms / 1e9
     except Exception as exc:  # noqa: BLE001  (a peer that cannot run is reported, not fatal)
         res["ringflash_error"] = str(exc)[:200]
+    res.update(torch_cp(world, t, h, dev, flops))
     return res
+
+
+def torch_cp(world: int, t: int, h: int, dev: str, flops: float) -> dict[str, Any]:
+    """Peer: torch's experimental `context_parallel` over SDPA (its default rotation and load
+    balancing), the same problem: the whole sequence's buffers, sharded in place by the
+    context manager."""
+    import torch.nn.functional as F
+
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+
+        mesh = init_device_mesh("cuda", (world,))
+        q, k, v, do = (torch.randn(1, h, t, D, device=dev, dtype=torch.bfloat16)
+                       for _ in range(4))  # fmt: skip
+        out: dict[str, Any] = {}
+        with context_parallel(mesh, buffers=[q, k, v, do], buffer_seq_dims=[2, 2, 2, 2]):
+            ms = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+            out["torchcp_fwd_tflops"] = flops / world / ms / 1e9
+            qg, kg, vg = (a.detach().requires_grad_() for a in (q, k, v))
+            ms = timed(
+                lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)
+            )
+            out["torchcp_fwdbwd_tflops"] = 3.5 * flops / world / ms / 1e9
+        return out
+    except Exception as exc:  # noqa: BLE001  (a peer that cannot run is reported, not fatal)
+        return {"torchcp_error": str(exc)[:300]}
 
 
 def main() -> int:
