@@ -48,12 +48,10 @@ class RingExchange:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self._next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group else (
-            (self.rank + 1) % self.world
-        )
-        self._prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group else (
-            (self.rank - 1) % self.world
-        )
+        nxt, prev = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        # point-to-point ops name peers by global rank
+        self._next = dist.get_global_rank(group, nxt) if group is not None else nxt
+        self._prev = dist.get_global_rank(group, prev) if group is not None else prev
         self._nccl = dist.get_backend(group) == "nccl"
 
     def start(self, tensors: Sequence[Any]) -> Pending:

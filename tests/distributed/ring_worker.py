@@ -34,31 +34,42 @@ def oracle(q, k, v, causal: bool):  # noqa: ANN001, ANN201  (plain float64 autog
     return torch.softmax(s, -1) @ vv, torch.logsumexp(s, -1)
 
 
+def run_case(case: tuple, rank: int, world: int, group: object = None) -> list[float]:  # type: ignore
+    """One case on this rank of `group`: the largest errors of O, LSE, dQ, dK, dV."""
+    layout, causal, b, h, h_kv, t_rank, d = case
+    t = t_rank * world * (2 if layout == "zigzag" else 1)
+    gen = torch.Generator().manual_seed(1234)  # the same whole tensors on every rank
+    q, k, v = (torch.randn(b, hh, t, d, generator=gen, dtype=torch.float64)
+               for hh in (h, h_kv, h_kv))  # fmt: skip
+    do = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
+    ref = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_ref, lse_ref = oracle(*ref, causal)
+    o_ref.backward(do)
+    mine = [shard(x, rank, world, layout=layout).requires_grad_() for x in (q, k, v)]
+    o, lse = ring_attention(*mine, causal=causal, layout=layout, return_lse=True, group=group)
+    o.backward(shard(do, rank, world, layout=layout))
+    pairs = [(o, o_ref), (lse, lse_ref)] + [
+        (m.grad, r.grad) for m, r in zip(mine, ref, strict=True)
+    ]
+    return [
+        float((a.detach() - shard(r.detach(), rank, world, layout=layout)).abs().max())
+        for a, r in pairs
+    ]
+
+
 def main() -> None:
     rank, world, port = (int(a) for a in sys.argv[1:4])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)  # fmt: skip
-    for layout, causal, b, h, h_kv, t_rank, d in CASES:
-        t = t_rank * world * (2 if layout == "zigzag" else 1)
-        gen = torch.Generator().manual_seed(1234)  # the same whole tensors on every rank
-        q, k, v = (torch.randn(b, hh, t, d, generator=gen, dtype=torch.float64)
-                   for hh in (h, h_kv, h_kv))  # fmt: skip
-        do = torch.randn(b, h, t, d, generator=gen, dtype=torch.float64)
-        ref = [x.clone().requires_grad_() for x in (q, k, v)]
-        o_ref, lse_ref = oracle(*ref, causal)
-        o_ref.backward(do)
-        mine = [shard(x, rank, world, layout=layout).requires_grad_() for x in (q, k, v)]
-        o, lse = ring_attention(*mine, causal=causal, layout=layout, return_lse=True)
-        o.backward(shard(do, rank, world, layout=layout))
-        pairs = [(o, o_ref), (lse, lse_ref)] + [
-            (m.grad, r.grad) for m, r in zip(mine, ref, strict=True)
-        ]
-        err = [
-            float((a.detach() - shard(r.detach(), rank, world, layout=layout)).abs().max())
-            for a, r in pairs
-        ]
-        print(json.dumps({"rank": rank, "case": [layout, causal, b, h, h_kv, t, d], "err": err}),
-              flush=True)  # fmt: skip
+    for case in CASES:
+        err = run_case(case, rank, world)
+        print(json.dumps({"rank": rank, "case": list(case), "err": err}), flush=True)
+    if world == 3:  # a ring over a subgroup (global ranks 0 and 2): peers by global rank
+        sub = dist.new_group([0, 2])
+        if rank in (0, 2):
+            err = run_case(CASES[0], dist.get_rank(sub), 2, sub)
+            print(json.dumps({"rank": rank, "case": ["subgroup", *CASES[0]], "err": err}),
+                  flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 
