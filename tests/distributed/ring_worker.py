@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ def oracle(q, k, v, causal: bool):  # noqa: ANN001, ANN201  (plain float64 autog
     return torch.softmax(s, -1) @ vv, torch.logsumexp(s, -1)
 
 
-def run_case(case: tuple, rank: int, world: int, group: object = None) -> list[float]:  # type: ignore
+def run_case(case: tuple[Any, ...], rank: int, world: int, group: Any = None) -> list[float]:
     """One case on this rank of `group`: the largest errors of O, LSE, dQ, dK, dV."""
     layout, causal, b, h, h_kv, t_rank, d = case
     t = t_rank * world * (2 if layout == "zigzag" else 1)
