@@ -31,10 +31,12 @@ forgets it. A backward through a call the kernels cannot serve (fp32, d > 128, d
 raises NotImplementedError naming it.
 
 Decoding against a K/V cache (contiguous or paged, variable lengths, split over the keys):
-`attention_with_kvcache`, from `flashgen.kvcache`. A call of `attention` itself with few
-query rows against many keys (Tq <= 16, Tk >= 256 and >= 4 Tq: `runtime.decode.
-routes_to_decode`) and no `spec` runs that decode kernel too (GQA heads packed, keys split
-over the GPU), with the same O, LSE and gradients.
+`attention_with_kvcache`, from `flashgen.kvcache`; FlashAttention's `flash_attn_with_kvcache`
+(appending the new tokens' K/V into the cache first) and `append_kv`, from
+`flashgen.kvappend`. A call of `attention` itself with few query rows against many keys
+(Tq <= 16, Tk >= 256 and >= 4 Tq: `runtime.decode.routes_to_decode`) and no `spec` runs that
+decode kernel too (GQA heads packed, keys split over the GPU), with the same O, LSE and
+gradients.
 
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
 
 from flashgen.hooked import BlockMap, block_map, hook_op_args, hooked_attention  # noqa: E402
+from flashgen.kvappend import append_kv, flash_attn_with_kvcache  # noqa: E402
 from flashgen.kvcache import (  # noqa: E402  (after torch's import check)
     DenseDecode,
     attention_with_kvcache,
@@ -105,10 +108,12 @@ from flashgen.varlen import flash_attn_varlen_func  # noqa: E402
 __all__ = [
     "SCHEMA",
     "BlockMap",
+    "append_kv",
     "attention",
     "attention_with_kvcache",
     "block_map",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
 ]
 
 

@@ -1,0 +1,176 @@
+"""New keys and values appended to a K/V cache, then attention over it: FlashAttention's
+`flash_attn_with_kvcache` call, on flashgen's decode kernel.
+
+`append_kv` writes each sequence's new K/V rows at its positions cache_seqlens[b] ..
+cache_seqlens[b] + T_new - 1, in a contiguous (B, T, H_kv, d) cache or a paged one
+(n_pages, page_size, H_kv, d) through `block_table`, with device-side index arithmetic only:
+no synchronization, so a decode step that appends stays CUDA-graph capturable with varying
+lengths. A sequence whose append does not fit (a length below 0, past the capacity, or a page
+index outside [0, n_pages)) cannot be refused on the host without reading device memory: its
+rows are not written at all, and its new length comes back as -1, which the decode kernel
+answers with NaN rows for that sequence (never a silently wrong O). The writes of refused rows
+are redirected onto a valid row's own write (same target, same value), so they can clobber
+nothing -- not even another sequence's new rows in the same call.
+
+`flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=..., ...)` takes
+FlashAttention's arguments (its `window_size`, `softcap`, `alibi_slopes`, `softmax_scale`,
+`num_splits`, `return_softmax_lse`), appends k and v when given, and runs
+`flashgen.kvcache.attention_with_kvcache` over cache_seqlens + T_new keys. Like
+FlashAttention's, it does not update `cache_seqlens`: the caller advances it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flashgen.kvcache import attention_with_kvcache
+from flashgen.torch_support import fail
+
+
+def _check_new(name: str, x: Any, cache: Any, b: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        fail(
+            f"{name}: {type(x).__name__} of shape {getattr(x, 'shape', None)}: must be a 4-D "
+            f"tensor (B, T_new, H_kv, d) of the new tokens' rows"
+        )
+    if x.shape[0] != b or x.shape[1] < 1 or tuple(x.shape[2:]) != tuple(cache.shape[2:]):
+        fail(
+            f"{name}.shape={tuple(x.shape)}: must be (B={b}, T_new >= 1, "
+            f"{', '.join(map(str, cache.shape[2:]))}) to match the cache's heads and head dim"
+        )
+    if x.dtype != cache.dtype or x.device != cache.device:
+        fail(
+            f"{name}: {x.dtype} on {x.device}, the cache {cache.dtype} on {cache.device}: "
+            f"pass {name}.to(cache)"
+        )
+
+
+def append_kv(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any = None
+) -> Any:
+    """Write k, v (B, T_new, H_kv, d) into the cache at each sequence's positions
+    cache_seqlens[b] + [0, T_new) (module docstring); returns the new lengths, int32 (B,):
+    cache_seqlens + T_new, or -1 for a sequence whose rows were not written because they do
+    not fit. `cache_seqlens`: int32 (B,) on the cache's device."""
+    b = int(k.shape[0]) if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+    _check_new("k", k, k_cache, b)
+    _check_new("v", v, v_cache, b)
+    if k.shape[1] != v.shape[1]:
+        fail(f"k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}: the same T_new for both")
+    if (
+        not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32
+        or tuple(cache_seqlens.shape) != (b,) or cache_seqlens.device != k_cache.device
+    ):  # fmt: skip
+        fail(
+            f"cache_seqlens: {getattr(cache_seqlens, 'dtype', type(cache_seqlens).__name__)} "
+            f"{tuple(getattr(cache_seqlens, 'shape', ()))}: appending needs an int32 ({b},) "
+            "tensor on the cache's device (where each sequence's new rows start)"
+        )
+    t_new = int(k.shape[1])
+    dev = k_cache.device
+    lens = cache_seqlens.long()
+    pos = lens[:, None] + torch.arange(t_new, device=dev)[None, :]  # (B, T_new)
+    if block_table is None:
+        cap = int(k_cache.shape[1])
+        if k_cache.shape[0] != b:
+            fail(f"k_cache.shape={tuple(k_cache.shape)}: a contiguous cache holds B={b} rows")
+        ok = (lens >= 0) & (lens + t_new <= cap)
+        i0 = torch.arange(b, device=dev)[:, None].expand(b, t_new)
+        i1 = pos.clamp(0, cap - 1)
+    else:
+        if (
+            not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
+            or block_table.dim() != 2 or block_table.shape[0] != b or block_table.device != dev
+        ):  # fmt: skip
+            fail(
+                f"block_table: must be an int32 (B={b}, pages per sequence) tensor on the "
+                "cache's device"
+            )
+        page_size, n_pages, per_seq = int(k_cache.shape[1]), int(k_cache.shape[0]), int(
+            block_table.shape[1]
+        )
+        cap = per_seq * page_size
+        ok = (lens >= 0) & (lens + t_new <= cap)
+        slot = pos.clamp(0, cap - 1)
+        page = block_table.long().gather(1, slot // page_size)
+        ok &= ((page >= 0) & (page < n_pages)).all(1)
+        i0 = page.clamp(0, n_pages - 1)
+        i1 = slot % page_size
+    valid = ok[:, None].expand(b, t_new).reshape(-1)
+    i0, i1 = i0.reshape(-1), i1.reshape(-1)
+    first = torch.argmax(valid.to(torch.int32))  # the first valid row (0 when none is)
+    any_ok = valid.any()
+    # refused rows write onto the first valid row's target, with its value: no clobbering
+    i0 = torch.where(valid, i0, i0[first])
+    i1 = torch.where(valid, i1, i1[first])
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        rows = new.reshape(b * t_new, *new.shape[2:])
+        # with no valid row at all, every write puts that target's own old value back
+        fill = torch.where(any_ok, rows[first], cache[i0[0], i1[0]])
+        cache.index_put_((i0, i1), torch.where(valid[:, None, None], rows, fill))
+    return torch.where(ok, lens + t_new, -1).to(torch.int32)
+
+
+def flash_attn_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    k: Any = None,
+    v: Any = None,
+    rotary_cos: Any = None,
+    rotary_sin: Any = None,
+    cache_seqlens: Any = None,
+    cache_batch_idx: Any = None,
+    cache_leftpad: Any = None,
+    block_table: Any = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Any = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Any:
+    """FlashAttention's `flash_attn_with_kvcache` on flashgen's decode kernel: q (B, Tq, H, d)
+    against k_cache/v_cache ((B, T, H_kv, d), or pages (n_pages, page_size, H_kv, d) with
+    `block_table` int32 (B, pages per sequence)); with k, v (B, T_new, H_kv, d) given, they are
+    first written into the cache at cache_seqlens (`append_kv`) and attention covers
+    cache_seqlens + T_new keys. `cache_seqlens`: int32 (B,) on q's device or an int (None:
+    the whole cache; not with k, v). `window_size` (left, right), -1 unbounded; `softcap` 0.0
+    off; `alibi_slopes` float32 (H,). Returns O (B, Tq, H, dv), or (O, LSE) with
+    `return_softmax_lse`. Not supported (a ValueError when given): rotary embeddings
+    (rotate q and k before the call), `cache_batch_idx`, `cache_leftpad`."""
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if value is not None:
+            fail(f"{name}: rotary embeddings are not applied here; rotate q and k before the call")
+    if cache_batch_idx is not None or cache_leftpad is not None:
+        name = "cache_batch_idx" if cache_batch_idx is not None else "cache_leftpad"
+        fail(f"{name}: not supported; pass the cache rows of this batch, in order, from offset 0")
+    del rotary_interleaved  # only meaningful with rotary_cos/sin
+    if (k is None) != (v is None):
+        fail("k and v: pass both (the new tokens' keys and values) or neither")
+    lens = cache_seqlens
+    if k is not None:
+        if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+            lens = torch.full((k.shape[0],), cache_seqlens, dtype=torch.int32,
+                              device=k_cache.device)  # fmt: skip
+        elif cache_seqlens is None:
+            fail(
+                "cache_seqlens=None with k, v: appending needs each sequence's length (where "
+                "its new rows go); pass cache_seqlens"
+            )
+        lens = append_kv(k_cache, v_cache, k, v, lens, block_table)
+    features: dict[str, Any] = {}
+    if tuple(window_size) != (-1, -1):
+        features["window"] = tuple(window_size)
+    if softcap:
+        features["softcap"] = softcap
+    if alibi_slopes is not None:
+        features["alibi_slopes"] = alibi_slopes
+    return attention_with_kvcache(
+        q, k_cache, v_cache, lens, block_table=block_table, causal=causal, scale=softmax_scale,
+        num_splits=num_splits, return_lse=return_softmax_lse, **features,
+    )  # fmt: skip
