@@ -65,6 +65,20 @@ def main() -> None:
     for case in CASES:
         err = run_case(case, rank, world)
         print(json.dumps({"rank": rank, "case": list(case), "err": err}), flush=True)
+    if world == 2:  # inside torch.compile (dynamo breaks the graph around the ring's calls)
+        compiled = torch.compile(
+            lambda *xs: ring_attention(*xs, causal=True, return_lse=True), backend="aot_eager"
+        )
+        gen = torch.Generator().manual_seed(5)
+        whole = [torch.randn(1, 2, 8, 8, generator=gen, dtype=torch.float64) for _ in range(3)]
+        a = [shard(x, rank, world).requires_grad_() for x in whole]
+        b = [shard(x, rank, world).requires_grad_() for x in whole]
+        (o1, l1), (o2, l2) = compiled(*a), ring_attention(*b, causal=True, return_lse=True)
+        (o1.sum() + l1.sum()).backward()
+        (o2.sum() + l2.detach().sum()).backward()
+        err = [float((x.detach() - y.detach()).abs().max()) for x, y in ((o1, o2), (l1, l2))]
+        err += [float((x.grad - y.grad).abs().max()) for x, y in zip(a, b, strict=True)]
+        print(json.dumps({"rank": rank, "case": ["compiled"], "err": err}), flush=True)
     if world == 3:  # a ring over a subgroup (global ranks 0 and 2): peers by global rank
         sub = dist.new_group([0, 2])
         if rank in (0, 2):

@@ -117,7 +117,7 @@ def _free_port() -> int:
 def test_rings_of_gloo_processes_match_the_oracle() -> None:
     """Rings of 2 and 3 processes (started together), and a ring over a subgroup of the
     3 (global ranks 0 and 2): every rank's O, LSE and gradients equal its shard of the
-    whole-sequence float64 oracle's."""
+    whole-sequence float64 oracle's; under torch.compile (the 2-ring), the same as eager."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("FLASHGEN_REQUIRE_NVCC", None)
     procs = []
@@ -133,7 +133,7 @@ def test_rings_of_gloo_processes_match_the_oracle() -> None:
         out, err = p.communicate(timeout=240)
         assert p.returncode == 0, f"world {world} rank {rank}: {err[-2000:]}"
         lines += [(world, json.loads(x)) for x in out.splitlines() if x.startswith("{")]
-    assert len(lines) == 4 * (2 + 3) + 2  # four cases a rank, and a 2-rank subgroup's
+    assert len(lines) == 4 * (2 + 3) + 2 + 2  # four cases a rank; the subgroup's; compiled
     for world, row in lines:
         assert max(row["err"]) < 1e-12, (world, row)
 
