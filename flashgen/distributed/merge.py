@@ -39,5 +39,6 @@ def merge_into(acc_o: Any, acc_lse: Any, o: Any, lse: Any) -> None:
     base = torch.where(torch.isinf(new), torch.zeros_like(new), new)
     w_acc = torch.exp(acc_lse - base).unsqueeze(-1)
     w_new = torch.exp(lse.to(base.dtype) - base).unsqueeze(-1)
-    acc_o.mul_(w_acc).add_(o.to(acc_o.dtype) * w_new)
+    # two passes over O: scale in place, then add o * w_new (o read in its own dtype)
+    acc_o.mul_(w_acc).addcmul_(o, w_new)
     acc_lse.copy_(new)
