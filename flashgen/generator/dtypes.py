@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 
@@ -15,23 +15,31 @@ class DTypeInfo:
     name: str  # spelling in spec names, the CLI and the API
     ctype: str  # C++ element type in generated code
     header: str | None  # header that declares ctype (None: built in)
-    numpy: type  # NumPy scalar type holding the storage values
+    numpy_type: str  # "module.name" of the NumPy scalar type holding the storage values
     itemsize: int  # bytes per element
     to_float: str  # device function converting one element to float
     from_float: str  # device function converting one float to the element type
     tensor_core: bool  # usable as an mma.sync / wgmma operand
 
+    @property
+    def numpy(self) -> type:
+        """The NumPy scalar type holding the storage values. Imported on first use: bfloat16's
+        (ml_dtypes) costs ~0.7 s to import, which rendering and compiling never need."""
+        module, _, attr = self.numpy_type.rpartition(".")
+        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
 
 DTYPES: dict[str, DTypeInfo] = {
-    "fp32": DTypeInfo("fp32", "float", None, np.float32, 4, "", "", False),
+    "fp32": DTypeInfo("fp32", "float", None, "numpy.float32", 4, "", "", False),
     "fp16": DTypeInfo(
-        "fp16", "__half", "cuda_fp16.h", np.float16, 2, "__half2float", "__float2half_rn", True
+        "fp16", "__half", "cuda_fp16.h", "numpy.float16", 2, "__half2float", "__float2half_rn",
+        True,
     ),
     "bf16": DTypeInfo(
         "bf16",
         "__nv_bfloat16",
         "cuda_bf16.h",
-        ml_dtypes.bfloat16,
+        "ml_dtypes.bfloat16",
         2,
         "__bfloat162float",
         "__float2bfloat16_rn",
