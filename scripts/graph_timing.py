@@ -1,35 +1,8 @@
-"""CUDA-graph timing shared by the bench scripts (decode_bench.py, varlen_bench.py): a call
-captured `reps` times in one graph, replayed `times` times, the median per call. Launch
-overhead is out of the picture, as it is in serving loops and captured training steps."""
+"""CUDA-graph timing for the scripts that import `graph_timing` from this folder
+(hooks_bench.py, dev/decode_sweep.py): the function lives in flashgen.perf.graph_timing."""
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
-from typing import Any
+from flashgen.perf.graph_timing import timed
 
-import torch
-
-
-def timed(fn: Callable[[], Any], reps: int = 20, times: int = 7) -> float:
-    """Median microseconds of one call of `fn`, from CUDA-event timings of a graph of `reps`
-    calls replayed `times` times (after one eager call and one warm-up replay)."""
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
-        for _ in range(reps):
-            fn()
-    torch.cuda.synchronize()
-    g.replay()
-    samples = []
-    for _ in range(times):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(samples)
+__all__ = ["timed"]
