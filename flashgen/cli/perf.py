@@ -49,7 +49,8 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 Examples:
   flashgen bench --plot                       # the whole protocol, JSON + PNG
   flashgen bench --d 128 --dtype bf16 --t 4096 --t 16384 --all-variants
-  flashgen bench --dtype bf16 --t 4096 --t 16384 --no-features --no-overhead
+  flashgen bench --dtype bf16 --t 4096 --t 16384 --no-features --no-overhead --no-serving
+  flashgen bench --dtype bf16 --d 128 --t 4096 --no-features --no-memory --no-overhead
 """,
 )
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
@@ -86,6 +87,12 @@ Examples:
                    "FLOPs 2.5x the forward's) of flashgen.torch, SDPA's FA2 and cuDNN, and FA4 "
                    "when importable. Only fp16/bf16 cases with d <= 128 (the backward's range); "
                    "fp32 or d > 128 cases silently get none.")  # fmt: skip
+@click.option("--serving/--no-serving", default=True, show_default=True,
+              help="Serving rows: decode GB/s (bf16 d 128, GQA 32/8 and 8/1, Tq 1 and 4, "
+                   "B 1-32, Tk 4k-128k; contiguous and paged caches vs SDPA, FlashInfer and a "
+                   "device copy; only with bf16) and varlen prefill TFLOP/s of useful work (16 "
+                   "packed sequences, 16384 tokens, causal unless --no-causal; vs dense at the "
+                   "same token count and FA4), forward, and backward with --backward.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
 @click.option("--plot", is_flag=True,
@@ -95,7 +102,8 @@ Examples:
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
     causal_only: bool | None, all_variants: bool, peers: bool, reps: int, warmup_s: float,
-    memory: bool, overhead: bool, feature_rows: bool, backward: bool, out: Path, plot: bool,
+    memory: bool, overhead: bool, feature_rows: bool, backward: bool, serving: bool, out: Path,
+    plot: bool,
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU, forward and
     backward; write JSON."""
@@ -142,6 +150,9 @@ def bench(
                 plain = select(fc.d, fc.dtype, fc.causal, arch, gpu_name=gpu_name)
                 result.rows += bf.bench_feature_case(fc, plain, peers=peers, reps=reps)
                 prog.advance(task)
+    if serving:
+        masks = (True,) if causal_only is None else (causal_only,)  # varlen: causal by default
+        result.serving = serving_rows(dtypes or bench_mod.DTYPES, masks, peers, backward, reps)
     if memory:
         spec = select(64, "bf16", True, arch, gpu_name=gpu_name)
         result.memory = bench_mod.memory_comparison(spec)
@@ -175,6 +186,8 @@ def bench(
         ]  # fmt: skip
         for line in format_table(headers_f, lines_f):
             click.echo(line)
+    for line in serving_lines(result.serving):
+        click.echo(line)
     if result.memory:
         m = result.memory
         click.echo(
@@ -193,6 +206,11 @@ def bench(
     for r in errors:
         where = " bwd" if r.direction == "bwd" else ""
         click.echo(f"note: {r.impl} {r.variant or ''} T={r.t}{where}: {r.error}", err=True)
+    if result.serving:
+        from flashgen.perf import bench_serving as bs
+
+        for note in bs.serving_notes(result.serving):
+            click.echo(f"note: {note}", err=True)
     out.mkdir(parents=True, exist_ok=True)
     path = bench_mod.result_path(result.env, out)
     path.write_text(result.to_json() + "\n")
@@ -224,6 +242,51 @@ def summary_lines(rows: list[bench_mod.Row], direction: str) -> list[str]:
         for x in lines
     ]  # fmt: skip
     return list(format_table(headers, table))
+
+
+def serving_rows(
+    dtypes: tuple[str, ...], causal: tuple[bool, ...], peers: bool, backward: bool, reps: int
+) -> list[dict[str, Any]]:
+    """bench_serving's rows: the decode rows (when bf16 is among `dtypes`), then the varlen
+    rows of each dtype and mask, forward and (with `backward`) backward."""
+    from flashgen.perf import bench_serving as bs
+
+    rows: list[dict[str, Any]] = []
+    todo_d = bs.decode_cases() if bs.DECODE_DTYPE in dtypes else []
+    todo_v = [(dt, c, direction) for dt in dtypes if dt in bs.VARLEN_DTYPES for c in causal
+              for direction in ("fwd", "bwd") if direction == "fwd" or backward]  # fmt: skip
+    with _progress() as prog:
+        task = prog.add_task("serving", total=len(todo_d) + len(todo_v))
+        for dc in todo_d:
+            prog.update(task, description=f"decode {dc.label}")
+            rows.append(bs.decode_row(dc, peers=peers))
+            prog.advance(task)
+        for dt, c, direction in todo_v:
+            prog.update(task, description=f"varlen {dt} causal={c} {direction}")
+            rows += bs.varlen_rows(dt, c, direction, peers=peers, reps=reps)
+            prog.advance(task)
+    return rows
+
+
+def serving_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The printed serving tables: decode (GB/s) and varlen prefill (TFLOP/s), each only
+    when it has rows."""
+    from flashgen.perf import bench_serving as bs
+
+    titles = {
+        bs.decode_table: f"decode, {bs.DECODE_DTYPE} d={bs.DECODE_D}: GB/s of K+V read per call "
+        f"(CUDA graph of {bs.DECODE_REPS} calls); x copy: over a device copy of the same bytes; "
+        "x peer: over the best of SDPA and FlashInfer",
+        bs.varlen_table: f"varlen prefill, {len(bs.SHUFFLED)} packed sequences "
+        f"({sum(bs.SHUFFLED)} tokens), H={bs.VARLEN_HEADS} d={bs.VARLEN_D}: TFLOP/s of useful "
+        "work (bwd: 2.5x the forward's FLOPs)",
+    }
+    out: list[str] = []
+    for table, title in titles.items():
+        headers, lines = table(rows)
+        if lines:
+            out += [title, *format_table(headers, lines)]
+    return out
 
 
 @main.command(

@@ -18,6 +18,9 @@ importable. Each implementation's forward runs once on requires_grad inputs, the
 `torch.autograd.grad(o, (q, k, v), do, retain_graph=True)` is timed like the forward (median
 of CUDA events). FLOPs = 2.5 x the forward's. Only fp16/bf16 with d <= 128 (the backward's
 range, no features); other cases have no backward rows.
+
+Feature rows (GQA, sliding window) are `bench_features`'s; serving rows (decode GB/s, varlen
+prefill TFLOP/s; `BenchResult.serving`) are `bench_serving`'s.
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ class BenchResult:
     rows: list[Row] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
     overhead: list[OverheadRow] = field(default_factory=list)
+    # the serving rows (bench_serving): decode and varlen dicts, each with its `kind`
+    serving: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         """The run as indented JSON."""
@@ -169,12 +174,14 @@ class BenchResult:
         }  # fmt: skip
         if self.overhead:
             data["overhead"] = [asdict(r) for r in self.overhead]
+        if self.serving:
+            data["serving"] = self.serving
         return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> BenchResult:
         """A run back from `to_json`'s text (or an older file: rows without `direction`
-        are forward rows)."""
+        are forward rows; no `serving` or `overhead`, none of those rows)."""
         data = json.loads(text)
         names = {f.name for f in fields(OverheadRow)}
         return cls(
@@ -185,6 +192,7 @@ class BenchResult:
                 OverheadRow(**{k: v for k, v in o.items() if k in names})
                 for o in data.get("overhead", [])
             ],
+            serving=list(data.get("serving", [])),
         )
 
 
