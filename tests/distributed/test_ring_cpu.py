@@ -182,3 +182,40 @@ def test_ring_check_oracle_is_the_attention_gradient() -> None:
                 "dv": vv.grad[:, :, keys]}  # fmt: skip
         for name, w in want.items():
             assert float((ref[name] - w.detach()).abs().max()) < 1e-12, name
+
+
+def test_nccl_exchange_batches_sends_to_the_next_rank_and_receives_from_the_previous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The NCCL path (not runnable here) with torch.distributed stood in for: one batch of
+    isends to the next rank and irecvs from the previous, peers named by global rank (a
+    subgroup whose ranks 0, 1, 2 are global 4, 6, 9), received buffers shaped like the sent."""
+    from flashgen.distributed import exchange
+
+    group = object()
+    calls: list[tuple[str, int, tuple[int, ...]]] = []
+
+    class Work:
+        def wait(self) -> None:
+            calls.append(("wait", -1, ()))
+
+    def p2p(op, tensor, peer, grp):  # noqa: ANN001, ANN202
+        assert grp is group
+        return (op.__name__, peer, tuple(tensor.shape))
+
+    def batch(ops):  # noqa: ANN001, ANN202
+        calls.extend(ops)
+        return [Work()]
+
+    ranks = [4, 6, 9]
+    monkeypatch.setattr(exchange.dist, "get_rank", lambda g: 0)
+    monkeypatch.setattr(exchange.dist, "get_world_size", lambda g: 3)
+    monkeypatch.setattr(exchange.dist, "get_backend", lambda g: "nccl")
+    monkeypatch.setattr(exchange.dist, "get_global_rank", lambda g, r: ranks[r])
+    monkeypatch.setattr(exchange.dist, "P2POp", p2p)
+    monkeypatch.setattr(exchange.dist, "batch_isend_irecv", batch)
+    ring = exchange.RingExchange(group)
+    got = ring.start([torch.zeros(2, 3), torch.zeros(5)]).wait()
+    assert calls == [("isend", 6, (2, 3)), ("isend", 6, (5,)),
+                     ("irecv", 9, (2, 3)), ("irecv", 9, (5,)), ("wait", -1, ())]  # fmt: skip
+    assert [tuple(t.shape) for t in got] == [(2, 3), (5,)]
