@@ -100,12 +100,12 @@ class RingAttention(torch.autograd.Function):
                     _rows(q, qr), _rows(kv[0], kr), _rows(kv[1], kr), _rows(out, qr),
                     lse[:, :, qr], _rows(do, qr), plan.causal, scale,
                 )  # fmt: skip
-                _rows(dq, qr).add_(shares[0].to(ct))
+                _rows(dq, qr).add_(shares[0])  # promoted in place: no copy
             if travelling is not None:
                 dkv = travelling.wait()
             if shares is not None:
-                _rows(dkv[0], kr).add_(shares[1].to(ct))
-                _rows(dkv[1], kr).add_(shares[2].to(ct))
+                _rows(dkv[0], kr).add_(shares[1])
+                _rows(dkv[1], kr).add_(shares[2])
             if ring is not None:
                 travelling = ring.start(dkv)
             if incoming is not None:
