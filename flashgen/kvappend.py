@@ -17,6 +17,10 @@ FlashAttention's arguments (its `window_size`, `softcap`, `alibi_slopes`, `softm
 `num_splits`, `return_softmax_lse`), appends k and v when given, and runs
 `flashgen.kvcache.attention_with_kvcache` over cache_seqlens + T_new keys. Like
 FlashAttention's, it does not update `cache_seqlens`: the caller advances it.
+
+Under torch.compile (and fake tensors, dispatch modes) the write is the custom op
+`flashgen::append_kv`, whose schema marks both caches as written in place: a compiled decode
+step then mutates the cache instead of copying it functionally.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 
 from flashgen.kvcache import attention_with_kvcache
-from flashgen.torch_support import fail
+from flashgen.torch_support import dispatch_stack, fail, function_modes
 
 
 def _check_new(name: str, x: Any, cache: Any, b: int) -> None:
@@ -68,26 +72,44 @@ def append_kv(
             f"{tuple(getattr(cache_seqlens, 'shape', ()))}: appending needs an int32 ({b},) "
             "tensor on the cache's device (where each sequence's new rows start)"
         )
+    if block_table is None and k_cache.shape[0] != b:
+        fail(f"k_cache.shape={tuple(k_cache.shape)}: a contiguous cache holds B={b} rows")
+    if block_table is not None and (
+        not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
+        or block_table.dim() != 2 or block_table.shape[0] != b
+        or block_table.device != k_cache.device
+    ):  # fmt: skip
+        fail(
+            f"block_table: must be an int32 (B={b}, pages per sequence) tensor on the cache's "
+            "device"
+        )
+    if _direct():
+        return _append_rows(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    # torch.compile, fake tensors, dispatch modes: the registered op, which declares that it
+    # writes the caches (no functional copy of a whole cache)
+    return _OP(k_cache, v_cache, k, v, cache_seqlens, block_table)
+
+
+def _direct() -> bool:
+    """True when the dispatcher would add nothing: eager, no dispatch or function modes."""
+    return not torch.compiler.is_compiling() and not dispatch_stack() and not function_modes()
+
+
+def _append_rows(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any
+) -> Any:
+    """The write itself (validated arguments): device-side index arithmetic only."""
+    b = int(k.shape[0])
     t_new = int(k.shape[1])
     dev = k_cache.device
     lens = cache_seqlens.long()
     pos = lens[:, None] + torch.arange(t_new, device=dev)[None, :]  # (B, T_new)
     if block_table is None:
         cap = int(k_cache.shape[1])
-        if k_cache.shape[0] != b:
-            fail(f"k_cache.shape={tuple(k_cache.shape)}: a contiguous cache holds B={b} rows")
         ok = (lens >= 0) & (lens + t_new <= cap)
         i0 = torch.arange(b, device=dev)[:, None].expand(b, t_new)
         i1 = pos.clamp(0, cap - 1)
     else:
-        if (
-            not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
-            or block_table.dim() != 2 or block_table.shape[0] != b or block_table.device != dev
-        ):  # fmt: skip
-            fail(
-                f"block_table: must be an int32 (B={b}, pages per sequence) tensor on the "
-                "cache's device"
-            )
         page_size, n_pages, per_seq = int(k_cache.shape[1]), int(k_cache.shape[0]), int(
             block_table.shape[1]
         )
@@ -111,6 +133,27 @@ def append_kv(
         fill = torch.where(any_ok, rows[first], cache[i0[0], i1[0]])
         cache.index_put_((i0, i1), torch.where(valid[:, None, None], rows, fill))
     return torch.where(ok, lens + t_new, -1).to(torch.int32)
+
+
+# The op (torch.compile, export, fake tensors): it declares the two caches written in place
+SCHEMA = (
+    "append_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
+    "Tensor cache_seqlens, Tensor? block_table) -> Tensor"
+)
+_library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
+_LIB: Any = _library.Library("flashgen", "FRAGMENT")
+_LIB.define(SCHEMA)
+_LIB.impl("append_kv", _append_rows, "CompositeExplicitAutograd")
+
+
+def _fake(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any
+) -> Any:
+    return torch.empty_like(cache_seqlens)
+
+
+_library.register_fake("flashgen::append_kv", _fake, lib=_LIB)
+_OP = torch.ops.flashgen.append_kv.default
 
 
 def flash_attn_with_kvcache(

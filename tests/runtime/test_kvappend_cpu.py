@@ -132,3 +132,29 @@ def test_front_door_refuses_what_it_does_not_support() -> None:
         flash_attn_with_kvcache(q, kc, kc, k=torch.zeros(1, 1, 1, 16))
     with pytest.raises(ValueError, match="cache_seqlens=None with k, v"):
         flash_attn_with_kvcache(q, kc, kc, k=torch.zeros(1, 1, 1, 16), v=torch.zeros(1, 1, 1, 16))
+
+
+def _paged_case(seed: int = 0):  # noqa: ANN202
+    g = torch.Generator().manual_seed(seed)
+    kc, vc = torch.randn(6, 3, 2, 8, generator=g), torch.randn(6, 3, 2, 8, generator=g)
+    k, v = torch.randn(2, 2, 2, 8, generator=g), torch.randn(2, 2, 2, 8, generator=g)
+    table = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=torch.int32)
+    lens = torch.tensor([2, 8], dtype=torch.int32)  # the second one overflows
+    return kc, vc, k, v, lens, table
+
+
+def test_the_registered_op_passes_torch_opcheck() -> None:
+    """flashgen::append_kv's schema (the caches declared written), fake implementation and
+    functionalization agree with what the op does."""
+    kc, vc, k, v, lens, table = _paged_case()
+    torch.library.opcheck(torch.ops.flashgen.append_kv.default, (kc, vc, k, v, lens, table))
+
+
+def test_append_under_torch_compile_fullgraph_writes_the_caches() -> None:
+    kc, vc, k, v, lens, table = _paged_case(1)
+    kc2, vc2 = kc.clone(), vc.clone()
+    want = append_kv(kc, vc, k, v, lens, table)
+    compiled = torch.compile(append_kv, fullgraph=True, backend="aot_eager")
+    got = compiled(kc2, vc2, k, v, lens, table)
+    assert torch.equal(got, want) and got.tolist() == [4, -1]
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
