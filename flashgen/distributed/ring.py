@@ -34,8 +34,81 @@ def _rows(x: Any, rows: slice) -> Any:
     return x[:, :, rows]
 
 
+def ring_forward(
+    q: Any, k: Any, v: Any, causal: bool, scale: float, group: Any, layout: str,
+    engine: BlockEngine,
+) -> tuple[Any, Any]:  # fmt: skip
+    """The forward ring: this rank's (O in q's dtype and layout, LSE) (module docstring)."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    ring = RingExchange(group) if world > 1 else None
+    t = q.shape[2]
+    acc_o, acc_lse = empty_accumulator(q, v.shape[-1])
+    kv = [k, v]
+    for step in range(world):
+        incoming = ring.start(kv) if ring is not None and step < world - 1 else None
+        plan = block_plan(rank, (rank - step) % world, world, t, causal, layout)
+        if plan is not None:
+            qr, kr = plan.q_slice(), plan.kv_slice()
+            o, lse = engine.forward(
+                _rows(q, qr), _rows(kv[0], kr), _rows(kv[1], kr), plan.causal, scale
+            )
+            merge_into(_rows(acc_o, qr), acc_lse[:, :, qr], o, lse)
+        if incoming is not None:
+            kv = incoming.wait()
+    if v.shape[-1] == q.shape[-1]:
+        out = torch.empty_like(q)  # q's memory layout, as flashgen.torch.attention's O
+        out.copy_(acc_o)
+    else:
+        out = acc_o.to(q.dtype)
+    return out, acc_lse
+
+
+def ring_backward(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, grad_o: Any, causal: bool, scale: float,
+    group: Any, layout: str, engine: BlockEngine,
+) -> tuple[Any, Any, Any]:  # fmt: skip
+    """The backward ring: this rank's (dQ, dK, dV) (module docstring)."""
+    do = grad_o if grad_o.stride() == out.stride() else grad_o.contiguous()
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    ring = RingExchange(group) if world > 1 else None
+    t = q.shape[2]
+    ct = accumulator_dtype(q)
+    dq = torch.zeros(q.shape, device=q.device, dtype=ct)
+    dkv = [
+        torch.zeros(k.shape, device=k.device, dtype=ct),
+        torch.zeros(v.shape, device=v.device, dtype=ct),
+    ]
+    kv = [k, v]
+    travelling = None  # the accumulator of this step's shard, on its way from rank - 1
+    for step in range(world):
+        incoming = ring.start(kv) if ring is not None and step < world - 1 else None
+        plan = block_plan(rank, (rank - step) % world, world, t, causal, layout)
+        shares = None
+        if plan is not None:
+            qr, kr = plan.q_slice(), plan.kv_slice()
+            shares = engine.backward(
+                _rows(q, qr), _rows(kv[0], kr), _rows(kv[1], kr), _rows(out, qr),
+                lse[:, :, qr], _rows(do, qr), plan.causal, scale,
+            )  # fmt: skip
+            _rows(dq, qr).add_(shares[0])  # promoted in place: no copy
+        if travelling is not None:
+            dkv = travelling.wait()
+        if shares is not None:
+            _rows(dkv[0], kr).add_(shares[1])
+            _rows(dkv[1], kr).add_(shares[2])
+        if ring is not None:
+            travelling = ring.start(dkv)
+        if incoming is not None:
+            kv = incoming.wait()
+    if travelling is not None:  # the own shard's accumulator, back from rank - 1
+        dkv = travelling.wait()
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
 class RingAttention(torch.autograd.Function):
-    """`ring_attention`'s autograd function:
+    """`ring_attention`'s autograd function (eager calls):
     `apply(q, k, v, causal, scale, group, layout, engine)` -> (O, LSE)."""
 
     @staticmethod
@@ -43,76 +116,20 @@ class RingAttention(torch.autograd.Function):
         ctx: Any, q: Any, k: Any, v: Any, causal: bool, scale: float, group: Any,
         layout: str, engine: BlockEngine,
     ) -> tuple[Any, Any]:  # fmt: skip
-        world = dist.get_world_size(group)
-        rank = dist.get_rank(group)
-        ring = RingExchange(group) if world > 1 else None
-        t = q.shape[2]
-        acc_o, acc_lse = empty_accumulator(q, v.shape[-1])
-        kv = [k, v]
-        for step in range(world):
-            incoming = ring.start(kv) if ring is not None and step < world - 1 else None
-            plan = block_plan(rank, (rank - step) % world, world, t, causal, layout)
-            if plan is not None:
-                qr, kr = plan.q_slice(), plan.kv_slice()
-                o, lse = engine.forward(
-                    _rows(q, qr), _rows(kv[0], kr), _rows(kv[1], kr), plan.causal, scale
-                )
-                merge_into(_rows(acc_o, qr), acc_lse[:, :, qr], o, lse)
-            if incoming is not None:
-                kv = incoming.wait()
-        if v.shape[-1] == q.shape[-1]:
-            out = torch.empty_like(q)  # q's memory layout, as flashgen.torch.attention's O
-            out.copy_(acc_o)
-        else:
-            out = acc_o.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, acc_lse)
+        out, lse = ring_forward(q, k, v, causal, scale, group, layout, engine)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.setup = (causal, scale, group, layout, engine)
-        ctx.mark_non_differentiable(acc_lse)
-        return out, acc_lse
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     def backward(ctx: Any, grad_o: Any, grad_lse: Any) -> Any:  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        causal, scale, group, layout, engine = ctx.setup
         none = (None,) * 5
         if grad_o is None:
             return (None, None, None, *none)
-        do = grad_o if grad_o.stride() == out.stride() else grad_o.contiguous()
-        world = dist.get_world_size(group)
-        rank = dist.get_rank(group)
-        ring = RingExchange(group) if world > 1 else None
-        t = q.shape[2]
-        ct = accumulator_dtype(q)
-        dq = torch.zeros(q.shape, device=q.device, dtype=ct)
-        dkv = [
-            torch.zeros(k.shape, device=k.device, dtype=ct),
-            torch.zeros(v.shape, device=v.device, dtype=ct),
-        ]
-        kv = [k, v]
-        travelling = None  # the accumulator of this step's shard, on its way from rank - 1
-        for step in range(world):
-            incoming = ring.start(kv) if ring is not None and step < world - 1 else None
-            plan = block_plan(rank, (rank - step) % world, world, t, causal, layout)
-            shares = None
-            if plan is not None:
-                qr, kr = plan.q_slice(), plan.kv_slice()
-                shares = engine.backward(
-                    _rows(q, qr), _rows(kv[0], kr), _rows(kv[1], kr), _rows(out, qr),
-                    lse[:, :, qr], _rows(do, qr), plan.causal, scale,
-                )  # fmt: skip
-                _rows(dq, qr).add_(shares[0])  # promoted in place: no copy
-            if travelling is not None:
-                dkv = travelling.wait()
-            if shares is not None:
-                _rows(dkv[0], kr).add_(shares[1])
-                _rows(dkv[1], kr).add_(shares[2])
-            if ring is not None:
-                travelling = ring.start(dkv)
-            if incoming is not None:
-                kv = incoming.wait()
-        if travelling is not None:  # the own shard's accumulator, back from rank - 1
-            dkv = travelling.wait()
-        return (dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), *none)
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = ring_backward(q, k, v, out, lse, grad_o, *ctx.setup)
+        return (*grads, *none)
 
 
 def ring_attention(
@@ -181,7 +198,20 @@ def ring_attention(
         scale = 1.0 / math.sqrt(d)
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale={scale!r}: must be a finite number > 0, or None (1/sqrt(d))")
-    o, lse = RingAttention.apply(  # type: ignore[no-untyped-call]
-        q, k, v, causal, float(scale), group, layout, engine_for(q, engine)
-    )
+    if engine is None and not _eager():
+        # torch.compile, fake tensors, dispatch modes: the registered op (one graph node)
+        from flashgen.distributed import op
+
+        o, lse = op.ring_op(q, k, v, causal, float(scale), op.group_name(group), layout)
+    else:
+        o, lse = RingAttention.apply(  # type: ignore[no-untyped-call]
+            q, k, v, causal, float(scale), group, layout, engine_for(q, engine)
+        )
     return (o, lse) if return_lse else o
+
+
+def _eager() -> bool:
+    """True outside torch.compile, fake tensors and dispatch modes."""
+    from flashgen.torch_support import dispatch_stack, function_modes
+
+    return not torch.compiler.is_compiling() and not dispatch_stack() and not function_modes()

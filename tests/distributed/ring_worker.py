@@ -65,9 +65,10 @@ def main() -> None:
     for case in CASES:
         err = run_case(case, rank, world)
         print(json.dumps({"rank": rank, "case": list(case), "err": err}), flush=True)
-    if world == 2:  # inside torch.compile (dynamo breaks the graph around the ring's calls)
+    if world == 2:  # inside torch.compile(fullgraph=True): the registered ops, one node each
         compiled = torch.compile(
-            lambda *xs: ring_attention(*xs, causal=True, return_lse=True), backend="aot_eager"
+            lambda *xs: ring_attention(*xs, causal=True, return_lse=True), backend="aot_eager",
+            fullgraph=True,
         )
         gen = torch.Generator().manual_seed(5)
         whole = [torch.randn(1, 2, 8, 8, generator=gen, dtype=torch.float64) for _ in range(3)]
