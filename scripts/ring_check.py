@@ -228,7 +228,10 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a dry run of the script (gloo, plain torch per step, no timing)")
     a = ap.parse_args()
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (device docs)
+    # no NVLink multicast (the device docs: it can take a shared host's GPUs out of service)
+    for var, off in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):  # fmt: skip
+        os.environ.setdefault(var, off)
     cpu = a.device == "cpu"
     dist.init_process_group("gloo" if cpu else a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
