@@ -58,6 +58,17 @@ def append_kv(
     cache_seqlens[b] + [0, T_new) (module docstring); returns the new lengths, int32 (B,):
     cache_seqlens + T_new, or -1 for a sequence whose rows were not written because they do
     not fit. `cache_seqlens`: int32 (B,) on the cache's device."""
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(c, torch.Tensor) or c.dim() != 4:
+            fail(
+                f"{name}: {type(c).__name__} of shape {getattr(c, 'shape', None)}: must be a 4-D "
+                "tensor, (B, T, H_kv, d) or pages (n_pages, page_size, H_kv, d)"
+            )
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        fail(
+            f"k_cache.shape={tuple(k_cache.shape)}, v_cache.shape={tuple(v_cache.shape)}: the "
+            "two caches must hold the same rows (only the head dims may differ)"
+        )
     b = int(k.shape[0]) if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
     _check_new("k", k, k_cache, b)
     _check_new("v", v, v_cache, b)
@@ -197,6 +208,16 @@ def flash_attn_with_kvcache(
         fail("k and v: pass both (the new tokens' keys and values) or neither")
     lens = cache_seqlens
     if k is not None:
+        # what the decode call would refuse, refused before anything is written into the cache
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or not isinstance(k_cache, torch.Tensor):
+            fail("q: must be a 4-D (B, Tq, H, d) tensor, and the caches tensors")
+        if q.dtype != k_cache.dtype or q.device != k_cache.device:
+            fail(
+                f"q: {q.dtype} on {q.device}, k_cache {k_cache.dtype} on {k_cache.device}: q and "
+                "the caches must share one dtype and device"
+            )
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            fail(f"q.dtype={q.dtype}: must be torch.float16 or torch.bfloat16")
         if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
             lens = torch.full((k.shape[0],), cache_seqlens, dtype=torch.int32,
                               device=k_cache.device)  # fmt: skip

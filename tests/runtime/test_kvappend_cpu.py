@@ -119,6 +119,10 @@ def test_append_refuses_bad_arguments() -> None:
         append_kv(kc, kc, k, k.double(), lens)
     with pytest.raises(ValueError, match="block_table: must be an int32"):
         append_kv(kc, kc, k, k, lens, torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="k_cache: list of shape None: must be a 4-D"):
+        append_kv([], kc, k, k, lens)
+    with pytest.raises(ValueError, match="the two caches must hold the same rows"):
+        append_kv(kc, kc[:, :4], k, k, lens)
 
 
 def test_front_door_refuses_what_it_does_not_support() -> None:
@@ -130,8 +134,14 @@ def test_front_door_refuses_what_it_does_not_support() -> None:
         flash_attn_with_kvcache(q, kc, kc, cache_batch_idx=torch.zeros(1))
     with pytest.raises(ValueError, match="k and v: pass both"):
         flash_attn_with_kvcache(q, kc, kc, k=torch.zeros(1, 1, 1, 16))
+    k1 = torch.zeros(1, 1, 1, 16)
+    with pytest.raises(ValueError, match="q.dtype=torch.float32: must be torch.float16"):
+        flash_attn_with_kvcache(q, kc, kc, k=k1, v=k1, cache_seqlens=0)
+    with pytest.raises(ValueError, match="share one dtype and device"):
+        flash_attn_with_kvcache(q.half(), kc, kc, k=k1, v=k1, cache_seqlens=0)
+    assert not kc.any()  # refused before anything was written
     with pytest.raises(ValueError, match="cache_seqlens=None with k, v"):
-        flash_attn_with_kvcache(q, kc, kc, k=torch.zeros(1, 1, 1, 16), v=torch.zeros(1, 1, 1, 16))
+        flash_attn_with_kvcache(q.half(), kc.half(), kc.half(), k=k1.half(), v=k1.half())
 
 
 def _paged_case(seed: int = 0):  # noqa: ANN202
