@@ -11,8 +11,9 @@ Correctness (bf16, d 128, B 1, H 16, H_kv 16 and GQA 16/4, causal and not, the w
 `--t` tokens, zigzag shards): each rank's O, LSE, dQ on 64 of its query rows and dK, dV on 64 of
 its key rows, against a float64 oracle of the whole sequence (chunked on the GPU); beside them
 the same errors of flashgen's single-GPU attention on the whole sequence (when it fits). The
-ring passes where its error <= 2 x the single-GPU kernel's + 1e-5 (DESIGN.md's rule with the
-single-GPU kernel's error as the reference's; for LSE the slack is 1e-4 instead of 1e-5).
+ring passes by DESIGN.md's rule with the single-GPU kernel's error as the reference's: O within
+2x it + 1e-5, LSE within 1e-4 (or 2x), a gradient within 2x + one bf16 ulp at its largest
+oracle value (verify/oracle_bwd's slack).
 
 Weak scaling (causal, bf16, d 128, H 16, 32k tokens per GPU: T = 32k x N): per-GPU TFLOP/s of
 the ring forward and forward+backward (FLOPs of the whole causal attention / N / time; the
@@ -118,8 +119,14 @@ def correctness(rank: int, world: int, t: int, dev: str) -> list[dict[str, Any]]
                                  "dv": whole[2].grad[:, :, keys]}, ref)  # fmt: skip
             except torch.OutOfMemoryError:
                 pass
+            # the correctness rule with the single-GPU kernel as the reference: O 2x its error
+            # + 1e-5; LSE 1e-4 absolute (or 2x); a gradient 2x + one bf16 ulp at max|g64|
+            # (verify/oracle_bwd.grad_eps; the max over the sampled rows: a smaller slack)
+            slack = {"o": 1e-5, "lse": 0.0}
+            slack.update({n: 2.0**-7 * float(ref[n].abs().max()) for n in ("dq", "dk", "dv")})
             ok = single is not None and all(
-                ring[n] <= 2 * single[n] + (1e-4 if n == "lse" else 1e-5) for n in ring
+                ring[n] <= (max(1e-4, 2 * single[n]) if n == "lse" else 2 * single[n] + slack[n])
+                for n in ring
             )
             out.append({"rank": rank, "h_kv": h_kv, "causal": causal, "t": t, "ring": ring,
                         "single": single, "pass": ok})  # fmt: skip
