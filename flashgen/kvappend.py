@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from flashgen.kvcache import attention_with_kvcache
-from flashgen.torch_support import dispatch_stack, fail, function_modes
+from flashgen.torch_support import fail, no_modes
 
 
 def _check_new(name: str, x: Any, cache: Any, b: int) -> None:
@@ -94,16 +94,11 @@ def append_kv(
             f"block_table: must be an int32 (B={b}, pages per sequence) tensor on the cache's "
             "device"
         )
-    if _direct():
+    if no_modes():
         return _append_rows(k_cache, v_cache, k, v, cache_seqlens, block_table)
     # torch.compile, fake tensors, dispatch modes: the registered op, which declares that it
     # writes the caches (no functional copy of a whole cache)
     return _OP(k_cache, v_cache, k, v, cache_seqlens, block_table)
-
-
-def _direct() -> bool:
-    """True when the dispatcher would add nothing: eager, no dispatch or function modes."""
-    return not torch.compiler.is_compiling() and not dispatch_stack() and not function_modes()
 
 
 def _append_rows(

@@ -83,6 +83,12 @@ dispatch_stack = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 
 
+def no_modes() -> bool:
+    """True outside torch.compile, dispatch modes (fake tensors, ...) and function modes: where
+    a registered op's dispatcher would add nothing to a direct call of its implementation."""
+    return not torch.compiler.is_compiling() and not dispatch_stack() and not function_modes()
+
+
 def device_arch(dev: int) -> str:
     """The compute capability of CUDA device `dev` as the arch name kernels compile for
     (`sm_90` on an H200)."""

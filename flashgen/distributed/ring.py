@@ -27,6 +27,7 @@ from flashgen.distributed.blocks import BlockEngine, engine_for
 from flashgen.distributed.exchange import RingExchange
 from flashgen.distributed.merge import accumulator_dtype, empty_accumulator, merge_into
 from flashgen.distributed.sharding import block_plan, check_layout
+from flashgen.torch_support import no_modes
 
 
 def _rows(x: Any, rows: slice) -> Any:
@@ -198,7 +199,7 @@ def ring_attention(
         scale = 1.0 / math.sqrt(d)
     elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale={scale!r}: must be a finite number > 0, or None (1/sqrt(d))")
-    if engine is None and not _eager():
+    if engine is None and not no_modes():
         # torch.compile, fake tensors, dispatch modes: the registered op (one graph node)
         from flashgen.distributed import op
 
@@ -209,9 +210,3 @@ def ring_attention(
         )
     return (o, lse) if return_lse else o
 
-
-def _eager() -> bool:
-    """True outside torch.compile, fake tensors and dispatch modes."""
-    from flashgen.torch_support import dispatch_stack, function_modes
-
-    return not torch.compiler.is_compiling() and not dispatch_stack() and not function_modes()
