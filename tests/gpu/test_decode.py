@@ -18,6 +18,8 @@ if not torch.cuda.is_available():
     pytest.skip("torch has no CUDA device", allow_module_level=True)
 from flashgen.kvcache import attention_with_kvcache  # noqa: E402
 
+from ._graphs import assert_no_sync, capture  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 TORCH_TYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -176,17 +178,10 @@ def test_cuda_graph_replays_with_new_lengths_and_never_synchronizes() -> None:
     lens = c["seqlens"]
     args = (c["q"], c["k"], c["v"], lens)
     attention_with_kvcache(*args, block_table=c["table"])  # compiles and loads
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        attention_with_kvcache(*args, block_table=c["table"])
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = attention_with_kvcache(*args, block_table=c["table"], return_lse=True)
+    assert_no_sync(lambda: attention_with_kvcache(*args, block_table=c["table"]))
+    graph, out = capture(
+        lambda: attention_with_kvcache(*args, block_table=c["table"], return_lse=True)
+    )
     for new in ([1, 4096, 17, 2000], [0, 5, 3000, 4096], [4096, 1, 1, 1]):
         lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()

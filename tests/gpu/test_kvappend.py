@@ -15,6 +15,8 @@ if not torch.cuda.is_available():
 from flashgen.kvappend import flash_attn_with_kvcache  # noqa: E402
 from flashgen.kvcache import attention_with_kvcache  # noqa: E402
 
+from ._graphs import assert_no_sync, capture  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 B, H, H_KV, D, CAP, T_NEW = 3, 8, 2, 128, 512, 2
 
@@ -78,17 +80,8 @@ def test_graph_captured_append_replays_with_new_lengths_without_sync() -> None:
     call = lambda: flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seq,  # noqa: E731
                                            block_table=table, causal=True)  # fmt: skip
     call()  # compiles and loads
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        call()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = call()
+    assert_no_sync(call)
+    graph, out = capture(call)
     for lens in ([0, 1, 2], [100, 7, CAP - T_NEW], [300, 300, 10]):
         seq.copy_(torch.tensor(lens, dtype=torch.int32))
         kh, vh = _by_hand(kc, vc, k, v, lens, table)
