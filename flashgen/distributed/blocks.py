@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
+from flashgen.distributed.merge import accumulator_dtype
+
 
 class BlockEngine(Protocol):
     """One ring step's attention (see the module docstring)."""
@@ -74,7 +76,7 @@ class MathBlocks:
 
     @staticmethod
     def _scores(q: Any, k: Any, causal: bool, scale: float) -> tuple[Any, Any, int]:
-        ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+        ct = accumulator_dtype(q)
         group = q.shape[1] // k.shape[1]
         kk = k.to(ct).repeat_interleave(group, 1)
         s = torch.matmul(q.to(ct), kk.transpose(-1, -2)) * scale

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from flashgen.distributed.blocks import engine_for
+from flashgen.distributed.merge import accumulator_dtype
 from flashgen.distributed.ring import ring_backward, ring_forward
 
 # torch's functional collectives pass groups by name the same way (private, typed loosely here)
@@ -56,11 +57,10 @@ def _backward_impl(
 
 def _fake_forward(q: Any, k: Any, v: Any, causal: bool, scale: float, name: str,
                   layout: str) -> tuple[Any, Any]:  # fmt: skip
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty_like(q) if v.shape[-1] == q.shape[-1] else q.new_empty(
         (*q.shape[:3], v.shape[-1])
     )
-    return out, q.new_empty(q.shape[:3], dtype=ct)
+    return out, q.new_empty(q.shape[:3], dtype=accumulator_dtype(q))
 
 
 def _fake_backward(
