@@ -3,14 +3,23 @@
 
 `append_kv` writes each sequence's new K/V rows at its positions cache_seqlens[b] ..
 cache_seqlens[b] + T_new - 1, in a contiguous (B, T, H_kv, d) cache or a paged one
-(n_pages, page_size, H_kv, d) through `block_table`, with device-side index arithmetic only:
-no synchronization, so a decode step that appends stays CUDA-graph capturable with varying
-lengths. A sequence whose append does not fit (a length below 0, past the capacity, or a page
-index outside [0, n_pages)) cannot be refused on the host without reading device memory: its
-rows are not written at all, and its new length comes back as -1, which the decode kernel
-answers with NaN rows for that sequence (never a silently wrong O). The writes of refused rows
-are redirected onto a valid row's own write (same target, same value), so they can clobber
-nothing -- not even another sequence's new rows in the same call.
+(n_pages, page_size, H_kv, d) through `block_table`, with no synchronization, so a decode step
+that appends stays CUDA-graph capturable with varying lengths. A sequence whose append does not
+fit (a length below 0, past the capacity, or a page index outside [0, n_pages)) cannot be
+refused on the host without reading device memory: its rows are not written at all, and its new
+length comes back as -1, which the decode kernel answers with NaN rows for that sequence (never
+a silently wrong O).
+
+On CUDA tensors the append is one kernel launch (runtime/append_kernel.py: each block decides
+its sequence's validity itself and a refused sequence's blocks write nothing), where ~30 torch
+ops would cost more host time than the decode kernel itself. Elsewhere, and where the kernel
+does not take the tensors (a head's row not contiguous, a GPU flashgen does not know), it is
+`_append_rows`: device-side torch index arithmetic, whose writes of refused rows are redirected
+onto a valid row's own write (same target, same value), so they can clobber nothing -- not even
+another sequence's new rows in the same call. Both give the same lengths and the same cache
+contents. Two valid sequences writing the same page slot (a page shared by sequences being
+appended to), or k_cache overlapping v_cache, are caller errors: which write lands is then
+unspecified, on either path.
 
 `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=..., ...)` takes
 FlashAttention's arguments (its `window_size`, `softcap`, `alibi_slopes`, `softmax_scale`,
@@ -25,12 +34,15 @@ step then mutates the cache instead of copying it functionally.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
+from flashgen.generator.arch import ARCHS
 from flashgen.kvcache import attention_with_kvcache
-from flashgen.torch_support import fail, no_modes
+from flashgen.runtime import append_kernel
+from flashgen.torch_support import device_arch, fail, no_modes, raw_stream
 
 
 def _check_new(name: str, x: Any, cache: Any, b: int) -> None:
@@ -95,16 +107,93 @@ def append_kv(
             "device"
         )
     if no_modes():
-        return _append_rows(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        return _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     # torch.compile, fake tensors, dispatch modes: the registered op, which declares that it
     # writes the caches (no functional copy of a whole cache)
     return _OP(k_cache, v_cache, k, v, cache_seqlens, block_table)
 
 
+@functools.lru_cache(maxsize=16)
+def _cuda_arch(index: int) -> str | None:
+    arch = device_arch(index)
+    return arch if arch in ARCHS else None
+
+
+def _kernel_arch(device: Any) -> str | None:
+    """The arch the append kernel compiles for on `device`: None off CUDA and on a GPU whose
+    arch flashgen does not know (both appended by `_append_rows`)."""
+    return _cuda_arch(device.index) if device.type == "cuda" else None
+
+
+_stream = raw_stream  # the current CUstream of a device (tests stand a CPU one in)
+
+
+def _side(cache: Any, new: Any) -> append_kernel.Side:
+    cs, ns = cache.stride(), new.stride()
+    return append_kernel.Side(cache.data_ptr(), new.data_ptr(), (cs[0], cs[1], cs[2]),
+                              (ns[0], ns[1], ns[2]), int(cache.shape[3]))  # fmt: skip
+
+
+def _kernel_args(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any,
+    new_lens: Any,
+) -> append_kernel.Append | None:  # fmt: skip
+    """The append kernel's arguments for validated tensors writing the lengths into `new_lens`,
+    or None where the kernel does not take them: a head's row not contiguous (the kernel reads
+    and writes rows of d elements at stride 1), a tensor whose bytes are not its values (a
+    complex dtype, a conjugate or negative view), one that autograd records (the torch ops
+    keep such an append differentiable; the kernel's raw writes would drop the gradient),
+    sizes past its int32 indices."""
+    grad = torch.is_grad_enabled()
+    for t in (k_cache, v_cache, k, v):
+        if (
+            (t.stride(3) != 1 and t.shape[3] > 1) or t.dtype.is_complex or t.is_conj()
+            or t.is_neg() or (grad and t.requires_grad)
+        ):  # fmt: skip
+            return None
+    if block_table is None:
+        capacity, page_size, n_pages, table, table_strides = int(k_cache.shape[1]), 1, 0, 0, (0, 0)
+    else:
+        page_size, n_pages = int(k_cache.shape[1]), int(k_cache.shape[0])
+        capacity = int(block_table.shape[1]) * page_size
+        table = block_table.data_ptr()
+        table_strides = (int(block_table.stride(0)), int(block_table.stride(1)))
+    args = append_kernel.Append(
+        k=_side(k_cache, k), v=_side(v_cache, v), lens=cache_seqlens.data_ptr(),
+        lens_stride=int(cache_seqlens.stride(0)), table=table, table_strides=table_strides,
+        new_lens=new_lens.data_ptr(), batch=int(k.shape[0]), t_new=int(k.shape[1]),
+        heads=int(k.shape[2]), capacity=capacity, page_size=page_size, n_pages=n_pages,
+        element_size=k_cache.element_size(),
+    )  # fmt: skip
+    return args if args.fits() else None
+
+
+def _append(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any
+) -> Any:
+    """The append (validated arguments), and the registered op's implementation: one launch of
+    the append kernel on the current stream for CUDA tensors it takes, `_append_rows`'
+    torch ops otherwise. No host synchronization either way."""
+    b = int(k.shape[0])
+    if b == 0:  # nothing to append (and no empty grid to launch)
+        return torch.empty(0, dtype=torch.int32, device=k_cache.device)
+    dev = k_cache.device
+    arch = _kernel_arch(dev)
+    if arch is not None:
+        new_lens = torch.empty(b, dtype=torch.int32, device=dev)
+        args = _kernel_args(k_cache, v_cache, k, v, cache_seqlens, block_table, new_lens)
+        if args is not None:
+            append_kernel.launch(args, _stream(dev.index), dev.index, arch)
+            return new_lens
+    return _append_rows(k_cache, v_cache, k, v, cache_seqlens, block_table)
+
+
 def _append_rows(
     k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any
 ) -> Any:
-    """The write itself (validated arguments): device-side index arithmetic only."""
+    """The write with torch ops (validated arguments, B >= 1): device-side index arithmetic
+    only, ~30 small ops. CPU tensors and what the kernel does not take; the reference the
+    kernel is tested against."""
     b = int(k.shape[0])
     t_new = int(k.shape[1])
     dev = k_cache.device
@@ -149,7 +238,7 @@ SCHEMA = (
 _library: Any = torch.library  # partly untyped: keep mypy --strict quiet with torch installed
 _LIB: Any = _library.Library("flashgen", "FRAGMENT")
 _LIB.define(SCHEMA)
-_LIB.impl("append_kv", _append_rows, "CompositeExplicitAutograd")
+_LIB.impl("append_kv", _append, "CompositeExplicitAutograd")  # compiled steps: one launch too
 
 
 def _fake(

@@ -2,15 +2,25 @@
 where a per-row Python reference puts them, in contiguous and paged (shuffled, odd page size)
 caches; a sequence that does not fit is not written at all and gets length -1; refused rows
 clobber nothing, not even a valid sequence's new rows in the same page; the FlashAttention-
-shaped front door refuses what it does not support, naming it."""
+shaped front door refuses what it does not support, naming it. The one-launch append kernel
+(runtime/append_kernel.py) compiles without spills, and the front door hands it the right
+arguments (a stand-in launch), or appends with torch ops where it does not take the tensors."""
 
 from __future__ import annotations
+
+import ctypes
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from flashgen import kvappend  # noqa: E402
+from flashgen.generator.arch import ARCHS  # noqa: E402
+from flashgen.generator.compile import cubin_flags, run_nvcc  # noqa: E402
+from flashgen.generator.report import parse_ptxas  # noqa: E402
 from flashgen.kvappend import append_kv, flash_attn_with_kvcache  # noqa: E402
+from flashgen.runtime import append_kernel  # noqa: E402
 
 
 def _reference(k_cache, v_cache, k, v, lens, table):  # noqa: ANN001, ANN202
@@ -168,3 +178,112 @@ def test_append_under_torch_compile_fullgraph_writes_the_caches() -> None:
     got = compiled(kc2, vc2, k, v, lens, table)
     assert torch.equal(got, want) and got.tolist() == [4, -1]
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+# ---- the append kernel ----------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_append_kernel_compiles_without_spills(nvcc_required: Path, arch: str) -> None:
+    cubin, log = run_nvcc(cubin_flags(ARCHS[arch].gencode), append_kernel.SOURCE,
+                          what="append kernel")  # fmt: skip
+    r = parse_ptxas(log, append_kernel.NAME, arch)
+    assert cubin[:4] == b"\x7fELF"
+    assert 0 < r.registers <= 64 and r.spill_bytes == 0 and r.stack_frame == 0, r
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[append_kernel.Append, int, str]]:
+    """CPU tensors take the kernel path, into a stand-in launch that records its arguments
+    (and writes nothing: the tests read the arguments, not the cache)."""
+    got: list[tuple[append_kernel.Append, int, str]] = []
+    monkeypatch.setattr(kvappend, "_kernel_arch", lambda device: "sm_90")
+    monkeypatch.setattr(kvappend, "_stream", lambda index: 1234)
+
+    def launch(args: append_kernel.Append, stream: int, device: int, arch: str) -> None:
+        got.append((args, stream, arch))
+
+    monkeypatch.setattr(kvappend.append_kernel, "launch", launch)
+    return got
+
+
+def test_a_contiguous_append_hands_the_kernel_its_tensors(launches) -> None:  # noqa: ANN001
+    kc = torch.zeros(3, 40, 2, 64, dtype=torch.bfloat16)
+    vc = torch.zeros(3, 40, 2, 32, dtype=torch.bfloat16)  # dv != d
+    proj = torch.zeros(3, 5, 6, 64, dtype=torch.bfloat16)  # k a slice of a (B, T, H, d) tensor
+    k, v = proj[:, :, 2:4], torch.zeros(3, 5, 2, 32, dtype=torch.bfloat16)
+    lens = torch.tensor([0, 7, 35], dtype=torch.int32)
+    out = append_kv(kc, vc, k, v, lens)
+    (a, stream, arch), = launches
+    assert (stream, arch) == (1234, "sm_90")
+    assert a.new_lens == out.data_ptr() and out.dtype == torch.int32 and out.shape == (3,)
+    assert a.k == append_kernel.Side(kc.data_ptr(), k.data_ptr(), (5120, 128, 64),
+                                     (1920, 384, 64), 64)  # fmt: skip
+    assert a.v == append_kernel.Side(vc.data_ptr(), v.data_ptr(), (2560, 64, 32), (320, 64, 32), 32)
+    assert (a.lens, a.lens_stride, a.table) == (lens.data_ptr(), 1, 0)
+    assert (a.batch, a.t_new, a.heads, a.capacity, a.element_size) == (3, 5, 2, 40, 2)
+    assert (a.page_size, a.n_pages, a.row_blocks, a.grid) == (1, 0, 1, 3)
+    assert a.k.unit(2) == 16 and a.v.unit(2) == 16
+    assert not kc.any()  # the stand-in launched nothing: the torch ops did not run either
+
+
+def test_a_paged_append_hands_the_kernel_its_table(launches) -> None:  # noqa: ANN001
+    kc = torch.zeros(10, 3, 1, 8)  # page size 3, fp32
+    table = torch.zeros(2, 8, dtype=torch.int32)[:, ::2]  # 4 pages per sequence, strided
+    lens = torch.zeros(2, 2, dtype=torch.int32)[:, 1]  # strided lengths
+    k = torch.zeros(2, 20, 1, 8)
+    append_kv(kc, kc.clone(), k, k, lens, table)
+    (a, _, _), = launches
+    assert (a.table, a.table_strides) == (table.data_ptr(), (8, 2))
+    assert (a.lens, a.lens_stride) == (lens.data_ptr(), 2)
+    assert (a.capacity, a.page_size, a.n_pages) == (12, 3, 10)
+    assert (a.t_new, a.row_blocks, a.grid) == (20, 3, 6)
+    assert a.k.cache_strides == (24, 8, 8) and a.k.unit(4) == 16
+
+
+def test_the_kernel_parameters_in_the_kernels_order_and_layout() -> None:
+    side = append_kernel.Side(0x1000, 0x2002, (4096, 256, 64), (512, 128, 64), 64)
+    assert side.unit(2) == 2  # src at an odd bf16 element: 2-byte copies
+    a = append_kernel.Append(
+        k=side, v=side, lens=0x3000, lens_stride=1, table=0, table_strides=(0, 0),
+        new_lens=0x4000, batch=2, t_new=9, heads=4, capacity=100, page_size=1, n_pages=0,
+        element_size=2,
+    )  # fmt: skip
+    p = a.params()
+    assert len(p) == 15 and ctypes.sizeof(p[0]) == 80  # struct Side: 2 pointers, 7 int64, int
+    k = p[0]
+    assert (k.cache, k.src, list(k.cache_stride), list(k.src_stride), k.row_bytes, k.unit) == (
+        0x1000, 0x2002, [8192, 512, 128], [1024, 256, 128], 128, 2,
+    )  # fmt: skip
+    assert p[4].value is None  # no table: a null pointer
+    assert [x.value for x in p[8:]] == [2, 9, 4, 100, 1, 0, 2]  # ..., row_blocks = ceil(9 / 8)
+    assert a.grid == 4 and a.fits()
+    huge = append_kernel.Append(**{**a.__dict__, "capacity": 2**31})
+    assert not huge.fits()
+    with pytest.raises(ValueError, match="int32 indices"):
+        append_kernel.launch(huge, 0, 0, "sm_90")
+    many = append_kernel.Append(**{**a.__dict__, "batch": 10**6, "t_new": 100})
+    assert many.grid == append_kernel.MAX_BLOCKS  # the rest by the grid-stride loop
+
+
+def test_what_the_kernel_does_not_take_is_appended_with_torch_ops(launches) -> None:  # noqa: ANN001
+    g = torch.Generator().manual_seed(3)
+    kc, vc = torch.randn(2, 8, 2, 16, generator=g), torch.randn(2, 8, 2, 16, generator=g)
+    k = torch.randn(2, 3, 2, 32, generator=g)[..., ::2]  # a head's row at stride 2
+    v = torch.randn(2, 3, 2, 16, generator=g)
+    _check(kc, vc, k, v, torch.tensor([1, 6], dtype=torch.int32))
+    complex_cache = torch.zeros(2, 8, 2, 16, dtype=torch.complex64)
+    kz = torch.ones(2, 3, 2, 16, dtype=torch.complex64)
+    _check(complex_cache, complex_cache.clone(), kz, kz, torch.tensor([0, 2], dtype=torch.int32))
+    kg = torch.randn(2, 3, 2, 16, generator=g, requires_grad=True)  # the torch ops keep the grad
+    append_kv(kc, vc, kg, v, torch.tensor([0, 2], dtype=torch.int32))
+    assert kc.requires_grad
+    assert not launches
+
+
+def test_cpu_tensors_take_the_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kvappend.append_kernel, "launch", lambda *a: pytest.fail("launched"))
+    assert kvappend._kernel_arch(torch.device("cpu")) is None
+    kc, vc, k, v, lens, table = _paged_case(2)
+    _check(kc, vc, k, v, lens, table)
+    empty = torch.zeros(0, 1, 2, 8)  # B = 0: nothing to append, no launch
+    assert append_kv(torch.zeros(0, 4, 2, 8), torch.zeros(0, 4, 2, 8), empty, empty,
+                     torch.zeros(0, dtype=torch.int32)).shape == (0,)  # fmt: skip
