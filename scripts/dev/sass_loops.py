@@ -1,6 +1,6 @@
 """The loops of one kernel's SASS and what they are made of: instruction classes per loop body.
 
-    python3 scripts/dev/sass_loops.py K.sass [--kernel NAME] [--min 60]
+    python3 scripts/dev/sass_loops.py K.sass [--kernel NAME] [--min 60] [--top N]
     python3 scripts/dev/sass_loops.py K.sass --region 0x22c0 0x3e30 [--skip 0x1e10 0x27a0]
                                       [--vs FA4.sass 0x22c0 0x3e30]
 
@@ -85,15 +85,18 @@ def main() -> None:
     ap.add_argument("sass")
     ap.add_argument("--kernel")
     ap.add_argument("--min", type=int, default=60)
+    ap.add_argument("--top", type=int, default=0, help="print only the first N loops")
     ap.add_argument("--region", nargs=2)
     ap.add_argument("--skip", nargs=2)
     ap.add_argument("--vs", nargs=3, metavar=("SASS", "LO", "HI"))
     a = ap.parse_args()
     ins, labels = parse(a.sass, a.kernel)
     if not a.region:
+        shown = 0
         for lo, hi in loops(ins, labels):
             c = collections.Counter(opcode(t) for _, t in ins[lo : hi + 1])
-            if c["HGMMA"] or c["MUFU"] or hi - lo > a.min:
+            if (c["HGMMA"] or c["MUFU"] or hi - lo > a.min) and (not a.top or shown < a.top):
+                shown += 1
                 classes = " ".join(f"{k}={c[k]}" for k in LOOP_KEYS if c[k])
                 first, last = ins[lo][0], ins[hi][0]
                 print(f"loop {first:#x}-{last:#x}: {hi - lo + 1} instructions; {classes}")
