@@ -4,6 +4,12 @@
     python3 scripts/dev/decode_sweep.py compile     # here, with FLASHGEN_CACHE_DIR set: compile
                                                     # every spec (ptxas report); carry the cache
     python3 scripts/dev/decode_sweep.py OUT.json    # GPU host (repo root): the sweep
+    python3 scripts/dev/decode_sweep.py OUT.json small   # the short caches: split counts
+
+`small`: the latency-bound rows (B1 Tk4k / Tk32k 8/1, B1 and B8 Tk4k 32/8), where the split count
+decides how many SMs share the bytes (ours 16 blocks on B1 Tk4k, cuDNN 32 + a reduction kernel,
+bench/NOTES.md session 18): num_splits auto / 8 / 16 / 32 / 64 / 128 for the default variant, the
+4-warp one and the few-blocks 8-warp one, SDPA beside, graph-timed, 2 rounds.
 
 Why: at 184-194 registers a 4-warp block fits 2 per SM, so the s2 ring keeps ~64 KB in flight
 per SM; w4_s3 (109 KB smem) keeps 2 blocks and half again as many bytes in flight
@@ -66,7 +72,49 @@ def sweep_row(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> N
                     q, k, v, lens, spec=sp, num_splits=ns))  # fmt: skip
 
 
+SMALL_ROWS = [(1, 4096, 8, 1), (1, 32768, 8, 1), (1, 4096, 32, 8), (8, 4096, 32, 8)]
+
+
+def sweep_small(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> None:
+    q = torch.randn(b, 1, h, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, tk, hkv, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((b,), tk, device="cuda", dtype=torch.int32)
+    nb = 2 * k.numel() * 2
+    qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    base = KernelSpec(family="mma", direction="decode", d=128, dv=128, dtype="bf16", causal=False,
+                      br=16, bc=16)  # fmt: skip
+    variants: list[tuple[str, KernelSpec | None]] = [("default", None), ("w4_s2", base)]
+    try:
+        variants.append(("w8_s2", base.replace(warps=8, stages=2)))
+    except SpecError as e:
+        print("skip w8_s2", str(e)[:80])
+
+    def record(impl: str, fn: Any) -> None:
+        try:
+            us = graph_timing.timed(fn)
+        except Exception as e:  # noqa: BLE001
+            print("fail", impl, str(e)[:100])
+            return
+        print(f"{b},{tk},{h}/{hkv} {impl} {us:7.1f} us {nb / us / 1e3:7.0f} GB/s", flush=True)
+        res.append({"row": (b, tk, h, hkv), "impl": impl, "us": us, "gbs": nb / us / 1e3})
+
+    for _ in range(2):
+        record("sdpa", lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True))
+        for label, sp in variants:
+            for ns in (0, 8, 16, 32, 64, 128):
+                record(f"{label}/ns{ns}", lambda sp=sp, ns=ns: attention_with_kvcache(
+                    q, k, v, lens, spec=sp, num_splits=ns))  # fmt: skip
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[2] == "small":
+        res_small: list[dict[str, Any]] = []
+        for b, tk, h, hkv in SMALL_ROWS:
+            sweep_small(b, tk, h, hkv, res_small)
+        with open(sys.argv[1], "w") as f:
+            json.dump(res_small, f, indent=0)
+        return
     if sys.argv[1] == "compile":
         from flashgen.generator.compile import compile_kernel
 
