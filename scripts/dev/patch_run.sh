@@ -1,6 +1,6 @@
 #!/bin/bash
 # scripts/dev/patch_run.sh NAME PATCH... -- COMMAND...: run COMMAND (on the GPU host) in a copy of
-# this checkout (flashgen, scripts, tests, docs, README.md, pyproject.toml, bench/experiments) with PATCHes applied in order, under
+# this checkout (flashgen, scripts, tests, docs, generated, README.md, pyproject.toml, bench/experiments) with PATCHes applied in order, under
 # /tmp/pr/NAME, with the staged wheels (.whl/) and PYTHONPATH set; the compile cache
 # FLASHGEN_CACHE_DIR (default /tmp/.fgc, or the one `tar xJf .fgcx/fgc.tar.xz -C /tmp` made)
 # is shared. For proving a patch in bench/experiments/ before it lands: its tests, then its
@@ -18,7 +18,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "
 if [ -f "$here/.fgcx/fgc.tar.xz" ] && [ ! -d /tmp/.fgc ]; then tar xJf "$here/.fgcx/fgc.tar.xz" -C /tmp; fi
 tree=/tmp/pr/$name
 rm -rf "$tree"; mkdir -p "$tree"
-cp -r "$here"/flashgen "$here"/scripts "$here"/tests "$here"/docs "$here"/README.md "$here"/pyproject.toml "$tree"/
+cp -r "$here"/flashgen "$here"/scripts "$here"/tests "$here"/docs "$here"/generated "$here"/README.md "$here"/pyproject.toml "$tree"/
 mkdir -p "$tree"/bench && cp -r "$here"/bench/experiments "$tree"/bench/  # patches may port other patches
 for p in "${patches[@]}"; do
   (cd "$tree" && patch -s -p1 < "$here/$p") || { echo "patch_run.sh: $p does not apply" >&2; exit 3; }
