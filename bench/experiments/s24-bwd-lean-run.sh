@@ -3,8 +3,9 @@
 # the backward's gap to FA4). Found on the CPU (bench/results/cpu-2026-12-05-s24-fa4-sass-side-by-side.txt):
 # one step of our wgmma backward was 888 instructions to FA4's 440 at the same 64x128 tile -- R2UR moves
 # and descriptor rebuilds at every wgmma (the warpgroup index not known warp-uniform), two run-time
-# divisions a step, 64-bit address math per D/LSE load, dQ scaled per step. The patch (unhooked kernels
-# only; hooked renders are byte-identical) brings the step to 549. Run from the repo root, .whl carried:
+# divisions a step, 64-bit address math per D/LSE load, dQ scaled per step. The patch brings the step to
+# 549 (unhooked kernels; the hooked ones take the counting and the dQ scale only: their consumers sit at
+# the register limit). Run from the repo root, .whl carried:
 #   bash bench/experiments/s24-bwd-lean-run.sh
 # 1. scripts/dev/bwd_check.sh: the oracle tests of the wgmma backward and the torch backward (12 shards),
 #    memcheck/racecheck and the wgmma-backward bundle, on the patched tree: $OUT/check/.
