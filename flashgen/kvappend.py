@@ -41,7 +41,7 @@ import torch
 
 from flashgen.generator.arch import ARCHS
 from flashgen.kvcache import attention_with_kvcache
-from flashgen.runtime import append_kernel
+from flashgen.runtime import append_kernel, launch
 from flashgen.torch_support import device_arch, fail, no_modes, raw_stream
 
 
@@ -134,22 +134,47 @@ def _side(cache: Any, new: Any) -> append_kernel.Side:
                               (ns[0], ns[1], ns[2]), int(cache.shape[3]))  # fmt: skip
 
 
+def _views_taken(k_cache: Any, v_cache: Any, k: Any, v: Any) -> bool:
+    """Whether the kernel may take these tensors as they are this call (what the signature does
+    not say): not a tensor whose bytes are not its values (a conjugate or negative view), not
+    one that autograd records (the torch ops keep such an append differentiable; the kernel's
+    raw writes would drop the gradient)."""
+    grad = torch.is_grad_enabled()
+    return not any(
+        t.is_conj() or t.is_neg() or (grad and t.requires_grad) for t in (k_cache, v_cache, k, v)
+    )
+
+
+def _signature(
+    k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any
+) -> tuple[Any, ...]:
+    """What an append's kernel launch depends on besides its pointers: device, dtype, shapes and
+    strides (validated tensors)."""
+    table = None if block_table is None else (block_table.shape, block_table.stride())
+    return (
+        k_cache.device.index, k_cache.dtype, k_cache.shape, k_cache.stride(), v_cache.shape,
+        v_cache.stride(), k.shape, k.stride(), v.shape, v.stride(), cache_seqlens.stride(0), table,
+    )  # fmt: skip
+
+
+_bounds: dict[tuple[Any, ...], append_kernel.Bound | None] = {}
+"""Per `_signature`: the kernel launch bound to it, or None where the kernel does not take it."""
+
+
 def _kernel_args(
     k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any,
     new_lens: Any,
 ) -> append_kernel.Append | None:  # fmt: skip
     """The append kernel's arguments for validated tensors writing the lengths into `new_lens`,
     or None where the kernel does not take them: a head's row not contiguous (the kernel reads
-    and writes rows of d elements at stride 1), a tensor whose bytes are not its values (a
-    complex dtype, a conjugate or negative view), one that autograd records (the torch ops
-    keep such an append differentiable; the kernel's raw writes would drop the gradient),
-    sizes past its int32 indices."""
-    grad = torch.is_grad_enabled()
+    and writes rows of d elements at stride 1), a complex dtype (left to the torch ops, with
+    their lazy conjugate and negative views), sizes past its int32 indices; and
+    `_views_taken`'s per-call conditions. The pointers are this call's (a `Bound` rewrites them
+    at every launch)."""
+    if not _views_taken(k_cache, v_cache, k, v):
+        return None
     for t in (k_cache, v_cache, k, v):
-        if (
-            (t.stride(3) != 1 and t.shape[3] > 1) or t.dtype.is_complex or t.is_conj()
-            or t.is_neg() or (grad and t.requires_grad)
-        ):  # fmt: skip
+        if (t.stride(3) != 1 and t.shape[3] > 1) or t.dtype.is_complex:
             return None
     if block_table is None:
         capacity, page_size, n_pages, table, table_strides = int(k_cache.shape[1]), 1, 0, 0, (0, 0)
@@ -179,11 +204,20 @@ def _append(
         return torch.empty(0, dtype=torch.int32, device=k_cache.device)
     dev = k_cache.device
     arch = _kernel_arch(dev)
-    if arch is not None:
-        new_lens = torch.empty(b, dtype=torch.int32, device=dev)
-        args = _kernel_args(k_cache, v_cache, k, v, cache_seqlens, block_table, new_lens)
-        if args is not None:
-            append_kernel.launch(args, _stream(dev.index), dev.index, arch)
+    if arch is not None and _views_taken(k_cache, v_cache, k, v):
+        key = _signature(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        if key in _bounds:
+            bound = _bounds[key]
+        else:  # the first call of a signature: the kernel parameters, built once
+            args = _kernel_args(k_cache, v_cache, k, v, cache_seqlens, block_table, k)
+            bound = None if args is None else append_kernel.Bound(args)
+            launch.remember(_bounds, key, bound)
+        if bound is not None:
+            new_lens = torch.empty(b, dtype=torch.int32, device=dev)
+            table = 0 if block_table is None else block_table.data_ptr()
+            bound.launch(k_cache.data_ptr(), k.data_ptr(), v_cache.data_ptr(), v.data_ptr(),
+                         cache_seqlens.data_ptr(), table, new_lens.data_ptr(),
+                         _stream(dev.index), dev.index, arch)  # fmt: skip
             return new_lens
     return _append_rows(k_cache, v_cache, k, v, cache_seqlens, block_table)
 

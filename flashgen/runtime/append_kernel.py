@@ -40,7 +40,10 @@ problem: compiled once per arch through the cubin cache, loaded once per device
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 from flashgen.runtime import small_kernel
 
@@ -264,6 +267,66 @@ class Append:
         )  # fmt: skip
 
 
+def _widest_unit(stride_unit: int, addresses: int) -> int:
+    """The copy unit of a side: `stride_unit` (the widest dividing its strides and row) narrowed
+    to the lowest set bit of its two addresses OR-ed (0: no narrowing). All are powers of two."""
+    low = addresses & -addresses
+    return min(stride_unit, low) if low else stride_unit
+
+
+class Bound:
+    """One append signature's launch: `Append`'s sizes and strides, whose pointers change from
+    call to call. The kernel parameters are built once; a call writes the seven pointers and the
+    two copy units (they depend on the pointers' alignment too) into them and launches, so a
+    decode step's append costs a few attribute stores and one driver call rather than building
+    ~15 ctypes objects (~28 us of host time). `flashgen.kvappend` keeps one per signature."""
+
+    def __init__(self, args: Append) -> None:
+        if not args.fits():
+            raise ValueError(f"{args}: outside what the append kernel's int32 indices hold")
+        self.args = args
+        es = args.element_size
+        self._stride_units = tuple(
+            Side(0, 0, s.cache_strides, s.src_strides, s.d).unit(es) for s in (args.k, args.v)
+        )
+        values = args.params()
+        # the objects a call rewrites: the two sides, the lengths, the table, the output
+        self._k: Any = values[0]
+        self._v: Any = values[1]
+        self._lens: Any = values[2]
+        self._table: Any = values[4]
+        self._new: Any = values[7]
+        self._params = small_kernel.param_array(values)  # points at `values`' objects
+        self._values = values  # (kept alive with the array)
+        self.grid = (args.grid, 1, 1)
+        self._what = f"{NAME} (B={args.batch}, T_new={args.t_new})"
+        self._lock = threading.Lock()  # a call's stores and its launch, together
+
+    def pointers(self, k_cache: int, k_src: int, v_cache: int, v_src: int, lens: int, table: int,
+                 new_lens: int) -> Append:  # fmt: skip
+        """The `Append` of a call with these pointers (what `launch` passes the kernel)."""
+        a = self.args
+        return dataclasses.replace(
+            a, k=dataclasses.replace(a.k, cache=k_cache, src=k_src),
+            v=dataclasses.replace(a.v, cache=v_cache, src=v_src), lens=lens, table=table,
+            new_lens=new_lens,
+        )  # fmt: skip
+
+    def launch(self, k_cache: int, k_src: int, v_cache: int, v_src: int, lens: int, table: int,
+               new_lens: int, stream: int, device: int, arch: str) -> None:  # fmt: skip
+        """Append with these device pointers (`table` 0: a contiguous cache) on CUstream
+        `stream` of `device` (its arch `arch`): one launch, no synchronization. RuntimeError
+        when the driver refuses it."""
+        function_ = small_kernel.function(SOURCE, NAME, device, arch)
+        with self._lock:
+            k, v, (ku, vu) = self._k, self._v, self._stride_units
+            k.cache, k.src, k.unit = k_cache, k_src, _widest_unit(ku, k_cache | k_src)
+            v.cache, v.src, v.unit = v_cache, v_src, _widest_unit(vu, v_cache | v_src)
+            self._lens.value, self._table.value, self._new.value = lens, table or None, new_lens
+            small_kernel.launch_params(function_, self.grid, THREADS, stream, self._params,
+                                       self._what)  # fmt: skip
+
+
 def cubin(arch: str) -> bytes:
     """The kernel's cubin for `arch` (an `ARCHS` name), from the cubin cache or nvcc."""
     return small_kernel.cubin(SOURCE, arch, NAME)
@@ -271,13 +334,11 @@ def cubin(arch: str) -> bytes:
 
 def launch(args: Append, stream: int, device: int, arch: str) -> None:
     """Append as `args` says on CUstream `stream` of `device` (its arch `arch`): one launch, no
-    synchronization. ValueError when `args.fits()` is false (nothing launched); RuntimeError
-    when the driver refuses the launch."""
-    if not args.fits():
-        raise ValueError(f"{args}: outside what the append kernel's int32 indices hold")
-    small_kernel.launch(small_kernel.function(SOURCE, NAME, device, arch), (args.grid, 1, 1),
-                        THREADS, stream, args.params(),
-                        f"{NAME} (B={args.batch}, T_new={args.t_new})")  # fmt: skip
+    synchronization (a one-off `Bound`). ValueError when `args.fits()` is false (nothing
+    launched); RuntimeError when the driver refuses the launch."""
+    Bound(args).launch(args.k.cache, args.k.src, args.v.cache, args.v.src, args.lens, args.table,
+                       args.new_lens, stream, device, arch)  # fmt: skip
 
 
-__all__ = ["MAX_BLOCKS", "NAME", "ROWS", "SOURCE", "THREADS", "Append", "Side", "cubin", "launch"]
+__all__ = ["MAX_BLOCKS", "NAME", "ROWS", "SOURCE", "THREADS", "Append", "Bound", "Side", "cubin",
+           "launch"]  # fmt: skip

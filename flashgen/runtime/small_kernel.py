@@ -60,18 +60,30 @@ def function(source: str, name: str, device: int, arch: str) -> tuple[int, int]:
     return got
 
 
+def param_array(args: Sequence[Any]) -> Any:
+    """The `kernelParams` array of `args` (ctypes values, in the kernel's parameter order): one
+    pointer to each. It reads the values at launch time, so a caller that keeps the array may
+    change the values in place between launches."""
+    return (ctypes.c_void_p * len(args))(
+        *(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args)
+    )
+
+
 def launch(function_: tuple[int, int], grid: tuple[int, int, int], threads: int, stream: int,
            args: Sequence[Any], what: str) -> None:  # fmt: skip
     """Launch a `function` result on CUstream `stream` with `args` (ctypes values, in the
     kernel's parameter order): no synchronization. RuntimeError naming `what` when the driver
     refuses the launch."""
+    launch_params(function_, grid, threads, stream, param_array(args), what)
+
+
+def launch_params(function_: tuple[int, int], grid: tuple[int, int, int], threads: int,
+                  stream: int, params: Any, what: str) -> None:  # fmt: skip
+    """`launch` with a `param_array` built before (kept by the caller across launches)."""
     context, func = function_
-    params = (ctypes.c_void_p * len(args))(
-        *(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args)
-    )
     rc = _launch.launch_in_context(context, func, grid, threads, 0, stream, params)
     if rc:
         raise RuntimeError(f"kernel {what} failed: {_launch.driver().error(rc)}")
 
 
-__all__ = ["cubin", "function", "launch"]
+__all__ = ["cubin", "function", "launch", "launch_params", "param_array"]

@@ -146,15 +146,15 @@ def _random_append(  # noqa: ANN202
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the append kernel's launches (the real one runs)."""
+    """Counts the append kernel's launches (the real one runs; each signature's `Bound`)."""
     count: list[int] = []
-    real = kvappend.append_kernel.launch
+    real = kvappend.append_kernel.Bound.launch
 
-    def launch(*args: object) -> None:
+    def launch(self: object, *args: object) -> None:
         count.append(1)
-        real(*args)
+        real(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kvappend.append_kernel, "launch", launch)
+    monkeypatch.setattr(kvappend.append_kernel.Bound, "launch", launch)
     return count
 
 

@@ -192,16 +192,18 @@ def test_the_append_kernel_compiles_without_spills(nvcc_required: Path, arch: st
 
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[append_kernel.Append, int, str]]:
-    """CPU tensors take the kernel path, into a stand-in launch that records its arguments
-    (and writes nothing: the tests read the arguments, not the cache)."""
+    """CPU tensors take the kernel path, into a stand-in launch that records the arguments the
+    kernel would get (and writes nothing: the tests read the arguments, not the cache)."""
     got: list[tuple[append_kernel.Append, int, str]] = []
     monkeypatch.setattr(kvappend, "_kernel_arch", lambda device: "sm_90")
     monkeypatch.setattr(kvappend, "_stream", lambda index: 1234)
+    monkeypatch.setattr(kvappend, "_bounds", {})
 
-    def launch(args: append_kernel.Append, stream: int, device: int, arch: str) -> None:
-        got.append((args, stream, arch))
+    def launch(self: append_kernel.Bound, *ptrs_stream_device_arch: object) -> None:
+        *ptrs, stream, _device, arch = ptrs_stream_device_arch
+        got.append((self.pointers(*ptrs), stream, arch))  # type: ignore[arg-type]
 
-    monkeypatch.setattr(kvappend.append_kernel, "launch", launch)
+    monkeypatch.setattr(append_kernel.Bound, "launch", launch)
     return got
 
 
@@ -237,6 +239,59 @@ def test_a_paged_append_hands_the_kernel_its_table(launches) -> None:  # noqa: A
     assert (a.capacity, a.page_size, a.n_pages) == (12, 3, 10)
     assert (a.t_new, a.row_blocks, a.grid) == (20, 3, 6)
     assert a.k.cache_strides == (24, 8, 8) and a.k.unit(4) == 16
+
+
+def test_a_signature_builds_its_launch_once_and_every_call_brings_its_pointers(
+    launches, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    built: list[append_kernel.Append] = []
+    real_init = append_kernel.Bound.__init__
+
+    def init(self: append_kernel.Bound, args: append_kernel.Append) -> None:
+        built.append(args)
+        real_init(self, args)
+
+    monkeypatch.setattr(append_kernel.Bound, "__init__", init)
+    def half(*shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=torch.float16)
+
+    kc, vc = half(2, 16, 2, 8), half(2, 16, 2, 8)
+    lens = torch.tensor([0, 3], dtype=torch.int32)
+    for _ in range(3):  # decode steps: fresh new rows, the same caches
+        k, v = half(2, 1, 2, 8), half(2, 1, 2, 8)
+        out = append_kv(kc, vc, k, v, lens)
+        a = launches[-1][0]
+        assert (a.k.src, a.v.src, a.new_lens) == (k.data_ptr(), v.data_ptr(), out.data_ptr())
+    assert len(built) == 1 and len(launches) == 3
+    append_kv(kc, vc, half(2, 2, 2, 8), half(2, 2, 2, 8), lens)
+    assert len(built) == 2  # a new T_new: a new signature
+
+
+def test_a_bound_launch_writes_the_calls_pointers_and_copy_units(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    side = append_kernel.Side(0, 0, (4096, 256, 64), (512, 128, 64), 64)  # bf16: 16-byte strides
+    a = append_kernel.Append(
+        k=side, v=side, lens=0x3000, lens_stride=1, table=0, table_strides=(0, 0),
+        new_lens=0x4000, batch=2, t_new=9, heads=4, capacity=100, page_size=1, n_pages=0,
+        element_size=2,
+    )  # fmt: skip
+    b = append_kernel.Bound(a)
+    seen: list[tuple[object, ...]] = []
+
+    def launch_params(function_, grid, threads, stream, params, what) -> None:  # noqa: ANN001
+        k, v = b._k, b._v
+        seen.append((k.cache, k.src, k.unit, v.cache, v.src, v.unit, b._table.value, stream, grid))
+
+    monkeypatch.setattr(append_kernel.small_kernel, "function", lambda *args: (1, 2))
+    monkeypatch.setattr(append_kernel.small_kernel, "launch_params", launch_params)
+    b.launch(0x10000, 0x20000, 0x30000, 0x40002, 0x5000, 0, 0x6000, 7, 0, "sm_90")
+    b.launch(0x10008, 0x20000, 0x30000, 0x40000, 0x5000, 0x7000, 0x6000, 8, 0, "sm_90")
+    # the units: 16 from the strides, narrowed by each side's addresses (v at +2 bytes, k at +8)
+    assert seen == [(0x10000, 0x20000, 16, 0x30000, 0x40002, 2, None, 7, (4, 1, 1)),
+                    (0x10008, 0x20000, 8, 0x30000, 0x40000, 16, 0x7000, 8, (4, 1, 1))]  # fmt: skip
+    first = b.pointers(0x10000, 0x20000, 0x30000, 0x40002, 0x5000, 0, 0x6000)
+    assert first.k.unit(2) == 16 and first.v.unit(2) == 2  # what Side.unit says, alike
 
 
 def test_the_kernel_parameters_in_the_kernels_order_and_layout() -> None:
