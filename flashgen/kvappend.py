@@ -10,16 +10,17 @@ refused on the host without reading device memory: its rows are not written at a
 length comes back as -1, which the decode kernel answers with NaN rows for that sequence (never
 a silently wrong O).
 
-On CUDA tensors the append is one kernel launch (runtime/append_kernel.py: each block decides
-its sequence's validity itself and a refused sequence's blocks write nothing), where ~30 torch
-ops would cost more host time than the decode kernel itself. Elsewhere, and where the kernel
-does not take the tensors (a head's row not contiguous, a GPU flashgen does not know), it is
-`_append_rows`: device-side torch index arithmetic, whose writes of refused rows are redirected
+On CUDA tensors the append is one kernel launch (runtime/append_kernel.py: each block decides its
+sequence's validity itself and a refused sequence's blocks write nothing), where ~30 torch ops would
+cost more host time than the decode kernel itself; its parameters are bound once per signature
+(device, dtype, shapes, strides: `_bounds`), a call writing only its pointers. Elsewhere, and where
+the kernel does not take the tensors (a head's row not contiguous, a GPU flashgen does not know), it
+is `_append_rows`: device-side torch index arithmetic, whose writes of refused rows are redirected
 onto a valid row's own write (same target, same value), so they can clobber nothing -- not even
 another sequence's new rows in the same call. Both give the same lengths and the same cache
-contents. Two valid sequences writing the same page slot (a page shared by sequences being
-appended to), or k_cache overlapping v_cache, are caller errors: which write lands is then
-unspecified, on either path.
+contents. Two valid sequences writing the same page slot (a page shared by sequences being appended
+to), or k_cache overlapping v_cache, are caller errors: which write lands is then unspecified, on
+either path.
 
 `flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=..., ...)` takes
 FlashAttention's arguments (its `window_size`, `softcap`, `alibi_slopes`, `softmax_scale`,
