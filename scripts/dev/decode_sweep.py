@@ -46,13 +46,19 @@ def specs() -> list[KernelSpec]:
     return out
 
 
-def sweep_row(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> None:
+def row_tensors(b: int, tk: int, h: int, hkv: int) -> tuple[Any, ...]:
+    """A decode row's Q (one token), K/V caches, lengths, K+V bytes and SDPA's (B, H, T, d)
+    views of Q, K and V."""
     q = torch.randn(b, 1, h, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, tk, hkv, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     lens = torch.full((b,), tk, device="cuda", dtype=torch.int32)
-    nb = 2 * k.numel() * 2
-    qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return q, k, v, lens, 2 * k.numel() * 2, views
+
+
+def sweep_row(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> None:
+    q, k, v, lens, nb, (qs, ks, vs) = row_tensors(b, tk, h, hkv)
 
     def record(impl: str, fn: Any) -> None:
         try:
@@ -76,12 +82,7 @@ SMALL_ROWS = [(1, 4096, 8, 1), (1, 32768, 8, 1), (1, 4096, 32, 8), (8, 4096, 32,
 
 
 def sweep_small(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> None:
-    q = torch.randn(b, 1, h, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, tk, hkv, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    lens = torch.full((b,), tk, device="cuda", dtype=torch.int32)
-    nb = 2 * k.numel() * 2
-    qs, ks, vs = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q, k, v, lens, nb, (qs, ks, vs) = row_tensors(b, tk, h, hkv)
     base = KernelSpec(family="mma", direction="decode", d=128, dv=128, dtype="bf16", causal=False,
                       br=16, bc=16)  # fmt: skip
     variants: list[tuple[str, KernelSpec | None]] = [("default", None), ("w4_s2", base)]
