@@ -164,14 +164,14 @@ _bounds: dict[tuple[Any, ...], append_kernel.Bound | None] = {}
 
 def _kernel_args(
     k_cache: Any, v_cache: Any, k: Any, v: Any, cache_seqlens: Any, block_table: Any,
-    new_lens: Any,
+    new_lens: Any = None,
 ) -> append_kernel.Append | None:  # fmt: skip
     """The append kernel's arguments for validated tensors writing the lengths into `new_lens`,
     or None where the kernel does not take them: a head's row not contiguous (the kernel reads
     and writes rows of d elements at stride 1), a complex dtype (left to the torch ops, with
     their lazy conjugate and negative views), sizes past its int32 indices; and
-    `_views_taken`'s per-call conditions. The pointers are this call's (a `Bound` rewrites them
-    at every launch)."""
+    `_views_taken`'s per-call conditions. The pointers are this call's (`new_lens` None: 0; a
+    `Bound` rewrites them all at every launch)."""
     if not _views_taken(k_cache, v_cache, k, v):
         return None
     for t in (k_cache, v_cache, k, v):
@@ -187,8 +187,8 @@ def _kernel_args(
     args = append_kernel.Append(
         k=_side(k_cache, k), v=_side(v_cache, v), lens=cache_seqlens.data_ptr(),
         lens_stride=int(cache_seqlens.stride(0)), table=table, table_strides=table_strides,
-        new_lens=new_lens.data_ptr(), batch=int(k.shape[0]), t_new=int(k.shape[1]),
-        heads=int(k.shape[2]), capacity=capacity, page_size=page_size, n_pages=n_pages,
+        new_lens=0 if new_lens is None else new_lens.data_ptr(), batch=int(k.shape[0]),
+        t_new=int(k.shape[1]), heads=int(k.shape[2]), capacity=capacity, page_size=page_size, n_pages=n_pages,
         element_size=k_cache.element_size(),
     )  # fmt: skip
     return args if args.fits() else None
@@ -210,7 +210,7 @@ def _append(
         if key in _bounds:
             bound = _bounds[key]
         else:  # the first call of a signature: the kernel parameters, built once
-            args = _kernel_args(k_cache, v_cache, k, v, cache_seqlens, block_table, k)
+            args = _kernel_args(k_cache, v_cache, k, v, cache_seqlens, block_table)
             bound = None if args is None else append_kernel.Bound(args)
             launch.remember(_bounds, key, bound)
         if bound is not None:
