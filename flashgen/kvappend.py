@@ -188,8 +188,8 @@ def _kernel_args(
         k=_side(k_cache, k), v=_side(v_cache, v), lens=cache_seqlens.data_ptr(),
         lens_stride=int(cache_seqlens.stride(0)), table=table, table_strides=table_strides,
         new_lens=0 if new_lens is None else new_lens.data_ptr(), batch=int(k.shape[0]),
-        t_new=int(k.shape[1]), heads=int(k.shape[2]), capacity=capacity, page_size=page_size, n_pages=n_pages,
-        element_size=k_cache.element_size(),
+        t_new=int(k.shape[1]), heads=int(k.shape[2]), capacity=capacity, page_size=page_size,
+        n_pages=n_pages, element_size=k_cache.element_size(),
     )  # fmt: skip
     return args if args.fits() else None
 
