@@ -5,11 +5,12 @@
 #   base plus constants), so ptxas moves each with one UIADD3.64 instead of re-moving both high
 #   words (UMOV 90 -> 7 a step). Loops: d64 causal 671 -> 623, non-causal 574 -> 525 (0 spills);
 #   d128 causal 702 -> 672, non-causal 598 -> 568 but d128 spills 64 / 28 B.
-# - wgmma-bwd-dk-carry.patch: the step no longer ends with wgmma.wait_group 0: dK stays in flight
-#   while the next step's S^T and dP^T are issued behind it (FA4 and FA3 drain at every step's end),
-#   the slot is released after the next S^T wait; dK reads dS^T from shared memory (SS: the buffer
-#   dQ reads) so ds_frag is free under it (with dS^T in registers ptxas serialized every wgmma at
-#   d128, C7512). 0 spills, no C75xx, loops +11..+19 instructions.
+# - wgmma-bwd-dk-carry.patch: the step no longer ends with wgmma.wait_group 0 (FA3 and FA4 drain
+#   there): dK stays in flight while the next step's S^T is issued behind it, then a wait for dK
+#   alone frees its Q slot (as early as before); dO's slot is freed at the step's end (dV has
+#   landed). dK reads dS^T from shared memory (SS: the buffer dQ reads) so ds_frag is free under it
+#   (with dS^T in registers ptxas serialized every wgmma at d128, C7512). 0 spills, no C75xx,
+#   loops +5..+24 instructions.
 # Run from the repo root, .whl carried:  bash bench/experiments/s25-bwd-run.sh
 # 1. scripts/dev/bwd_ab.sh 3: base vs both patches, the four bf16 rows, 3 interleaved rounds: $OUT/ab.txt.
 # 2. scripts/dev/bwd_check.sh on dk-carry (oracle tests, sanitizers, bundle) while time is left.
