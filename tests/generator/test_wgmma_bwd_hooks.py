@@ -245,6 +245,16 @@ def test_a_mask_hook_beside_a_built_in_score_mod_keeps_it():
     assert "constexpr bool HOOK_SCORE = false;" in src and "hook_scale" not in src
 
 
+def test_hooked_backwards_read_d_and_lse_from_global_memory():
+    """The hooked kernels keep the global loads (their consumers sit at the register limit):
+    no D/LSE rows in the ring, nor their shared memory."""
+    spec = hooked(library.document_hook(), stages=3)
+    src = rd.render(spec).source
+    assert "bulk_load(" not in src and "LD_BYTES" not in src
+    assert "prefetch.global.L1" in src
+    assert spec.smem_bytes == BWD.replace(stages=3).smem_bytes - 4 * 2 * 3 * 64
+
+
 def test_unhooked_wgmma_backwards_render_no_hook_code():
     """Every shipped wgmma backward, and a varlen one: the hook code is Jinja-guarded
     (scripts/dev/render_identity.py compares the bytes across trees)."""

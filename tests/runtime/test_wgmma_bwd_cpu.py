@@ -152,7 +152,7 @@ def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.Monkey
     with pytest.raises(SpecError) as info:
         bwd(d=128)
     [line] = info.value.problems
-    assert line.startswith("smem=197704 B: exceeds the 150000 B per block of sm_90a")
+    assert line.startswith("smem=198728 B: exceeds the 150000 B per block of sm_90a")
     assert line.endswith("lower stages, br or bc")
     assert bwd(d=64, stages=2).smem_bytes < 150_000
 
@@ -160,10 +160,11 @@ def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        # 1024 + 2*bc*d*2 + 2*stages*br*d*2 + 2*bc*br*2 + 4*br*d + 8*(1 + 4*stages)
-        ({"d": 128}, 1024 + 65536 + 65536 + 32768 + 32768 + 72),
-        ({"d": 64, "bc": 64, "stages": 2}, 1024 + 16384 + 32768 + 16384 + 16384 + 72),
-        ({"d": 128, "stages": 3}, 1024 + 65536 + 98304 + 32768 + 32768 + 104),
+        # 1024 + 2*bc*d*2 + 2*stages*br*d*2 + 2*bc*br*2 + 4*br*d + 8*br*stages (each ring
+        # slot's D and LSE rows) + 8*(1 + 4*stages)
+        ({"d": 128}, 1024 + 65536 + 65536 + 32768 + 32768 + 1024 + 72),
+        ({"d": 64, "bc": 64, "stages": 2}, 1024 + 16384 + 32768 + 16384 + 16384 + 1024 + 72),
+        ({"d": 128, "stages": 3}, 1024 + 65536 + 98304 + 32768 + 32768 + 1536 + 104),
     ],
 )
 def test_the_shared_memory_formula(fields: dict[str, Any], expected: int) -> None:
@@ -227,7 +228,7 @@ def test_the_context_for_d128_br64_bc128() -> None:
         "wgmma_wrappers": wrappers([sdp, dkv, dq]),
     }  # fmt: skip
     assert (ctx["d_pad"], ctx["dv_pad"], ctx["threads"], ctx["warps"]) == (128, 128, 384, 12)
-    assert (ctx["smem_bytes"], ctx["min_blocks"], ctx["ctype"]) == (197704, 1, "__nv_bfloat16")
+    assert (ctx["smem_bytes"], ctx["min_blocks"], ctx["ctype"]) == (198728, 1, "__nv_bfloat16")
     assert ctx["dq_fn"].endswith("_ta_tb")
 
 
@@ -529,6 +530,40 @@ def test_a_feature_variant_renders_its_flags_and_the_same_abi() -> None:
         assert f"constexpr bool {flag} = {'true' if on else 'false'};" in src, flag
     for symbol in bwd_shape.kernel_names(spec):
         assert abi_codes(src, symbol) == backward.ABI_FORMAT, symbol
+
+
+@needs_template
+def test_the_d_and_lse_rows_ride_in_the_q_and_do_transactions() -> None:
+    from flashgen.generator.render import render
+
+    src = render(bwd(d=128, causal=True)).source
+    # the producer's bulk copies, counted into the slot's full barriers
+    assert "mbar_expect_tx(&q_full[s], Q_BYTES + LD_BYTES);" in src
+    assert "bulk_load(lds + BR, ld + tqp, LD_BYTES, &q_full[s]);" in src  # LSE_2
+    assert "mbar_expect_tx(&do_full[s], Q_BYTES + LD_BYTES);" in src
+    assert "bulk_load(lds, ld, LD_BYTES, &do_full[s]);" in src  # D
+    # the consumers read them from the slot, after its full barrier; no global loads remain
+    at = src[src.index("consumers =====") :].index
+    assert at("mbar_wait(&q_full[s], phase);") < at("columns(lds_t + BR, l2);")
+    assert at("mbar_wait(&do_full[s], phase);") < at("columns(lds_t, dd);")
+    assert "prefetch.global" not in src and "__ldg(reinterpret_cast<const float2*>" not in src
+    assert "DQ_BYTES + 2 * STAGES * LD_BYTES + 8 * BARRIERS" in src  # the static_assert
+    # every consumer thread arrives on the empty barriers (each read the rows itself)
+    assert "mbar_init(&q_empty[s], 128 * CONSUMERS);" in src
+
+
+@needs_template
+def test_varlen_backwards_keep_the_global_d_and_lse_loads() -> None:
+    from flashgen.generator.families.wgmma.bwd import VARLEN_SEQ_BYTES
+    from flashgen.generator.render import render
+
+    spec = bwd(d=128, causal=True, features=("varlen",))
+    src = render(spec).source
+    assert "bulk_load(" not in src and "LD_BYTES" not in src
+    assert "prefetch.global.L1" in src and "columns(ld_t + tqp, l2);" in src
+    # no ring rows (8 B per query row per stage), the sequence's block instead
+    dense = bwd(d=128, causal=True)
+    assert spec.smem_bytes == dense.smem_bytes - 8 * 64 * dense.stages + VARLEN_SEQ_BYTES
 
 
 @needs_template

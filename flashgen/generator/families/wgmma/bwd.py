@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from flashgen.generator.backward import PRE_LANES_PER_ROW, kernel_names, pre_rows
+from flashgen.generator.features.hook import hook_tokens
 
 if TYPE_CHECKING:
     from flashgen.generator.families import WgmmaFamily
@@ -72,12 +73,16 @@ def smem_bytes(spec: KernelSpec) -> int:
     """K and V of the block, a ring of `stages` Q and dO tiles, two dS^T buffers (bc x br
     each), the fp32 dQ of a query tile (br x d), the alignment slack and the mbarriers (one
     for K/V, full and empty per stage for Q and for dO); a varlen variant's sequence after
-    them (VARLEN_SEQ_BYTES). LSE and D are read from global memory."""
+    them (VARLEN_SEQ_BYTES). Without hooks or varlen, each ring slot also holds its tile's D
+    and LSE*log2(e) rows (fp32, bulk-copied with dO and Q); the hooked and varlen kernels read
+    them from global memory (the template's `ld_smem`)."""
     item = spec.dtype_info.itemsize
     d, br, bc, n = spec.d, spec.br, spec.bc, spec.stages
     tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
-    seq = VARLEN_SEQ_BYTES if "varlen" in spec.features else 0
-    return SMEM_ALIGN + tiles + 4 * br * d + 8 * (1 + 4 * n) + seq
+    varlen = "varlen" in spec.features
+    rows = 0 if hook_tokens(spec.features) or varlen else 4 * 2 * n * br
+    seq = VARLEN_SEQ_BYTES if varlen else 0
+    return SMEM_ALIGN + tiles + 4 * br * d + rows + 8 * (1 + 4 * n) + seq
 
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
@@ -122,7 +127,8 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
             )
         p += fam.smem_rule(
             spec,
-            "1024 + 2*(2*bc*d + 2*stages*br*d + 2*bc*br) + 4*br*d + 8*br*stages + 8*(1 + 4*stages)",
+            "1024 + 2*(2*bc*d + 2*stages*br*d + 2*bc*br) + 4*br*d + 8*br*stages (dense, no "
+            "hooks) + 8*(1 + 4*stages)",
             "lower stages, br or bc",
         )
     return p
