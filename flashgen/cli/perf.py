@@ -93,6 +93,11 @@ Examples:
                    "device copy; only with bf16) and varlen prefill TFLOP/s of useful work (16 "
                    "packed sequences, 16384 tokens, causal unless --no-causal; vs dense at the "
                    "same token count and FA4), forward, and backward with --backward.")  # fmt: skip
+@click.option("--training/--no-training", default=True, show_default=True,
+              help="Training-step rows: forward + backward through autograd on (B, T, H, d) "
+                   "views of a packed projection, host time included (B 2, T 8192, d 64 and "
+                   "128, causal and not, bf16), against SDPA's default and FA4 when "
+                   "importable.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
 @click.option("--plot", is_flag=True,
@@ -102,8 +107,8 @@ Examples:
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
     causal_only: bool | None, all_variants: bool, peers: bool, reps: int, warmup_s: float,
-    memory: bool, overhead: bool, feature_rows: bool, backward: bool, serving: bool, out: Path,
-    plot: bool,
+    memory: bool, overhead: bool, feature_rows: bool, backward: bool, serving: bool,
+    training: bool, out: Path, plot: bool,
 ) -> None:  # fmt: skip
     """Time flashgen against torch SDPA (FA2, cuDNN, efficient) on this GPU, forward and
     backward; write JSON."""
@@ -153,6 +158,8 @@ def bench(
     if serving:
         masks = (True,) if causal_only is None else (causal_only,)  # varlen: causal by default
         result.serving = serving_rows(dtypes or bench_mod.DTYPES, masks, peers, backward, reps)
+    if training:
+        result.training = training_rows(causal, peers, reps)
     if memory:
         spec = select(64, "bf16", True, arch, gpu_name=gpu_name)
         result.memory = bench_mod.memory_comparison(spec)
@@ -188,6 +195,8 @@ def bench(
             click.echo(line)
     for line in serving_lines(result.serving):
         click.echo(line)
+    for line in training_lines(result.training):
+        click.echo(line)
     if result.memory:
         m = result.memory
         click.echo(
@@ -211,6 +220,10 @@ def bench(
 
         for note in bs.serving_notes(result.serving):
             click.echo(f"note: {note}", err=True)
+    for tr in result.training:
+        if tr.get("error"):
+            click.echo(f"note: training {tr['impl']} d={tr['d']} causal={tr['causal']}: "
+                       f"{tr['error']}", err=True)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     path = bench_mod.result_path(result.env, out)
     path.write_text(result.to_json() + "\n")
@@ -266,6 +279,36 @@ def serving_rows(
             rows += bs.varlen_rows(dt, c, direction, peers=peers, reps=reps)
             prog.advance(task)
     return rows
+
+
+def training_rows(causal: tuple[bool, ...], peers: bool, reps: int) -> list[dict[str, Any]]:
+    """bench_training's rows: each case of `causal`'s masks, flashgen and (with `peers`) SDPA's
+    default and FA4."""
+    from flashgen.perf import bench_training as bt
+
+    todo = [c for c in bt.training_cases() if c.causal in causal]
+    rows: list[dict[str, Any]] = []
+    with _progress() as prog:
+        task = prog.add_task("training", total=len(todo))
+        for tc in todo:
+            prog.update(task, description=f"training {tc.label}")
+            rows += bt.training_row(tc, peers=peers, reps=reps)
+            prog.advance(task)
+    return rows
+
+
+def training_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The printed training-step table, when there are rows."""
+    from flashgen.perf import bench_training as bt
+
+    headers, lines = bt.training_table(rows)
+    if not lines:
+        return []
+    title = (f"training step ({bt.TRAIN_DTYPE}, forward + backward through autograd on "
+             f"(B, T, H, d) views, host time included): ms (TFLOP/s at "
+             f"{bt.TRAIN_FLOPS_FACTOR}x the forward's FLOPs); x peer: the best peer's time over "
+             "flashgen's")  # fmt: skip
+    return [title, *format_table(headers, lines)]
 
 
 def serving_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -166,6 +166,8 @@ class BenchResult:
     overhead: list[OverheadRow] = field(default_factory=list)
     # the serving rows (bench_serving): decode and varlen dicts, each with its `kind`
     serving: list[dict[str, Any]] = field(default_factory=list)
+    # the training-step rows (bench_training): dicts of `kind` "training"
+    training: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         """The run as indented JSON."""
@@ -176,12 +178,14 @@ class BenchResult:
             data["overhead"] = [asdict(r) for r in self.overhead]
         if self.serving:
             data["serving"] = self.serving
+        if self.training:
+            data["training"] = self.training
         return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> BenchResult:
         """A run back from `to_json`'s text (or an older file: rows without `direction`
-        are forward rows; no `serving` or `overhead`, none of those rows)."""
+        are forward rows; no `serving`, `training` or `overhead`, none of those rows)."""
         data = json.loads(text)
         names = {f.name for f in fields(OverheadRow)}
         return cls(
@@ -193,6 +197,7 @@ class BenchResult:
                 for o in data.get("overhead", [])
             ],
             serving=list(data.get("serving", [])),
+            training=list(data.get("training", [])),
         )
 
 

@@ -168,7 +168,8 @@ def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[Case]:
 
 
 _QUICK = ["--dtype", "bf16", "--d", "64", "--t", "1024", "--t", "4096", "--no-memory",
-          "--no-overhead", "--no-features", "--no-serving", "--out", "out"]  # fmt: skip
+          "--no-overhead", "--no-features", "--no-serving", "--no-training", "--out",
+          "out"]  # fmt: skip
 
 
 def test_bench_times_the_backward_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,7 +263,8 @@ def test_bench_d256_gets_forward_rows_only(monkeypatch: pytest.MonkeyPatch) -> N
     # d = 256 is outside the backward's range: `--d 256` times the forward, the backward skips it
     seen = _fake_bench(monkeypatch)
     args = ["--dtype", "bf16", "--d", "64", "--d", "256", "--t", "4096", "--no-memory",
-            "--no-overhead", "--no-features", "--no-serving", "--out", "out"]  # fmt: skip
+            "--no-overhead", "--no-features", "--no-serving", "--no-training", "--out",
+            "out"]  # fmt: skip
     result = run("bench", *args)
     assert result.exit_code == 0, result.output
     assert {c.d for c in seen} == {64}

@@ -455,7 +455,7 @@ def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
 
 
 _QUICK = ["--d", "64", "--t", "1024", "--no-memory", "--no-overhead", "--no-features",
-          "--out", "out"]  # fmt: skip
+          "--no-training", "--out", "out"]  # fmt: skip
 
 
 def test_bench_runs_the_serving_rows_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
