@@ -38,7 +38,8 @@ def main() -> int:
         print(line)
     for r in rows:
         if r.get("error"):
-            print(f"note: {r['impl']} d={r['d']} causal={r['causal']}: {r['error']}", file=sys.stderr)
+            note = f"note: {r['impl']} d={r['d']} causal={r['causal']}: {r['error']}"
+            print(note, file=sys.stderr)
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     return 0
