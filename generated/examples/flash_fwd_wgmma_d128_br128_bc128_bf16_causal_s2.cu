@@ -139,9 +139,9 @@ __device__ __forceinline__ bool key_hidden(int row, int key, int tq, int tk, int
 __device__ __forceinline__ int clamp_to_int(long long v, int lo, int hi) {
   return (int)min(max(v, (long long)lo), (long long)hi);
 }
-// a + b and a - b saturated to [INT_MIN, INT_MAX] (one instruction, as the plain add): a
-// window edge past 2^31 becomes INT_MAX, which no row or key index passes, so it hides
-// nothing, as the exact edge would.
+// a + b and a - b saturated to [INT_MIN, INT_MAX] (one PTX instruction; ptxas 13.0 makes ~5
+// of it on sm_90, so keep it out of per-element code): a window edge past 2^31 becomes
+// INT_MAX, which no row or key index passes, so it hides nothing, as the exact edge would.
 __device__ __forceinline__ int add_sat(int a, int b) {
   int r;
   asm("add.sat.s32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
