@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/experiments/s26-bwd-run.sh [ab|tests]: two GPU calls (~6 and ~8 min) for the backward patches
+# bench/experiments/s26-bwd-run.sh [ab|tests|br128]: three GPU calls (~6-9 min each) for the backward patches
 # readied in session 25 (issue 25; bench/NOTES.md, twenty-fifth session). Run from the repo root,
 # .whl carried:  bash bench/experiments/s26-bwd-run.sh ab; then: bash bench/experiments/s26-bwd-run.sh tests
 #   ab:    bwd_ab.sh 3 rounds, base vs wgmma-bwd-dk-carry (d 64 only: dK in flight into the next
@@ -10,6 +10,11 @@
 #          oracle tests, sanitizers, bundle), then
 #          tests/gpu/test_varlen.py on wgmma-bwd-varlen-ld-ring (the varlen backward's D/LSE rows in
 #          the ring), 8 shards: $OUT/check.txt, $OUT/varlen-tests.txt. Land what is green and faster.
+#   br128: wgmma-bwd-d64-br128.patch (d 64 at 128 x 128, FA3/FA4's tile; a helper's port, CPU only:
+#          0 spills, 674 instructions per 128 queries unmasked vs ~916 for two 64-row steps):
+#          tests/gpu/test_backward.py -k br128 (its two probes vs the float64 oracle, 8 shards),
+#          then bwd_ab.sh 3 with the br128 names beside the shipped ones (base has no br128:
+#          read the patched tree's br128 rows against its br64 rows): $OUT/br128-tests.txt, ab-br128.txt.
 set -u
 E=bench/experiments
 t0=$SECONDS
@@ -24,4 +29,11 @@ tests)
     $E/wgmma-bwd-varlen-ld-ring.patch -- bash scripts/dev/pytest_shards.sh 8 /tmp/vlring \
     tests/gpu/test_varlen.py > "$OUT/varlen-tests.txt" 2>&1
   echo "varlen tests rc=$? at $((SECONDS - t0)) s"; tail -10 "$OUT/varlen-tests.txt" ;;
+br128)
+  FLASHGEN_REQUIRE_GPU=1 timeout 260 bash scripts/dev/patch_run.sh br128 $E/wgmma-bwd-d64-br128.patch -- \
+    bash scripts/dev/pytest_shards.sh 8 /tmp/br128t tests/gpu/test_backward.py -k br128 > "$OUT/br128-tests.txt" 2>&1
+  echo "br128 tests rc=$? at $((SECONDS - t0)) s"; tail -12 "$OUT/br128-tests.txt"
+  EXTRA_NAMES="flash_bwd_wgmma_d64_br128_bc128_bf16_causal_s2 flash_bwd_wgmma_d64_br128_bc128_bf16_noncausal_s2" \
+    timeout $((585 - (SECONDS - t0))) bash scripts/dev/bwd_ab.sh 3 $E/wgmma-bwd-d64-br128.patch > "$OUT/ab-br128.txt" 2>&1
+  echo "ab rc=$? at $((SECONDS - t0)) s"; tail -12 "$OUT/ab-br128.txt" ;;
 esac
