@@ -60,14 +60,14 @@ def main() -> None:
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     seen_peer: set[tuple[Any, ...]] = set()
+    ts = [int(x) for x in args.t.split(",")]
     for name in args.names:
         try:
             spec = KernelSpec.from_name(name)
         except Exception as exc:  # a name this tree does not know (e.g. a patch's new tile)
-            ts = [int(t) for t in args.t.split(",")]
             rows += [{"variant": name, "t": t, "error": str(exc)[:300]} for t in ts]
             continue
-        for t in (int(x) for x in args.t.split(",")):
+        for t in ts:
             row: dict[str, Any] = {"variant": name, "t": t}
             try:
                 use_variant(spec)

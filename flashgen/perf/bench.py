@@ -89,6 +89,12 @@ REPS = 30
 WARMUP_S = 1.0
 
 
+def error_text(exc: BaseException) -> str:
+    """A failed measurement's record: the exception's type and message, at most 300
+    characters."""
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 class BenchUnavailable(RuntimeError):
     """torch with CUDA (needed to allocate and time) or a GPU is missing."""
 

@@ -105,10 +105,6 @@ def optional_module(name: str) -> Any:
         return None
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
-
-
 def free_bytes() -> int:
     """Free device memory, after torch's cache gives back what it holds unused."""
     torch = bench._torch()
@@ -155,7 +151,7 @@ def _measure(row: dict[str, Any], key: str, make: Callable[[], Callable[[], Any]
     try:
         row[f"{key}_us"] = graph_timing.timed(make(), DECODE_REPS, DECODE_ROUNDS)
     except Exception as exc:  # a peer (or a shape) that cannot run is recorded, not fatal
-        row[f"{key}_error"] = _error(exc)
+        row[f"{key}_error"] = bench.error_text(exc)
 
 
 def decode_row(case: DecodeCase, peers: bool = True, device: str = "cuda") -> dict[str, Any]:
@@ -380,14 +376,14 @@ def varlen_rows(
         try:
             calls[name] = prepare(shape, forward, direction, dtype, device)
         except Exception as exc:  # a kernel that cannot run: its row says why
-            errors[name] = _error(exc)
+            errors[name] = bench.error_text(exc)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name in list(calls):
             try:
                 times[name].append(_time_us(calls[name], direction, reps))
             except Exception as exc:
-                errors[name] = _error(exc)
+                errors[name] = bench.error_text(exc)
                 del calls[name]
     del calls
     rows = []

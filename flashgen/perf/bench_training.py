@@ -142,9 +142,7 @@ def training_row(
     rows = {impl: {**base, "impl": impl, "ms": None, "tflops": None} for impl in impls}
     steps: dict[str, Callable[[], Any]] = {}
     ref: Any = None
-    for impl in ("sdpa", *[i for i in impls if i != "sdpa"]):
-        if impl not in rows and impl != "sdpa":
-            continue
+    for impl in ("sdpa", *[i for i in impls if i != "sdpa"]):  # SDPA first: the reference
         try:
             fn = step_fn(impl, qkv, do, case.causal)
             grad = fn()
@@ -157,14 +155,14 @@ def training_row(
                 steps[impl] = fn
         except Exception as exc:  # a backend this build lacks, or a shape it refuses
             if impl in rows:
-                rows[impl]["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows[impl]["error"] = bench.error_text(exc)
     times: dict[str, list[float]] = {impl: [] for impl in steps}
     for _ in range(rounds):
         for impl, fn in steps.items():
             try:
                 times[impl].append(bench.time_ms(fn, reps=reps))
             except Exception as exc:
-                rows[impl]["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                rows[impl]["error"] = bench.error_text(exc)
     for impl, ts in times.items():
         if ts and "error" not in rows[impl]:
             ms = statistics.median(ts)

@@ -15,9 +15,9 @@ import pytest
 from cli.test_cli import run, sandbox  # noqa: F401
 
 from flashgen.cli import perf as cli_perf
-from flashgen.generator import select as select_mod
 from flashgen.perf import bench
 from flashgen.perf.bench import BenchResult, Case, Row
+from perf._bench_cli import fake_gpu
 
 
 def _row(impl: str, tflops: float | None, direction: str = "fwd", t: int = 4096,
@@ -145,10 +145,7 @@ def test_json_written_before_backward_rows_reads_as_forward_rows() -> None:
 def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[Case]:
     """`flashgen bench` with every GPU step faked; returns the cases the backward saw."""
     seen: list[Case] = []
-    monkeypatch.setattr(cli_perf, "_gpu_or_fail", lambda command: ("H200", "sm_90"))
-    monkeypatch.setattr(bench, "environment", lambda: {"gpu": "H200", "date": "2025-01-01",
-                                                       "commit": "abc"})  # fmt: skip
-    monkeypatch.setattr(select_mod, "select", lambda *a, **k: None)
+    fake_gpu(monkeypatch)
 
     def fwd(case: Case, specs: Any, peers: Any = None, reps: int = 30) -> list[Row]:
         return [bench._row("flashgen", "fwd-v", case, 1.0),

@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 from cli.test_cli import assert_one_line_error, run, sandbox  # noqa: F401
 
-from flashgen.cli import perf as cli_perf
-from flashgen.generator import select as select_mod
 from flashgen.perf import bench, graph_timing
 from flashgen.perf import bench_serving as bs
 from flashgen.perf.bench import BenchResult, Case, Row
+from perf._bench_cli import fake_gpu, no_kernel_rows
 
 
 # ---- the row sets ------------------------------------------------------------------------------
@@ -427,12 +426,8 @@ def test_graph_timing_replays_a_graph_of_reps_calls(monkeypatch: pytest.MonkeyPa
 def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     """`flashgen bench` with every GPU step faked; returns what the serving rows were asked."""
     seen: dict[str, list[Any]] = {"decode": [], "varlen": []}
-    monkeypatch.setattr(cli_perf, "_gpu_or_fail", lambda command: ("H200", "sm_90"))
-    monkeypatch.setattr(bench, "environment", lambda: {"gpu": "H200", "date": "2025-01-01",
-                                                       "commit": "abc"})  # fmt: skip
-    monkeypatch.setattr(select_mod, "select", lambda *a, **k: None)
-    monkeypatch.setattr(bench, "bench_case", lambda case, *a, **k: [])
-    monkeypatch.setattr(bench, "bench_backward_case", lambda case, *a, **k: [])
+    fake_gpu(monkeypatch)
+    no_kernel_rows(monkeypatch)
 
     def decode_row(case: bs.DecodeCase, peers: bool = True) -> dict[str, Any]:
         seen["decode"].append((case, peers))

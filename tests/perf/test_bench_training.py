@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 from cli.test_cli import run, sandbox  # noqa: F401
 
-from flashgen.cli import perf as cli_perf
-from flashgen.generator import select as select_mod
 from flashgen.perf import bench
 from flashgen.perf import bench_training as bt
 from flashgen.perf.bench import BenchResult
+from perf._bench_cli import fake_gpu, no_kernel_rows
 
 
 # ---- the row set -------------------------------------------------------------------------------
@@ -173,12 +172,8 @@ def test_json_round_trip_keeps_the_training_rows() -> None:
 
 def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     seen: list[Any] = []
-    monkeypatch.setattr(cli_perf, "_gpu_or_fail", lambda command: ("H200", "sm_90"))
-    monkeypatch.setattr(bench, "environment", lambda: {"gpu": "H200", "date": "2025-01-01",
-                                                       "commit": "abc"})  # fmt: skip
-    monkeypatch.setattr(select_mod, "select", lambda *a, **k: None)
-    monkeypatch.setattr(bench, "bench_case", lambda case, *a, **k: [])
-    monkeypatch.setattr(bench, "bench_backward_case", lambda case, *a, **k: [])
+    fake_gpu(monkeypatch)
+    no_kernel_rows(monkeypatch)
 
     def training_row(case: bt.TrainCase, peers: bool = True, reps: int = 30) -> list[Any]:
         seen.append((case, peers))
