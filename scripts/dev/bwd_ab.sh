@@ -5,7 +5,7 @@ rounds=$1; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export FLASHGEN_CACHE_DIR=/tmp/fgc PYTHONUNBUFFERED=1
 here=$PWD; trees="base"
-rm -rf /tmp/t; mkdir -p /tmp/t/base; cp -r flashgen scripts tests pyproject.toml /tmp/t/base/  # tests: patches may touch them
+rm -rf /tmp/t; mkdir -p /tmp/t/base; cp -r flashgen scripts tests docs pyproject.toml /tmp/t/base/  # tests: patches may touch them
 for p in "$@"; do
   l=$(basename $p .patch); trees="$trees $l"; cp -r /tmp/t/base /tmp/t/$l
   (cd /tmp/t/$l && patch -s -p1 < $here/$p) || { echo "patch $p failed"; exit 1; }

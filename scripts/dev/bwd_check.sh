@@ -6,7 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export FLASHGEN_CACHE_DIR=/tmp/fgc PYTHONUNBUFFERED=1 FLASHGEN_HYPOTHESIS_PROFILE=ci FLASHGEN_REQUIRE_GPU=1 \
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 here=$PWD; l=$(basename $1 .patch); t0=$SECONDS
-rm -rf /tmp/c; mkdir -p /tmp/c $OUT/check; cp -r flashgen scripts tests pyproject.toml /tmp/c/
+rm -rf /tmp/c; mkdir -p /tmp/c $OUT/check; cp -r flashgen scripts tests docs pyproject.toml /tmp/c/
 cd /tmp/c && patch -s -p1 < $here/$1 || exit 1
 export PYTHONPATH=/tmp/site:/tmp/c
 n=12
