@@ -96,8 +96,8 @@ Examples:
 @click.option("--training/--no-training", default=True, show_default=True,
               help="Training-step rows: forward + backward through autograd on (B, T, H, d) "
                    "views of a packed projection, host time included (B 2, T 8192, d 64 and "
-                   "128, causal and not, bf16), against SDPA's default and FA4 when "
-                   "importable.")  # fmt: skip
+                   "128, causal and not; in each --dtype, bf16 when none is given), against "
+                   "SDPA's default and FA4 when importable.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_RESULTS,
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
 @click.option("--plot", is_flag=True,
@@ -159,7 +159,7 @@ def bench(
         masks = (True,) if causal_only is None else (causal_only,)  # varlen: causal by default
         result.serving = serving_rows(dtypes or bench_mod.DTYPES, masks, peers, backward, reps)
     if training:
-        result.training = training_rows(causal, peers, reps)
+        result.training = training_rows(dtypes, causal, peers, reps)
     if memory:
         spec = select(64, "bf16", True, arch, gpu_name=gpu_name)
         result.memory = bench_mod.memory_comparison(spec)
@@ -222,8 +222,8 @@ def bench(
             click.echo(f"note: {note}", err=True)
     for tr in result.training:
         if tr.get("error"):
-            click.echo(f"note: training {tr['impl']} d={tr['d']} causal={tr['causal']}: "
-                       f"{tr['error']}", err=True)  # fmt: skip
+            click.echo(f"note: training {tr['impl']} {tr['dtype']} d={tr['d']} "
+                       f"causal={tr['causal']}: {tr['error']}", err=True)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     path = bench_mod.result_path(result.env, out)
     path.write_text(result.to_json() + "\n")
@@ -281,12 +281,14 @@ def serving_rows(
     return rows
 
 
-def training_rows(causal: tuple[bool, ...], peers: bool, reps: int) -> list[dict[str, Any]]:
-    """bench_training's rows: each case of `causal`'s masks, flashgen and (with `peers`) SDPA's
-    default and FA4."""
+def training_rows(
+    dtypes: tuple[str, ...], causal: tuple[bool, ...], peers: bool, reps: int
+) -> list[dict[str, Any]]:
+    """bench_training's rows: each case of `causal`'s masks in each of `dtypes` (the issue's
+    bf16 when the command named none), flashgen and (with `peers`) SDPA's default and FA4."""
     from flashgen.perf import bench_training as bt
 
-    todo = [c for c in bt.training_cases() if c.causal in causal]
+    todo = [c for c in bt.training_cases(dtypes or (bt.TRAIN_DTYPE,)) if c.causal in causal]
     rows: list[dict[str, Any]] = []
     with _progress() as prog:
         task = prog.add_task("training", total=len(todo))
@@ -304,7 +306,7 @@ def training_lines(rows: list[dict[str, Any]]) -> list[str]:
     headers, lines = bt.training_table(rows)
     if not lines:
         return []
-    title = (f"training step ({bt.TRAIN_DTYPE}, forward + backward through autograd on "
+    title = ("training step (forward + backward through autograd on "
              f"(B, T, H, d) views, host time included): ms (TFLOP/s at "
              f"{bt.TRAIN_FLOPS_FACTOR}x the forward's FLOPs); x peer: the best peer's time over "
              "flashgen's")  # fmt: skip

@@ -217,6 +217,15 @@ def cases(
     return [Case(dt, d, c, t) for dt in dtypes for d in head_dims for c in causal for t in seq_lens]
 
 
+# storage dtype -> torch's name for it (`torch_dtype`)
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def torch_dtype(name: str) -> Any:
+    """torch's dtype for storage dtype `name` ("bf16", "fp16", "fp32")."""
+    return getattr(_torch(), TORCH_NAMES[name])
+
+
 def _torch() -> Any:
     try:
         import torch
@@ -274,7 +283,7 @@ def time_ms(
 
 def _inputs(case: Case, seed: int = 0) -> tuple[Any, Any, Any]:
     torch = _torch()
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    dt = torch_dtype(case.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
     shape = (case.b, case.h, case.t, case.d)
     return tuple(  # type: ignore[return-value]
@@ -480,7 +489,7 @@ def memory_comparison(spec: KernelSpec, t: int = 8192, d: int = 64, h: int = 16)
     torch = _torch()
     case = Case(spec.dtype, d, True, t)
     shape = (1, h, t, d)
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    dt = torch_dtype(spec.dtype)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dt) for _ in range(3))
     out: dict[str, Any] = {"B": 1, "H": h, "T": t, "d": d, "causal": True, "dtype": spec.dtype}
 
@@ -699,7 +708,7 @@ def overhead_runners(
     from flashgen.generator.dtypes import DTYPES as STORAGE
     from flashgen.runtime import gpu as runtime
 
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    dt = torch_dtype(dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, h, t, d, device="cuda", dtype=dt, generator=g) for _ in range(3))
     host = [x.float().cpu().numpy().astype(STORAGE[dtype].numpy) for x in (q, k, v)]

@@ -21,7 +21,15 @@ from typing import Any
 
 from flashgen.generator.features import FeatureArgs
 from flashgen.generator.spec import KernelSpec
-from flashgen.perf.bench import TOKENS, Row, _torch, fa4_available, flashgen_runner, time_ms
+from flashgen.perf.bench import (
+    TOKENS,
+    Row,
+    _torch,
+    fa4_available,
+    flashgen_runner,
+    time_ms,
+    torch_dtype,
+)
 
 GQA_HEADS = (32, 8)  # (Hq, Hkv)
 GQA_D = 128
@@ -102,7 +110,7 @@ def feature_cases(
 
 def _inputs(fc: FeatureCase, h_kv: int, seed: int = 0) -> tuple[Any, Any, Any]:
     torch = _torch()
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[fc.dtype]
+    dt = torch_dtype(fc.dtype)
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn((fc.b, fc.h, fc.t, fc.d), device="cuda", dtype=dt, generator=g)
     k, v = (

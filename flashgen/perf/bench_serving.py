@@ -340,7 +340,7 @@ def prepare(shape: tuple[int, ...], forward: Callable[[Any, Any, Any], Any], dir
     """The call to time: the forward on fresh random q, k, v of `shape`, or ("bwd") the
     gradients of one forward's output against a random dO."""
     torch = bench._torch()
-    t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    t = bench.torch_dtype(dtype)
     grad = direction == "bwd"
     q, k, v = (torch.randn(shape, device=device, dtype=t, requires_grad=grad) for _ in "qkv")
     if not grad:

@@ -2,10 +2,11 @@
 forward then backward through autograd, host time included.
 
 Rows (`training_cases`): B 2, T 8192, d 64 (H 32) and d 128 (H 16) -- H x d = 2048 --, causal and
-not, bf16. The inputs are what a transformer block hands its attention: q, k and v as
-(B, T, H, d) views of one packed (B, T, 3, H, d) projection output that requires grad, and the
-gradient of the (B, T, H, d) output. One step of each implementation is the call a model makes
-on those views and `torch.autograd.grad` back to the projection:
+not, bf16 (the issue's; `flashgen bench --dtype` picks others). The inputs are what a
+transformer block hands its attention: q, k and v as (B, T, H, d) views of one packed
+(B, T, 3, H, d) projection output that requires grad, and the gradient of the (B, T, H, d)
+output. One step of each implementation is the call a model makes on those views and
+`torch.autograd.grad` back to the projection:
 - flashgen: `flashgen.torch.attention(q.transpose(1, 2), ...)` (its op's layout, (B, H, T, d)),
   the output transposed back;
 - SDPA: `F.scaled_dot_product_attention` on the same transposed views, its default backend choice
@@ -25,7 +26,7 @@ failing implementation is recorded in its row's `error`, never a crash.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,15 +70,18 @@ class TrainCase:
         return f"d{self.d} {mask} B{self.b} T{self.t}"
 
 
-def training_cases() -> list[TrainCase]:
-    """The issue's rows: d 64 and 128, causal and not."""
-    return [TrainCase(d, c) for d in TRAIN_HEAD_DIMS for c in (False, True)]
+def training_cases(dtypes: Sequence[str] = (TRAIN_DTYPE,)) -> list[TrainCase]:
+    """The issue's rows, d 64 and 128, causal and not, in each of `dtypes` (the issue's is
+    bf16)."""
+    return [
+        TrainCase(d, c, dtype=t) for t in dtypes for d in TRAIN_HEAD_DIMS for c in (False, True)
+    ]
 
 
 def _inputs(case: TrainCase) -> tuple[Any, Any]:
     """(packed projection (B, T, 3, H, d) requiring grad, dO (B, T, H, d))."""
     torch = bench._torch()
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    dt = bench.torch_dtype(case.dtype)
     g = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn((case.b, case.t, 3, case.h, case.d), device="cuda", dtype=dt, generator=g)
     do = torch.randn((case.b, case.t, case.h, case.d), device="cuda", dtype=dt, generator=g)
@@ -195,12 +199,12 @@ def training_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
     rows = [r for r in rows if r.get("kind") == "training"]
     add_ratios(rows)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
-    headers = ["d", "causal", "B", "T", *[f"{i} ms (TFLOP/s)" for i in impls], "x peer"]
+    headers = ["dtype", "d", "causal", "B", "T", *[f"{i} ms (TFLOP/s)" for i in impls], "x peer"]
     cases: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     for r in rows:
-        cases.setdefault((r["d"], r["causal"], r["b"], r["t"]), {})[r["impl"]] = r
+        cases.setdefault((r["dtype"], r["d"], r["causal"], r["b"], r["t"]), {})[r["impl"]] = r
     lines = []
-    for (d, causal, b, t), by_impl in cases.items():
+    for (dtype, d, causal, b, t), by_impl in cases.items():
         cells = []
         for i in impls:
             cell = by_impl.get(i)
@@ -211,6 +215,6 @@ def training_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str
             else:
                 cells.append("error" if cell.get("error") else "-")
         ratio = by_impl.get("flashgen", {}).get("x_peer")
-        lines.append([str(d), "yes" if causal else "no", str(b), str(t), *cells,
+        lines.append([dtype, str(d), "yes" if causal else "no", str(b), str(t), *cells,
                       f"{ratio:.2f}" if ratio else "-"])  # fmt: skip
     return headers, lines

@@ -27,6 +27,9 @@ def test_training_cases_are_the_issues_rows() -> None:
     assert {(c.b, c.t, c.dtype) for c in cases} == {(2, 8192, "bf16")}
     assert [c.h for c in cases] == [32, 32, 16, 16]  # H x d = 2048
     assert cases[3].label == "d128 causal B2 T8192"
+    both = bt.training_cases(("fp16", "bf16"))
+    assert [c.dtype for c in both] == ["fp16"] * 4 + ["bf16"] * 4
+    assert [(c.d, c.causal) for c in both[4:]] == [(c.d, c.causal) for c in cases]
 
 
 def test_a_step_is_three_and_a_half_forwards_of_flops() -> None:
@@ -141,9 +144,9 @@ def test_rows_interleave_rounds_and_record_a_failing_peer(
     assert by["flashgen"]["max_err_vs_sdpa"] < 1e-12 and "max_err_vs_sdpa" not in by["sdpa"]
     assert {r["kind"] for r in rows} == {"training"} and by["sdpa"]["h"] == 16
     headers, lines = bt.training_table(rows)
-    assert headers == ["d", "causal", "B", "T", "flashgen ms (TFLOP/s)", "sdpa ms (TFLOP/s)",
-                       "fa4 ms (TFLOP/s)", "x peer"]  # fmt: skip
-    assert lines == [["128", "no", "2", "8192", f"2.00 ({case.flops / 2e-3 / 1e12:.0f})",
+    assert headers == ["dtype", "d", "causal", "B", "T", "flashgen ms (TFLOP/s)",
+                       "sdpa ms (TFLOP/s)", "fa4 ms (TFLOP/s)", "x peer"]  # fmt: skip
+    assert lines == [["bf16", "128", "no", "2", "8192", f"2.00 ({case.flops / 2e-3 / 1e12:.0f})",
                       f"3.00 ({case.flops / 3e-3 / 1e12:.0f})", "error", "1.50"]]  # fmt: skip
     assert by["flashgen"]["x_sdpa"] == 1.5 and "x_fa4" not in by["flashgen"]
 
@@ -156,7 +159,7 @@ def test_without_peers_only_flashgen_is_timed_but_sdpa_still_checks_it(
     rows = bt.training_row(bt.TrainCase(64, True), peers=False, rounds=3)
     assert [r["impl"] for r in rows] == ["flashgen"] and len(timed) == 3
     assert rows[0]["max_err_vs_sdpa"] < 1e-12
-    assert bt.training_table(rows)[1] == [["64", "yes", "2", "8192", "1.00 (" +
+    assert bt.training_table(rows)[1] == [["bf16", "64", "yes", "2", "8192", "1.00 (" +
                                           f"{bt.TrainCase(64, True).flops / 1e-3 / 1e12:.0f})",
                                           "-"]]  # fmt: skip
 
@@ -177,7 +180,7 @@ def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     def training_row(case: bt.TrainCase, peers: bool = True, reps: int = 30) -> list[Any]:
         seen.append((case, peers))
-        base = {"kind": "training", "dtype": "bf16", "d": case.d, "causal": case.causal,
+        base = {"kind": "training", "dtype": case.dtype, "d": case.d, "causal": case.causal,
                 "b": case.b, "t": case.t, "h": case.h}  # fmt: skip
         return [{**base, "impl": "flashgen", "ms": 10.0, "tflops": 100.0},
                 {**base, "impl": "sdpa", "ms": 12.0, "tflops": 80.0},
@@ -196,8 +199,8 @@ def test_bench_runs_the_training_rows_by_default(monkeypatch: pytest.MonkeyPatch
     result = run("bench", *_QUICK)
     assert result.exit_code == 0, result.output
     assert [c for c, _ in seen] == bt.training_cases() and {p for _, p in seen} == {True}
-    assert "training step (bf16" in result.stdout and " 1.20" in result.stdout
-    assert "training fa4 d=128 causal=True: ImportError: x" in result.stderr
+    assert "training step (" in result.stdout and " 1.20" in result.stdout
+    assert "training fa4 bf16 d=128 causal=True: ImportError: x" in result.stderr
     [path] = Path("out").glob("*.json")
     assert len(BenchResult.from_json(path.read_text()).training) == 12
 
@@ -216,3 +219,21 @@ def test_training_options_select_the_rows(
     assert ("training step" in result.stdout) is bool(want)
     [path] = Path("out").glob("*.json")
     assert ("training" in json.loads(path.read_text())) is bool(want)
+
+
+@pytest.mark.parametrize(("dtypes", "want"), [
+    (["fp16"], ["fp16"]),
+    (["bf16", "fp16"], ["bf16", "fp16"]),
+])  # fmt: skip
+def test_the_training_rows_follow_the_asked_dtypes(
+    monkeypatch: pytest.MonkeyPatch, dtypes: list[str], want: list[str]
+) -> None:
+    """`--dtype fp16` times fp16 steps (bf16 only when no --dtype is given)."""
+    seen = _fake_bench(monkeypatch)
+    flags = [x for t in dtypes for x in ("--dtype", t)]
+    result = run("bench", *_QUICK, *flags)
+    assert result.exit_code == 0, result.output
+    assert list(dict.fromkeys(c.dtype for c, _ in seen)) == want
+    assert len(seen) == 4 * len(want)
+    table = result.stdout[result.stdout.index("training step ("):]
+    assert all(t in table for t in want)
