@@ -1,0 +1,30 @@
+#!/bin/bash
+# bench/experiments/s27-dpad-run.sh check|bench: the wgmma backward at head dims that are not a
+# multiple of 64 (d a multiple of 8 up to 128, run at d rounded up to 64; issue 25's "d 96" bar
+# item; bench/experiments/wgmma-bwd-head-dims.patch, CPU-proven only: bench/NOTES.md, twenty-sixth
+# session). Two device calls, from the repo root with .whl carried:
+#   check: bwd_check.sh on the patch (test_backward + test_torch_backward, wgmma ids: the probes at
+#          d 96/72/40 and the feature probes at d 96/80, torch rows at d 72/96 through wgmma;
+#          sanitizers with a d 96 case; the bundle), then test_varlen's gradient cases (d 72/96
+#          added) on the patch, 8 shards. -> $OUT/check/, $OUT/dpad-check.txt, $OUT/dpad-varlen.txt
+#   bench: `flashgen bench --backward` at d 96, T 4096/16384, causal and not, bf16 and fp16, peers
+#          in the same process (FA2 and cuDNN through SDPA; FA4 where .fa4 is installed): the bar
+#          is >= 1.0x FA2 in every row. -> $OUT/bench.txt and the JSON
+set -u
+E=bench/experiments
+t0=$SECONDS
+case ${1:?check or bench} in
+check)
+  timeout 420 bash scripts/dev/bwd_check.sh $E/wgmma-bwd-head-dims.patch > "$OUT/dpad-check.txt" 2>&1
+  echo "check rc=$? at $((SECONDS - t0)) s"; tail -20 "$OUT/dpad-check.txt"
+  FLASHGEN_REQUIRE_GPU=1 timeout $((580 - (SECONDS - t0))) bash scripts/dev/patch_run.sh dpad \
+    $E/wgmma-bwd-head-dims.patch -- bash scripts/dev/pytest_shards.sh 8 /tmp/dpadv \
+    tests/gpu/test_varlen.py -k "grad" > "$OUT/dpad-varlen.txt" 2>&1
+  echo "varlen rc=$? at $((SECONDS - t0)) s"; tail -8 "$OUT/dpad-varlen.txt" ;;
+bench)
+  [ -f /tmp/fa4/env.sh ] && source /tmp/fa4/env.sh  # FA4 as a peer when its install is on this machine
+  FLASHGEN_REQUIRE_GPU=1 timeout 580 bash scripts/dev/patch_run.sh dpadb $E/wgmma-bwd-head-dims.patch -- \
+    python3 -m flashgen bench --d 96 --t 4096 --t 16384 --no-features --no-serving --no-training \
+    --no-memory --no-overhead --out "$OUT" > "$OUT/bench.txt" 2>&1
+  echo "bench rc=$? at $((SECONDS - t0)) s"; tail -30 "$OUT/bench.txt" ;;
+esac
