@@ -5,8 +5,9 @@
 # session). Two device calls, from the repo root with .whl carried:
 #   check: bwd_check.sh on the patch (test_backward + test_torch_backward, wgmma ids: the probes at
 #          d 96/72/40 and the feature probes at d 96/80, torch rows at d 72/96 through wgmma;
-#          sanitizers with a d 96 case; the bundle), then test_varlen's gradient cases (d 72/96
-#          added) on the patch, 8 shards. -> $OUT/check/, $OUT/dpad-check.txt, $OUT/dpad-varlen.txt
+#          sanitizers (initcheck too) with a d 96 case; the bundle), then test_varlen's gradient
+#          cases (d 72/96 added) and test_hooks_torch's d 72 case (a hooked wgmma backward now)
+#          on the patch, 8 shards. -> $OUT/check/, $OUT/dpad-check.txt, $OUT/dpad-varlen.txt
 #   bench: `flashgen bench --backward` at d 96, T 4096/16384, causal and not, bf16 and fp16, peers
 #          in the same process (FA2 and cuDNN through SDPA; FA4 where .fa4 is installed): the bar
 #          is >= 1.0x FA2 in every row. -> $OUT/bench.txt and the JSON
@@ -19,7 +20,7 @@ check)
   echo "check rc=$? at $((SECONDS - t0)) s"; tail -20 "$OUT/dpad-check.txt"
   FLASHGEN_REQUIRE_GPU=1 timeout $((580 - (SECONDS - t0))) bash scripts/dev/patch_run.sh dpad \
     $E/wgmma-bwd-head-dims.patch -- bash scripts/dev/pytest_shards.sh 8 /tmp/dpadv \
-    tests/gpu/test_varlen.py -k "grad" > "$OUT/dpad-varlen.txt" 2>&1
+    tests/gpu/test_varlen.py tests/gpu/test_hooks_torch.py -k "grad or d72" > "$OUT/dpad-varlen.txt" 2>&1
   echo "varlen rc=$? at $((SECONDS - t0)) s"; tail -8 "$OUT/dpad-varlen.txt" ;;
 bench)
   [ -f /tmp/fa4/env.sh ] && source /tmp/fa4/env.sh  # FA4 as a peer when its install is on this machine
