@@ -270,6 +270,7 @@ def main() -> int:
     # a CPU dry run's stand-in rounds the whole attention once, the ring once per step: its
     # "pass" column is printed, not judged
     ok = cpu or all(r["pass"] for r in result["correctness"])
+    dist.barrier()  # every rank reaches the teardown first (examples/ring/train.py says why)
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -140,6 +140,10 @@ def main() -> int:
     if rank == 0:
         print(f"done: {world} ranks, {a.seq} tokens, loss {first:.4f} -> {last:.4f} "
               f"(uniform guess {math.log(a.vocab):.4f})", flush=True)  # fmt: skip
+    # every rank reaches the teardown before any tears down: with gloo, a rank that exits first
+    # closes its sockets under the others' background threads (a CI run aborted with
+    # "terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

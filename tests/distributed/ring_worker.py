@@ -86,6 +86,7 @@ def main() -> None:
             err = run_case(CASES[0], dist.get_rank(sub), 2, sub)
             print(json.dumps({"rank": rank, "case": ["subgroup", *CASES[0]], "err": err}),
                   flush=True)  # fmt: skip
+    dist.barrier()  # every rank reaches the teardown first (examples/ring/train.py says why)
     dist.destroy_process_group()
 
 
