@@ -22,7 +22,8 @@
 #      (base ~4150-4190 GB/s; SDPA 4480 on the first); small rows (B1 Tk4k 8/1, B8 Tk4k 32/8)
 #      are latency-bound and guard against regressions (B1 Tk4k runs the 8-warp few-blocks
 #      variant: one producer per SM there). Paged16 is the bulk loader's worst case (a page
-#      lookup per row).
+#      lookup per row). B8 Tk32k 8/1 Tq 4 runs br 32, where a review found the patch's extra
+#      warp drops the kernel from 2 blocks per SM to 1 (217 registers x 160 threads): watch it.
 #   3. tests/gpu/test_decode.py on -p2 and -s3 while time is left: $OUT/tests-variants.txt.
 # Raw JSON and logs: $OUT/raw.tgz.
 #   bash bench/experiments/decode-bulk-ring-run.sh
@@ -42,16 +43,18 @@ grep -q '^+DECODE_PRODUCER_WARPS = 2$' $E/decode-bulk-ring-p2.patch \
   && grep -q '^+DECODE_RING_STAGES = 3$' $E/decode-bulk-ring-s3.patch || echo "variant sed failed"
 
 # 1. correctness of the patched tree (compiles land in /tmp/fgc, which the A/B reuses)
-FLASHGEN_CACHE_DIR=/tmp/fgc timeout 180 bash scripts/dev/patch_run.sh bulk $P -- \
+FLASHGEN_CACHE_DIR=/tmp/fgc timeout 240 bash scripts/dev/patch_run.sh bulk $P -- \
   bash scripts/dev/pytest_shards.sh 8 /tmp/raw/tests-bulk tests/gpu/test_decode.py > "$OUT/tests.txt" 2>&1
 rc=$?
 echo "tests rc=$rc at $((SECONDS - t0)) s"; tail -12 "$OUT/tests.txt"
 if [ $rc -eq 124 ]; then
-  echo "test_decode timed out (a hang?): no A/B"; tar czf "$OUT/raw.tgz" -C /tmp raw; exit 1
+  # (240 s include compiling into a cold cache: the shard logs in raw.tgz say whether a test
+  # was stuck in a launch or still compiling)
+  echo "test_decode timed out (a hang? see the shard logs): no A/B"; tar czf "$OUT/raw.tgz" -C /tmp raw; exit 1
 fi
 
 # 2. the A/B
-ROWS="32,32768,32,8,1;8,131072,32,8,1;32,131072,8,1,1;1,4096,8,1,1;8,4096,32,8,1" OUT=/tmp/raw/ab \
+ROWS="32,32768,32,8,1;8,131072,32,8,1;32,131072,8,1,1;1,4096,8,1,1;8,4096,32,8,1;8,32768,8,1,4" OUT=/tmp/raw/ab \
   timeout $(($(left) - 60)) bash scripts/dev/decode_ab.sh 3 $P $E/decode-bulk-ring-p2.patch \
   $E/decode-bulk-ring-s3.patch > "$OUT/ab.txt" 2>&1 || echo "decode_ab: rc $?" >> "$OUT/ab.txt"
 echo "A/B done at $((SECONDS - t0)) s"; cat "$OUT/ab.txt"
