@@ -18,6 +18,13 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(select_mod, "select", lambda *a, **k: None)
 
 
+def quick_flags(*extra: str) -> list[str]:
+    """A short `flashgen bench` command line for a test of one row set: d 64, T 1024, the
+    memory, overhead and feature rows off, the JSON into ./out; `extra` turns others off."""
+    return ["--d", "64", "--t", "1024", "--no-memory", "--no-overhead", "--no-features", *extra,
+            "--out", "out"]  # fmt: skip
+
+
 def no_kernel_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forward and backward rows time nothing (a test of another row set)."""
     monkeypatch.setattr(bench, "bench_case", lambda case, *a, **k: [])

@@ -17,7 +17,7 @@ from cli.test_cli import run, sandbox  # noqa: F401
 from flashgen.cli import perf as cli_perf
 from flashgen.perf import bench
 from flashgen.perf.bench import BenchResult, Case, Row
-from perf._bench_cli import fake_gpu
+from perf._bench_cli import fake_gpu, quick_flags
 
 
 def _row(impl: str, tflops: float | None, direction: str = "fwd", t: int = 4096,
@@ -164,9 +164,7 @@ def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[Case]:
     return seen
 
 
-_QUICK = ["--dtype", "bf16", "--d", "64", "--t", "1024", "--t", "4096", "--no-memory",
-          "--no-overhead", "--no-features", "--no-serving", "--no-training", "--out",
-          "out"]  # fmt: skip
+_QUICK = ["--dtype", "bf16", *quick_flags("--t", "4096", "--no-serving", "--no-training")]
 
 
 def test_bench_times_the_backward_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from cli.test_cli import assert_one_line_error, run, sandbox  # noqa: F401
 from flashgen.perf import bench, graph_timing
 from flashgen.perf import bench_serving as bs
 from flashgen.perf.bench import BenchResult, Case, Row
-from perf._bench_cli import fake_gpu, no_kernel_rows
+from perf._bench_cli import fake_gpu, no_kernel_rows, quick_flags
 
 
 # ---- the row sets ------------------------------------------------------------------------------
@@ -449,8 +449,7 @@ def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
     return seen
 
 
-_QUICK = ["--d", "64", "--t", "1024", "--no-memory", "--no-overhead", "--no-features",
-          "--no-training", "--out", "out"]  # fmt: skip
+_QUICK = quick_flags("--no-training")
 
 
 def test_bench_runs_the_serving_rows_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ from cli.test_cli import run, sandbox  # noqa: F401
 from flashgen.perf import bench
 from flashgen.perf import bench_training as bt
 from flashgen.perf.bench import BenchResult
-from perf._bench_cli import fake_gpu, no_kernel_rows
+from perf._bench_cli import fake_gpu, no_kernel_rows, quick_flags
 
 
 # ---- the row set -------------------------------------------------------------------------------
@@ -190,8 +190,7 @@ def _fake_bench(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return seen
 
 
-_QUICK = ["--d", "64", "--t", "1024", "--no-memory", "--no-overhead", "--no-features",
-          "--no-serving", "--out", "out"]  # fmt: skip
+_QUICK = quick_flags("--no-serving")
 
 
 def test_bench_runs_the_training_rows_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
