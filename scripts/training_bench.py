@@ -36,10 +36,8 @@ def main() -> int:
             print(f"{case.label}: done", flush=True)
     for line in format_table(*bt.training_table(rows)):
         print(line)
-    for r in rows:
-        if r.get("error"):
-            note = f"note: {r['impl']} d={r['d']} causal={r['causal']}: {r['error']}"
-            print(note, file=sys.stderr)
+    for note in bt.error_notes(rows):
+        print(f"note: {note}", file=sys.stderr)
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
     return 0

@@ -220,10 +220,11 @@ def bench(
 
         for note in bs.serving_notes(result.serving):
             click.echo(f"note: {note}", err=True)
-    for tr in result.training:
-        if tr.get("error"):
-            click.echo(f"note: training {tr['impl']} {tr['dtype']} d={tr['d']} "
-                       f"causal={tr['causal']}: {tr['error']}", err=True)  # fmt: skip
+    if result.training:
+        from flashgen.perf import bench_training as bt
+
+        for note in bt.error_notes(result.training):
+            click.echo(f"note: {note}", err=True)
     out.mkdir(parents=True, exist_ok=True)
     path = bench_mod.result_path(result.env, out)
     path.write_text(result.to_json() + "\n")

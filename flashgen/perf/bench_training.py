@@ -175,6 +175,15 @@ def training_row(
     return list(rows.values())
 
 
+def error_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per failed implementation: which row, and why."""
+    return [
+        f"training {r['impl']} {r['dtype']} d={r['d']} causal={r['causal']}: {r['error']}"
+        for r in rows
+        if r.get("kind") == "training" and r.get("error")
+    ]
+
+
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each flashgen row's `x_<peer>` (the peer's ms over flashgen's) and `x_peer` (the best
     peer's), from the peer rows of the same case."""
