@@ -8,9 +8,9 @@
 #          sanitizers (initcheck too) with a d 96 case; the bundle), then test_varlen's gradient
 #          cases (d 72/96 added) and test_hooks_torch's d 72 case (a hooked wgmma backward now)
 #          on the patch, 8 shards. -> $OUT/check/, $OUT/dpad-check.txt, $OUT/dpad-varlen.txt
-#   bench: `flashgen bench --backward` at d 96, T 4096/16384, causal and not, bf16 and fp16, peers
-#          in the same process (FA2 and cuDNN through SDPA; FA4 where .fa4 is installed): the bar
-#          is >= 1.0x FA2 in every row. -> $OUT/bench.txt and the JSON
+#   bench: scripts/bwd_sweep.py --peers at d 96, T 4096/16384, causal and not, bf16 and fp16, FA2
+#          through SDPA beside each row (`flashgen bench --d` takes only 64/128/256): the bar is
+#          >= 1.0x FA2 in every row. -> $OUT/bench.txt, $OUT/bench96.json
 set -u
 E=bench/experiments
 t0=$SECONDS
@@ -23,9 +23,9 @@ check)
     tests/gpu/test_varlen.py tests/gpu/test_hooks_torch.py -k "grad or d72" > "$OUT/dpad-varlen.txt" 2>&1
   echo "varlen rc=$? at $((SECONDS - t0)) s"; tail -8 "$OUT/dpad-varlen.txt" ;;
 bench)
-  [ -f /tmp/fa4/env.sh ] && source /tmp/fa4/env.sh  # FA4 as a peer when its install is on this machine
-  FLASHGEN_REQUIRE_GPU=1 timeout 580 bash scripts/dev/patch_run.sh dpadb $E/wgmma-bwd-head-dims.patch -- \
-    python3 -m flashgen bench --d 96 --t 4096 --t 16384 --no-features --no-serving --no-training \
-    --no-memory --no-overhead --out "$OUT" > "$OUT/bench.txt" 2>&1
+  N=flash_bwd_wgmma_d96_br64_bc128  # `flashgen bench --d` takes only 64/128/256: the sweep script
+  FLASHGEN_REQUIRE_GPU=1 timeout 570 bash scripts/dev/patch_run.sh dpadb $E/wgmma-bwd-head-dims.patch -- \
+    python3 scripts/bwd_sweep.py "$OUT/bench96.json" ${N}_bf16_noncausal_s2 ${N}_bf16_causal_s2 \
+    ${N}_fp16_noncausal_s2 ${N}_fp16_causal_s2 --t 4096,16384 --peers > "$OUT/bench.txt" 2>&1
   echo "bench rc=$? at $((SECONDS - t0)) s"; tail -30 "$OUT/bench.txt" ;;
 esac

@@ -1,6 +1,7 @@
 #!/bin/bash
 # scripts/dev/bwd_check.sh PATCH: the wgmma backward's GPU proof on this tree + PATCH (oracle tests,
-# autograd tests, sanitizers, the wgmma backward bundle)
+# autograd tests, sanitizers, the wgmma backward bundle; GC_TIMEOUT: seconds for the sanitizers and
+# the bundle, default 200)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export FLASHGEN_CACHE_DIR=/tmp/fgc PYTHONUNBUFFERED=1 FLASHGEN_HYPOTHESIS_PROFILE=ci FLASHGEN_REQUIRE_GPU=1 \
@@ -16,6 +17,6 @@ for i in $(seq 0 $((n-1))); do
 done; wait
 echo "tests: $((SECONDS-t0)) s"; for f in $OUT/check/pytest-*.log; do tail -1 $f; done
 grep -h -E "^(FAILED|ERROR)" $OUT/check/pytest-*.log | head
-BUNDLES=bwd-wgmma timeout 200 bash scripts/gpu_check.sh $OUT/check/gc sanitize bundles > $OUT/check/gc.log 2>&1
+BUNDLES=bwd-wgmma timeout ${GC_TIMEOUT:-200} bash scripts/gpu_check.sh $OUT/check/gc sanitize bundles > $OUT/check/gc.log 2>&1
 cat $OUT/check/gc/summary.txt $OUT/check/gc/sanitize.txt 2>/dev/null | tail -20
 echo "total: $((SECONDS-t0)) s"
