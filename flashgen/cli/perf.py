@@ -55,9 +55,9 @@ Examples:
 )
 @click.option("--dtype", "dtypes", multiple=True, type=click.Choice(bench_mod.DTYPES),
               help="Storage dtype(s) [default: bf16 and fp16].")  # fmt: skip
-@click.option("--d", "head_dims", multiple=True,
-              type=click.Choice([str(d) for d in bench_mod.HEAD_DIM_CHOICES]),
-              help="Head dim(s) [default: 64 and 128; 256 gets forward rows only].")  # fmt: skip
+@click.option("--d", "head_dims", multiple=True, type=int,
+              help="Head dim(s): multiples of 8 up to 256, H = 2048 // d heads [default: 64 and "
+                   "128; above 128, forward rows only].")  # fmt: skip
 @click.option("--t", "seq_lens", multiple=True, type=click.IntRange(min=16),
               help="Sequence length(s) [default: 512 ... 16384].")  # fmt: skip
 @click.option("--causal/--no-causal", "causal_only", default=None,
@@ -105,7 +105,7 @@ Examples:
                    "forward's).")  # fmt: skip
 @friendly
 def bench(
-    dtypes: tuple[str, ...], head_dims: tuple[str, ...], seq_lens: tuple[int, ...],
+    dtypes: tuple[str, ...], head_dims: tuple[int, ...], seq_lens: tuple[int, ...],
     causal_only: bool | None, all_variants: bool, peers: bool, reps: int, warmup_s: float,
     memory: bool, overhead: bool, feature_rows: bool, backward: bool, serving: bool,
     training: bool, out: Path, plot: bool,
@@ -115,12 +115,16 @@ def bench(
     from flashgen.generator.select import select
     from flashgen.perf.tune import candidates
 
+    for d in head_dims:
+        why = bench_mod.head_dim_error(d)
+        if why:
+            raise CliError(why)
     gpu_name, arch = _gpu_or_fail("bench")
     bench_mod.WARMUP_S = warmup_s  # every row's time_ms (and the protocol in the JSON) reads it
     causal = (False, True) if causal_only is None else (causal_only,)
     todo = bench_mod.cases(
         dtypes or bench_mod.DTYPES,
-        [int(d) for d in head_dims] or bench_mod.HEAD_DIMS,
+        head_dims or bench_mod.HEAD_DIMS,
         seq_lens or bench_mod.SEQ_LENS,
         causal,
     )

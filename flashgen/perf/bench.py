@@ -46,7 +46,7 @@ TOKENS = 16384  # B * T
 MODEL_DIM = 2048  # H * d
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)  # the protocol's default
-HEAD_DIM_CHOICES = (*HEAD_DIMS, 256)  # `--d` may also ask for d = 256 (forward rows only)
+HEAD_DIM_STEP, HEAD_DIM_MAX = 8, 256  # `--d` takes any multiple of 8 up to 256 (H = MODEL_DIM // d)
 DTYPES = ("bf16", "fp16")
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 # Peers timed only when their package imports: FlashAttention-4's Hopper path (flash-attn-4,
@@ -128,6 +128,14 @@ class Case:
     def bwd_flops(self) -> float:
         """Backward FLOPs: 2.5 x the forward's (so halved under a causal mask too)."""
         return BWD_FLOPS_FACTOR * self.flops
+
+
+def head_dim_error(d: int) -> str | None:
+    """Why `--d d` cannot be benched (a one-line rule and fix), or None when it can."""
+    if d % HEAD_DIM_STEP or not HEAD_DIM_STEP <= d <= HEAD_DIM_MAX:
+        return (f"--d {d}: head dims are multiples of {HEAD_DIM_STEP} from {HEAD_DIM_STEP} to "
+                f"{HEAD_DIM_MAX}; e.g. --d 96")  # fmt: skip
+    return None
 
 
 def backward_supported(case: Case) -> bool:

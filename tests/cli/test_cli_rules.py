@@ -182,7 +182,7 @@ def test_options_that_name_a_list_still_repeat(tmp_path: Path) -> None:
     assert len(list((tmp_path / "b" / "kernels").glob("*.cu"))) == 12
     for command, args, key, want in (
         ("bench", ["--d", "64", "--d", "128", "--t", "512", "--t", "1024"], "head_dims",
-         ("64", "128")),
+         (64, 128)),
         ("tune", ["--dtype", "bf16", "--dtype", "fp16"], "dtypes", ("bf16", "fp16")),
     ):  # fmt: skip
         ctx = cli.main.commands[command].make_context(command, args)

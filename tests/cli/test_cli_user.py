@@ -204,6 +204,32 @@ def test_bench_causal_switch_selects_the_masks(
     assert seen == [causal]
 
 
+@pytest.mark.parametrize("d", ["100", "0", "264", "-8"])
+def test_bench_refuses_a_head_dim_it_cannot_bench_before_asking_for_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, d: str
+) -> None:
+    def no_gpu(command: str) -> Any:
+        raise AssertionError("the head dim is checked first")
+
+    monkeypatch.setattr(cli_perf, "_gpu_or_fail", no_gpu)
+    line = assert_one_line_error(run("bench", "--d", "64", "--d", d), f"--d {d}:")
+    assert "multiples of 8 from 8 to 256" in line and "--d 96" in line
+
+
+def test_bench_takes_any_multiple_of_8_up_to_256(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(cli_perf, "_gpu_or_fail", lambda command: ("GPU", "sm_90"))
+
+    def cases(*args: Any) -> Any:
+        seen.append(tuple(args[1]))
+        raise cli.CliError("stop here")
+
+    monkeypatch.setattr(bench_mod, "cases", cases)
+    assert_one_line_error(run("bench", "--d", "96", "--d", "8", "--d", "256"), "stop here")
+    assert seen == [(96, 8, 256)]
+    assert bench_mod.Case("bf16", 96, False, 4096).h == 21  # H = MODEL_DIM // d
+
+
 @pytest.mark.parametrize("command", ["tune", "bench"])
 def test_tune_and_bench_name_themselves_when_torch_is_missing(
     monkeypatch: pytest.MonkeyPatch, command: str
