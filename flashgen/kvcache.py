@@ -40,13 +40,12 @@ from flashgen.runtime import gpu as runtime
 from flashgen.runtime.decode import (
     DecodeLaunch,
     DecodeShape,
-    choose_splits,
     decode_spec,
-    few_blocks_specs,
     routes_to_decode,
     row_tiles,
     scratch_sizes,
 )
+from flashgen.runtime.decode_call import choose_launch
 from flashgen.runtime.validate import check_scale
 from flashgen.torch_support import (
     check_int_array,
@@ -184,22 +183,11 @@ def _prepare(
         spec = chosen
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     arch = device_arch(index)
-    plan = runtime.device_plan(spec, arch, index)
     tiles = row_tiles(spec, tq, h // h_kv)
-    slots = plan.sms * launch.driver().resident_blocks(plan.function, spec.threads, plan.smem)
-    n_splits = choose_splits(spec, b * h_kv * tiles, tk, slots, splits)
-    if chosen is None and b * h_kv * tiles * n_splits <= plan.sms:
-        # every block alone on its SM: a variant with more bytes in flight per SM
-        for few, min_tiles in few_blocks_specs(spec):
-            few_plan = runtime.device_plan(few, arch, index)
-            drv = launch.driver()
-            resident = drv.resident_blocks(few_plan.function, few.threads, few_plan.smem)
-            few_splits = choose_splits(
-                few, b * h_kv * tiles, tk, plan.sms * resident, splits, min_tiles
-            )
-            if b * h_kv * tiles * few_splits <= plan.sms:
-                spec, plan, n_splits = few, few_plan, few_splits
-                break
+    spec, plan, n_splits = choose_launch(
+        spec, chosen is not None, lambda s: runtime.device_plan(s, arch, index),
+        b * h_kv * tiles, tk, splits,
+    )  # fmt: skip
     ks, vs = k.stride(), v.stride()
     strides = (
         q.stride(0), q.stride(2), q.stride(1), ks[0], ks[2], ks[1], vs[0], vs[2], vs[1],

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from flashgen.generator import abi
 from flashgen.generator.compile import CompiledKernel
 from flashgen.generator.features.hook import HOOK_PARAMS
 from flashgen.generator.report import ResourceReport
@@ -75,6 +76,8 @@ class FakeLibcuda:
     optin: int = 227 * 1024
     launch_rc: int = 0
     prefix_sizes: list[int] = field(default_factory=list)  # byte sizes of leading arguments
+    decode_params: bool = False  # read launches as the decode kernel's (abi.DECODE) instead
+    decode_launches: list[dict[str, Any]] = field(default_factory=list)  # name -> value
     stack: list[int] = field(default_factory=list)  # this (single) thread's context stack
 
     def __post_init__(self) -> None:
@@ -176,6 +179,16 @@ class FakeLibcuda:
         assert extra is None
         n = len(self.prefix_sizes)
         addrs = [int(a) for a in params]
+        if self.decode_params:
+            assert len(addrs) == len(abi.DECODE)
+            read = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float,
+                    "q": ctypes.c_longlong}  # fmt: skip
+            args = {p.name: read[p.code].from_address(a).value or 0
+                    for p, a in zip(abi.DECODE, addrs, strict=True)}  # fmt: skip
+            args.update(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=stream)
+            self.decode_launches.append(args)
+            self.log.append(("launch",))
+            return self.launch_rc
         hooked = len(addrs) == n + launch.N_COMMON_ARGS + len(HOOK_PARAMS)
         assert len(addrs) == n + launch.N_COMMON_ARGS or hooked
         readers = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}

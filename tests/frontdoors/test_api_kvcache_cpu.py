@@ -1,0 +1,238 @@
+"""`flashgen.attention_with_kvcache` (NumPy / GPUArray): its checks before the GPU, and on a fake
+GPU (tests/_fakecuda.py) the decode launch it makes -- pointers, sizes, strides, splits and
+scratch -- read back argument by argument as `cuLaunchKernel` would receive them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import flashgen
+from flashgen.generator.spec import KernelSpec
+from flashgen.runtime.decode import decode_spec
+from flashgen.runtime.gpu import GpuUnavailable
+
+RNG = np.random.default_rng(0)
+
+
+def cache(b=3, tq=1, h=8, h_kv=2, tk=64, d=64, dtype: Any = np.float16):
+    q = RNG.standard_normal((b, tq, h, d)).astype(dtype)
+    k, v = (RNG.standard_normal((b, tk, h_kv, d)).astype(dtype) for _ in "kv")
+    return q, k, v
+
+
+def pages(b=3, n_pages=10, page=16, per_seq=4, h_kv=2, d=64):
+    k, v = (RNG.standard_normal((n_pages, page, h_kv, d)).astype(np.float16) for _ in "kv")
+    table = RNG.permutation(n_pages)[: b * per_seq % n_pages or n_pages]
+    table = np.resize(table, (b, per_seq)).astype(np.int32)
+    return k, v, table
+
+
+# ---- without PyCUDA: checked first, then one GpuUnavailable ------------------------------------
+@pytest.mark.usefixtures("no_pycuda")
+class TestBeforeTheGpu:
+    def test_it_is_exported_lazily(self) -> None:
+        import flashgen.api_kvcache
+
+        assert flashgen.attention_with_kvcache is flashgen.api_kvcache.attention_with_kvcache
+        assert "attention_with_kvcache" in dir(flashgen)
+
+    @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+    def test_valid_calls_reach_gpu_unavailable(self, dtype: Any) -> None:
+        q, k, v = cache(dtype=dtype)
+        lens = np.array([64, 0, 17], np.int32)
+        for kwargs in ({}, {"causal": True, "window": (8, 0)}, {"softcap": 20.0},
+                       {"alibi_slopes": np.linspace(0.1, 1, 8, dtype=np.float32)}):  # fmt: skip
+            with pytest.raises(GpuUnavailable):
+                flashgen.attention_with_kvcache(q, k, v, lens, **kwargs)
+        with pytest.raises(GpuUnavailable):
+            flashgen.attention_with_kvcache(q, k, v, 30, return_lse=True)
+        kp, vp, table = pages()
+        kp, vp = kp.astype(dtype), vp.astype(dtype)
+        with pytest.raises(GpuUnavailable):
+            flashgen.attention_with_kvcache(q, kp, vp, np.array([64, 1, 33], np.int32),
+                                            block_table=table)  # fmt: skip
+
+    @pytest.mark.parametrize(
+        "change, match",
+        [
+            ({"lens": np.array([64, 65, 0], np.int32)},
+             r"cache_seqlens\[1\]=65: must be in \[0, 64\] \(the cache's capacity\)"),
+            ({"lens": np.array([-1, 3, 0], np.int32)}, r"cache_seqlens\[0\]=-1"),
+            ({"lens": np.array([1, 2], np.int32)}, r"cache_seqlens.shape=\(2,\): must be \(3\)"),
+            ({"lens": np.array([1, 2, 3], np.int64)}, r"cache_seqlens.dtype=int64: must be int32"),
+            ({"lens": 65}, r"cache_seqlens=65: must be an int in \[0, 64\]"),
+            ({"q_dtype": np.float32}, r"q.dtype=float32: the decode kernel takes float16"),
+            ({"h": 6}, r"H=6, H_kv=4: the query heads must be a multiple of the K/V heads"),
+            ({"d_q": 32}, r"k_cache.shape\[-1\]=64, q.shape\[-1\]=32: the head dims must match"),
+            ({"b_cache": 2}, r"k_cache.shape\[0\]=2, B=3: a contiguous cache holds one row"),
+            ({"scale": float("nan")}, r"scale=nan"),
+            ({"causal": 1}, r"causal=1: must be True or False"),
+            ({"num_splits": -1}, r"num_splits=-1: must be an int >= 0"),
+            ({"spec": "flash_decode"}, r"spec='flash_decode': must be a decode KernelSpec"),
+            ({"window": (-5, 0)}, r"window="),
+        ],
+    )  # fmt: skip
+    def test_bad_input_is_one_value_error_before_the_gpu(
+        self, change: dict[str, Any], match: str
+    ) -> None:
+        b = 2 if "b_cache" in change else 3
+        h_kv = 4 if "h" in change else 2
+        q, k, v = cache(h=change.get("h", 8), h_kv=h_kv, d=change.get("d_q", 64),
+                        dtype=change.get("q_dtype", np.float16))  # fmt: skip
+        k, v = cache(b=b, h_kv=h_kv)[1:]
+        if "q_dtype" in change:
+            k, v = k.astype(np.float32), v.astype(np.float32)
+        lens = change.get("lens", np.array([64, 3, 0], np.int32))
+        kwargs = {n: change[n] for n in ("scale", "causal", "num_splits", "spec", "window")
+                  if n in change}  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            flashgen.attention_with_kvcache(q, k, v, lens, **kwargs)
+
+    def test_a_page_index_a_sequence_reaches_must_be_a_page(self) -> None:
+        q = cache()[0]
+        k, v, table = pages()
+        table[2, 1] = 10  # n_pages = 10
+        lens = np.array([64, 64, 17], np.int32)
+        with pytest.raises(ValueError, match=r"block_table\[2, 1\]=10: must be a page index in "
+                                             r"\[0, 10\)"):  # fmt: skip
+            flashgen.attention_with_kvcache(q, k, v, lens, block_table=table)
+        lens[2] = 16  # the bad page is past sequence 2's keys: never read, so accepted
+        with pytest.raises(GpuUnavailable):
+            flashgen.attention_with_kvcache(q, k, v, lens, block_table=table)
+        with pytest.raises(ValueError, match=r"block_table\[2, 1\]=10"):  # whole cache: read
+            flashgen.attention_with_kvcache(q, k, v, block_table=table)
+        with pytest.raises(GpuUnavailable):  # one int length: pages past it are not read
+            flashgen.attention_with_kvcache(q, k, v, 16, block_table=table)
+
+    def test_arrays_of_mixed_kinds_are_refused_by_name(self) -> None:
+        from _fakecuda import FakeGPUArray
+
+        q, k, v = cache()
+        lens = FakeGPUArray((3,), np.int32, gpudata=0x5000_0000)
+        with pytest.raises(ValueError, match=r"cache_seqlens=FakeGPUArray: mixed host and device"):
+            flashgen.attention_with_kvcache(q, k, v, lens)
+        with pytest.raises(ValueError, match=r"block_table=list: not an array; pass a NumPy"):
+            flashgen.attention_with_kvcache(q, k, v, block_table=[[0]])
+
+    def test_an_unknown_keyword_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError, match="unexpected keyword argument 'windw'"):
+            flashgen.attention_with_kvcache(*cache(), windw=(1, 1))  # type: ignore[call-arg]
+
+
+# ---- on a fake GPU: the launch ------------------------------------------------------------------
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from _fakecuda import install_libcuda, install_pycuda
+
+    from flashgen import api_kvcache
+
+    calls = install_pycuda(monkeypatch, cc=(9, 0))
+    cuda = install_libcuda(monkeypatch)
+    cuda.decode_params = True
+    monkeypatch.setattr(api_kvcache, "_entries", {})
+    monkeypatch.setattr(api_kvcache, "_counters", [])
+    cuda.calls = calls
+    return cuda
+
+
+def device(shape: tuple[int, ...], dtype: Any = np.float16, at: int = 0) -> Any:
+    from _fakecuda import FakeGPUArray
+
+    return FakeGPUArray(shape, dtype, gpudata=at or None)
+
+
+def test_a_contiguous_call_passes_its_pointers_sizes_and_strides(fake_gpu: Any) -> None:
+    b, tq, h, h_kv, tk, d = 2, 3, 8, 2, 4096, 128
+    q = device((b, tq, h, d), at=0x1000_0000)
+    k = device((b, tk, h_kv, d), at=0x2000_0000)
+    v = device((b, tk, h_kv, d), at=0x3000_0000)
+    lens = device((b,), np.int32, at=0x4000_0000)
+    o, lse = flashgen.attention_with_kvcache(q, k, v, lens, causal=True, return_lse=True)
+    (a,) = fake_gpu.decode_launches
+    assert (a["q"], a["k"], a["v"], a["cache_seqlens"], a["block_table"]) == (
+        0x1000_0000, 0x2000_0000, 0x3000_0000, 0x4000_0000, 0)
+    assert (a["o"], a["lse"]) == (o.gpudata, lse.gpudata)
+    assert o.shape == (b, tq, h, d) and o.dtype == np.float16 and lse.shape == (b, h, tq)
+    assert (a["tq"], a["tk"], a["page_size"], a["n_pages"], a["kv_group"]) == (tq, tk, 1, 0, 4)
+    # (batch, head, token) element strides: q and o (B, Tq, H, d), k and v (B, Tk, H_kv, d)
+    assert (a["q_sb"], a["q_sh"], a["q_st"]) == (tq * h * d, d, h * d)
+    assert (a["k_sb"], a["k_sh"], a["k_st"]) == (tk * h_kv * d, d, h_kv * d)
+    assert (a["v_sb"], a["v_sh"], a["v_st"]) == (tk * h_kv * d, d, h_kv * d)
+    assert (a["o_sb"], a["o_sh"], a["o_st"]) == (tq * h * d, d, h * d)
+    assert math.isclose(a["scale_log2"], 1 / math.sqrt(d) * math.log2(math.e), rel_tol=1e-6)
+    spec = decode_spec(d, d, "fp16", True, tq * h // h_kv)
+    splits, rows, _ = a["grid"]
+    assert rows == h_kv * -(-(tq * h // h_kv) // spec.br) and a["grid"][2] == b
+    assert splits > 1  # 2 x 2 row tiles on a 132-SM GPU: the keys are split
+    assert a["o_part"] and a["lse_part"] and a["counters"]
+    assert a["stream"] == 0  # the legacy default stream, in order with PyCUDA's work
+    zeroed = [c for c in fake_gpu.calls.log if c[0] == "memset_d32"]
+    assert len(zeroed) == 1 and zeroed[0][1] == a["counters"] and zeroed[0][2] == 0
+
+
+def test_a_paged_call_passes_the_table_and_page_geometry(fake_gpu: Any) -> None:
+    b, n_pages, page, per_seq = 3, 40, 16, 8
+    q = device((b, 1, 4, 64))
+    k, v = device((n_pages, page, 1, 64)), device((n_pages, page, 1, 64))
+    table = device((b, per_seq), np.int32, at=0x6000_0000)
+    flashgen.attention_with_kvcache(q, k, v, 100, block_table=table, softcap=30.0)
+    (a,) = fake_gpu.decode_launches
+    assert (a["block_table"], a["cache_seqlens"]) == (0x6000_0000, 0)
+    assert (a["tk"], a["page_size"], a["bt_stride"], a["n_pages"]) == (100, page, per_seq,
+                                                                       n_pages)  # fmt: skip
+    assert (a["k_sb"], a["k_sh"], a["k_st"]) == (page * 64, 0, 64)  # one K/V head: never stepped
+    assert math.isclose(a["softcap"], 30.0)
+
+
+def test_a_signature_is_prepared_once_and_each_call_brings_its_pointers(
+    fake_gpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flashgen import api_kvcache
+
+    prepared = []
+    real = api_kvcache._prepare
+    monkeypatch.setattr(api_kvcache, "_prepare", lambda *a: prepared.append(1) or real(*a))
+    shapes = ((1, 1, 8, 64), (1, 2048, 8, 64), (1, 2048, 8, 64))
+    for i in range(3):
+        q, k, v = (device(s, at=0x1000_0000 * (j + 1) + 0x100 * i) for j, s in enumerate(shapes))
+        flashgen.attention_with_kvcache(q, k, v)
+    assert len(prepared) == 1
+    assert [a["q"] for a in fake_gpu.decode_launches] == [0x1000_0000, 0x1000_0100, 0x1000_0200]
+    flashgen.attention_with_kvcache(q, k, v, num_splits=2)  # another signature
+    assert len(prepared) == 2 and fake_gpu.decode_launches[-1]["grid"][0] == 2
+
+
+def test_numpy_inputs_are_copied_and_run_the_same_launch(fake_gpu: Any) -> None:
+    q, k, v = cache(b=2, tq=4, h=8, h_kv=8, tk=256, d=64)
+    lens = np.array([256, 100], np.int32)
+    o = flashgen.attention_with_kvcache(q, k, v, lens, causal=True)
+    assert isinstance(o, np.ndarray) and o.shape == (2, 4, 8, 64) and o.dtype == np.float16
+    (a,) = fake_gpu.decode_launches
+    assert a["cache_seqlens"] != 0 and (a["tq"], a["tk"], a["kv_group"]) == (4, 256, 1)
+    copies = [c for c in fake_gpu.calls.log if c[0] == "htod"]
+    assert len(copies) == 4  # q, k, v and the lengths
+    assert ("synchronize",) in fake_gpu.calls.log
+
+
+def test_a_chosen_spec_must_be_a_matching_decode_variant(fake_gpu: Any) -> None:
+    q, k, v = device((1, 1, 8, 64)), device((1, 512, 8, 64)), device((1, 512, 8, 64))
+    want = decode_spec(64, 64, "fp16", False, 1)
+    flashgen.attention_with_kvcache(q, k, v, spec=want)
+    other = KernelSpec(family="mma", direction="decode", d=64, dv=64, dtype="bf16", br=16, bc=16)
+    with pytest.raises(ValueError, match=r"must be a decode KernelSpec for d=64, dv=64, "
+                                         r"dtype=fp16, causal=False"):  # fmt: skip
+        flashgen.attention_with_kvcache(q, k, v, spec=other)
+
+
+def test_device_slopes_must_be_a_device_array(fake_gpu: Any) -> None:
+    q, k, v = device((1, 1, 8, 64)), device((1, 512, 8, 64)), device((1, 512, 8, 64))
+    with pytest.raises(ValueError, match=r"alibi_slopes=ndarray: with device inputs pass it as"):
+        flashgen.attention_with_kvcache(q, k, v, alibi_slopes=np.ones(8, np.float32))
+    slopes = device((8,), np.float32, at=0x7000_0000)
+    flashgen.attention_with_kvcache(q, k, v, alibi_slopes=slopes)
+    assert fake_gpu.decode_launches[-1]["alibi_slopes"] == 0x7000_0000
