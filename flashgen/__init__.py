@@ -1,10 +1,10 @@
 """flashgen: generate, compile, prove and benchmark specialized FlashAttention CUDA kernels.
 
 The public API. `import flashgen` needs no GPU, driver, PyCUDA or torch, and imports none of
-its names until one is used: `flashgen.attention` and `flashgen.attention_with_kvcache` (which
-launch kernels through PyCUDA) and the generator's names are imported on first access. PyTorch
-users import `flashgen.torch` (the custom op `torch.ops.flashgen.attention`, on torch's current
-stream).
+its names until one is used: `flashgen.attention`, `flashgen.attention_varlen` and
+`flashgen.attention_with_kvcache` (which launch kernels through PyCUDA) and the generator's
+names are imported on first access. PyTorch users import `flashgen.torch` (the custom op
+`torch.ops.flashgen.attention`, on torch's current stream).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from flashgen._version import __version__
 if TYPE_CHECKING:
     from flashgen.api import attention
     from flashgen.api_kvcache import attention_with_kvcache
+    from flashgen.api_varlen import attention_varlen
     from flashgen.generator.compile import CompiledKernel, CompileError, compile_kernel
     from flashgen.generator.render import RenderedKernel, render
     from flashgen.generator.space import pruned, shipped
@@ -31,6 +32,7 @@ __all__ = [
     "SpecError",
     "__version__",
     "attention",
+    "attention_varlen",
     "attention_with_kvcache",
     "compile_kernel",
     "pruned",
@@ -44,6 +46,7 @@ __all__ = [
 _LAZY = {
     "attention": ".api",
     "attention_with_kvcache": ".api_kvcache",
+    "attention_varlen": ".api_varlen",
     "CompiledKernel": ".generator.compile",
     "CompileError": ".generator.compile",
     "compile_kernel": ".generator.compile",

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flashgen.generator.features import RUNTIME_FEATURES, Feature, FeatureKeywords
+from flashgen.generator.features import RUNTIME_FEATURES, FeatureKeywords
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
-from flashgen.runtime import feature_values, launch
+from flashgen.runtime import array_args, feature_values, launch
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.decode import DecodeLaunch, decode_spec, row_tiles, scratch_sizes
 from flashgen.runtime.decode_call import DecodeOperands, check_operands, choose_launch
@@ -81,7 +81,13 @@ def attention_with_kvcache(
         o = flashgen.attention_with_kvcache(q, k_cache, v_cache, lens)
         print(o.shape)  # (4, 1, 8, 128)
     """
-    if _is_torch(q, k_cache, v_cache):
+    if isinstance(cache_seqlens, np.integer):
+        cache_seqlens = int(cache_seqlens)
+    lens = None if cache_seqlens is None or isinstance(cache_seqlens, int) else cache_seqlens
+    kind = array_args.kind_of(
+        _NAMES, (q, k_cache, v_cache, lens, block_table), "flashgen.torch.attention_with_kvcache"
+    )  # fmt: skip
+    if kind == array_args.TORCH:
         from flashgen import torch as fg_torch
 
         return fg_torch.attention_with_kvcache(
@@ -97,13 +103,9 @@ def attention_with_kvcache(
     if spec is not None and not isinstance(spec, KernelSpec):
         raise ValueError(f"spec={spec!r}: must be a decode KernelSpec or None")
     values = feature_values.from_keywords(features, "flashgen.attention_with_kvcache")
-    if isinstance(cache_seqlens, np.integer):
-        cache_seqlens = int(cache_seqlens)
-    lens = None if cache_seqlens is None or isinstance(cache_seqlens, int) else cache_seqlens
     seqlen = None if lens is not None else cache_seqlens
-    host = _is_host(q, k_cache, v_cache, lens, block_table)
     call = _Call(causal, scale, num_splits, spec)
-    if not host:
+    if kind == array_args.DEVICE:
         o, lse = _on_device(q, k_cache, v_cache, lens, seqlen, block_table, call, values)
         return (o, lse) if return_lse else o
     q, k_cache, v_cache = (np.ascontiguousarray(x) for x in (q, k_cache, v_cache))
@@ -153,6 +155,7 @@ class _Entry:
     dtype: np.dtype[Any]
 
 
+_NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
 _entries: dict[tuple[Any, ...], _Entry] = {}  # GPUArray signatures (launch.remember's bound)
 _counters: list[Any] = []  # one int32 zero buffer, left zeroed by the kernel (legacy stream)
 _lock = threading.Lock()
@@ -203,19 +206,8 @@ def _on_device(
     validation and selection; CUDA-array-interface inputs are validated every call, and the
     launch waits (on the GPU) for the streams their interfaces name."""
     arrays = (q, k, v, lens, table)
-    key = None
-    if all(x is None or hasattr(x, "gpudata") for x in arrays):
-        try:
-            key = (
-                *(None if x is None else (x.shape, x.strides, x.dtype, int(x.gpudata) & 15)
-                  for x in arrays),
-                seqlen, call, feature_values.signature(values, _array_key),
-            )  # fmt: skip
-            e = _entries.get(key)
-        except TypeError:  # unhashable values: validation below names them
-            key, e = None, None
-    else:
-        e = None
+    key = array_args.signature_key(arrays, (seqlen, call), values)
+    e = _entries.get(key) if key is not None else None
     if e is None:
         e = _prepare(q, k, v, lens, seqlen, table, call, values)
         if key is not None:
@@ -227,12 +219,11 @@ def _on_device(
     o_part = runtime.empty((n_o,), np.float32, pooled=True) if n_o else None
     lse_part = runtime.empty((n_l,), np.float32, pooled=True) if n_l else None
     if key is None:  # CUDA-array-interface inputs: after the work of the stream they name
-        names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
-        streams = [cai_stream(n, x) for n, x in zip(names, arrays, strict=True) if x is not None]
+        streams = [cai_stream(n, x) for n, x in zip(_NAMES, arrays, strict=True) if x is not None]
         launch.wait_for_streams(streams, 0)
     pointers = (
-        *(_ptr(x) for x in (q, k, v, o, lse, o_part, lse_part)), _counter_buffer(n_c),
-        _ptr(lens), _ptr(table),
+        *(array_args.device_ptr(x) for x in (q, k, v, o, lse, o_part, lse_part)),
+        _counter_buffer(n_c), array_args.device_ptr(lens), array_args.device_ptr(table),
     )  # fmt: skip
     e.launch(pointers, 0)
     return o, lse
@@ -248,26 +239,9 @@ def _prepare(
         None if table is None else describe("block_table", table),
         None if lens is None else describe("cache_seqlens", lens), seqlen,
     )  # fmt: skip
-    for name, x in (("q", q), ("k_cache", k), ("v_cache", v), ("cache_seqlens", lens),
-                    ("block_table", table)):  # fmt: skip
-        if x is not None and describe(name, x).ptr is None:
-            raise ValueError(f"{name}: no device pointer; pass GPUArrays or CUDA arrays")
+    array_args.require_pointers(_NAMES, (q, k, v, lens, table))
     scale_log2 = check_scale(call.scale, ops.d) * LOG2E
-
-    def pointer(feature: Feature, array: Any) -> int:
-        a = describe(feature.keyword, array)
-        if a.ptr is None or isinstance(array, np.ndarray):
-            raise ValueError(
-                f"{feature.keyword}={type(array).__name__}: with device inputs pass it as a "
-                "device array too (or every array as NumPy)"
-            )
-        feature.check_array(a.shape, a.dtype, ops.h)
-        if a.shape and a.shape[-1] > 1 and a.strides[-1] != a.dtype.itemsize:
-            raise ValueError(f"{feature.keyword}: must be contiguous; copy it first")
-        feature.check(a.ptr)  # aligned as the kernel loads it
-        return a.ptr
-
-    features = feature_values.bind(values, pointer)
+    features = feature_values.bind(values, array_args.feature_pointer(ops.h))
     group = ops.h // ops.h_kv
     spec = decode_spec(ops.d, ops.dv, ops.dtype, call.causal, ops.tq * group, features.tokens)
     if call.spec is not None:
@@ -294,21 +268,6 @@ def _prepare(
     )  # fmt: skip
 
 
-def _ptr(x: Any) -> int:
-    """A device array's address; 0 (NULL) for None."""
-    if x is None:
-        return 0
-    ptr = describe("array", x).ptr
-    assert ptr is not None  # checked when the signature was prepared
-    return ptr
-
-
-def _array_key(array: Any) -> tuple[Any, ...]:
-    """What a remembered signature must match of an array feature's value."""
-    ptr = int(array.gpudata) if hasattr(array, "gpudata") else None
-    return (ptr, tuple(array.shape), tuple(array.strides), np.dtype(array.dtype))
-
-
 def _counter_buffer(n: int) -> int:
     """The address of at least n int32 zeros (the kernel leaves them zeroed; the legacy
     stream orders every call that uses them)."""
@@ -319,46 +278,3 @@ def _counter_buffer(n: int) -> int:
             _counters[:] = [buf]
         return int(_counters[0].gpudata)
 
-
-def _kind(x: Any) -> str:
-    if x is None:
-        return "none"
-    if isinstance(x, np.ndarray):
-        return "host"
-    if type(x).__module__.split(".")[0] == "torch":
-        return "torch"
-    if hasattr(x, "gpudata") or hasattr(x, "__cuda_array_interface__"):
-        return "device"
-    return "other"
-
-
-def _is_torch(q: Any, k: Any, v: Any) -> bool:
-    kinds = {_kind(x) for x in (q, k, v)}
-    if "torch" in kinds and kinds != {"torch"}:
-        raise ValueError(
-            "q, k_cache, v_cache: mixed torch tensors and other arrays; pass all three as torch "
-            "tensors (flashgen.torch.attention_with_kvcache) or none"
-        )
-    return kinds == {"torch"}
-
-
-def _is_host(*arrays: Any) -> bool:
-    """True when every array given is NumPy, False when every one is a device array;
-    ValueError for a mix."""
-    names = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
-    for name, x in zip(names, arrays, strict=True):
-        if _kind(x) == "other":
-            raise ValueError(
-                f"{name}={type(x).__name__}: not an array; pass a NumPy array, or a GPUArray "
-                "(CUDA array) when q, k_cache and v_cache are on the GPU"
-            )
-    kinds = {_kind(x) for x in arrays} - {"none"}
-    if len(kinds) > 1:
-        said = ", ".join(
-            f"{n}={type(x).__name__}" for n, x in zip(names, arrays, strict=True) if x is not None
-        )
-        raise ValueError(
-            f"{said}: mixed host and device arrays; pass every array as NumPy or every one as "
-            "a GPUArray"
-        )
-    return kinds == {"host"}

@@ -67,6 +67,7 @@ class Launch:
     softcap: float = 0.0
     alibi: int = 0
     hook_block: tuple[int | float, ...] = ()  # a hooked launch's aux block (HOOK_PARAMS order)
+    varlen: tuple[int, int, int] | None = None  # a varlen launch's (cu_seqlens_q, _k, n_seqs)
 
 
 @dataclass
@@ -190,7 +191,8 @@ class FakeLibcuda:
             self.log.append(("launch",))
             return self.launch_rc
         hooked = len(addrs) == n + launch.N_COMMON_ARGS + len(HOOK_PARAMS)
-        assert len(addrs) == n + launch.N_COMMON_ARGS or hooked
+        varlen = len(addrs) == n + launch.N_COMMON_ARGS + len(abi.VARLEN)
+        assert len(addrs) == n + launch.N_COMMON_ARGS or hooked or varlen
         readers = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
         block = tuple(
             readers[p.code].from_address(a).value or 0
@@ -216,6 +218,9 @@ class FakeLibcuda:
                 ctypes.c_float.from_address(common[23]).value,
                 int(ctypes.c_void_p.from_address(common[24]).value or 0),
                 block,
+                (int(ctypes.c_void_p.from_address(common[25]).value or 0),
+                 int(ctypes.c_void_p.from_address(common[26]).value or 0),
+                 ctypes.c_int.from_address(common[27]).value) if varlen else None,
             )
         )  # fmt: skip
         self.log.append(("launch",))

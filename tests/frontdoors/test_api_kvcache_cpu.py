@@ -114,7 +114,7 @@ class TestBeforeTheGpu:
 
         q, k, v = cache()
         lens = FakeGPUArray((3,), np.int32, gpudata=0x5000_0000)
-        with pytest.raises(ValueError, match=r"cache_seqlens=FakeGPUArray: mixed host and device"):
+        with pytest.raises(ValueError, match=r"cache_seqlens=FakeGPUArray: mixed kinds of arrays"):
             flashgen.attention_with_kvcache(q, k, v, lens)
         with pytest.raises(ValueError, match=r"block_table=list: not an array; pass a NumPy"):
             flashgen.attention_with_kvcache(q, k, v, block_table=[[0]])

@@ -1,0 +1,119 @@
+"""The PyCUDA-side front doors' arrays (`flashgen.attention_with_kvcache`,
+`flashgen.attention_varlen`): which kind a call's arrays are, their device pointers, and the
+checks of an array feature's device value.
+
+A call's arrays are all NumPy (copied to the GPU, outputs copied back), all device arrays
+(PyCUDA GPUArrays, CUDA-array-interface objects: used in place), or all torch tensors (passed
+to `flashgen.torch`); a mix is one ValueError naming each array's type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from flashgen.generator.features import Feature
+from flashgen.runtime import feature_values
+from flashgen.runtime.validate import describe
+
+HOST, DEVICE, TORCH = "host", "device", "torch"
+
+
+def _kind(x: Any) -> str | None:
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        return HOST
+    if type(x).__module__.split(".")[0] == "torch":
+        return TORCH
+    if hasattr(x, "gpudata") or hasattr(x, "__cuda_array_interface__"):
+        return DEVICE
+    return "other"
+
+
+def kind_of(names: Sequence[str], arrays: Sequence[Any], torch_call: str) -> str:
+    """HOST, DEVICE or TORCH: the one kind of the arrays given (None entries: not given);
+    ValueError for an object that is not an array or for a mix. `torch_call` names the torch
+    front door a call of torch tensors goes to."""
+    for name, x in zip(names, arrays, strict=True):
+        if _kind(x) == "other":
+            raise ValueError(
+                f"{name}={type(x).__name__}: not an array; pass a NumPy array, or a GPUArray "
+                f"(CUDA array) when {names[0]} is on the GPU"
+            )
+    kinds = {k for k in map(_kind, arrays) if k is not None}
+    if len(kinds) > 1:
+        said = ", ".join(
+            f"{n}={type(x).__name__}" for n, x in zip(names, arrays, strict=True) if x is not None
+        )
+        fix = (f"torch tensors ({torch_call})" if TORCH in kinds
+               else "GPUArrays")  # fmt: skip
+        raise ValueError(f"{said}: mixed kinds of arrays; pass every one as NumPy or as {fix}")
+    return kinds.pop() if kinds else HOST
+
+
+def device_ptr(x: Any) -> int:
+    """A device array's address; 0 (NULL) for None."""
+    if x is None:
+        return 0
+    ptr = describe("array", x).ptr
+    assert ptr is not None  # front doors check it before a signature is kept
+    return ptr
+
+
+def require_pointers(names: Sequence[str], arrays: Sequence[Any]) -> None:
+    """ValueError for a device array (not None) whose pointer cannot be read."""
+    for name, x in zip(names, arrays, strict=True):
+        if x is not None and describe(name, x).ptr is None:
+            raise ValueError(f"{name}: no device pointer; pass GPUArrays or CUDA arrays")
+
+
+def feature_key(array: Any) -> tuple[Any, ...]:
+    """What a remembered signature must match of an array feature's value (pointer, shape,
+    strides, dtype: the pointer alone would let a view at the same address skip its checks)."""
+    ptr = int(array.gpudata) if hasattr(array, "gpudata") else None
+    return (ptr, tuple(array.shape), tuple(array.strides), np.dtype(array.dtype))
+
+
+def feature_pointer(heads: int) -> Callable[[Feature, Any], int]:
+    """`feature_values.bind`'s pointer function for device calls with `heads` query heads: the
+    feature's shape and dtype rule, contiguous, a device array, aligned as the kernel loads."""
+
+    def pointer(feature: Feature, array: Any) -> int:
+        a = describe(feature.keyword, array)
+        if a.ptr is None or isinstance(array, np.ndarray):
+            raise ValueError(
+                f"{feature.keyword}={type(array).__name__}: with device inputs pass it as a "
+                "device array too (or every array as NumPy)"
+            )
+        feature.check_array(a.shape, a.dtype, heads)
+        if a.shape and a.shape[-1] > 1 and a.strides[-1] != a.dtype.itemsize:
+            raise ValueError(f"{feature.keyword}: must be contiguous; copy it first")
+        feature.check(a.ptr)
+        return a.ptr
+
+    return pointer
+
+
+def signature_key(
+    arrays: Sequence[Any], scalars: tuple[Any, ...], values: feature_values.Values
+) -> tuple[Any, ...] | None:
+    """The key a validated device call is remembered by: each array's shape, strides, dtype
+    and pointer alignment (the pointers themselves come with every call), the scalars and the
+    feature values (an array one by `feature_key`). None -- validate this call -- when an
+    array is not a PyCUDA GPUArray (a CUDA-array-interface object is checked every call, its
+    stream waited for) or a value is unhashable (validation then names it)."""
+    if not all(x is None or hasattr(x, "gpudata") for x in arrays):
+        return None
+    key = (
+        *(None if x is None else (x.shape, x.strides, x.dtype, int(x.gpudata) & 15)
+          for x in arrays),
+        *scalars, feature_values.signature(values, feature_key),
+    )  # fmt: skip
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
