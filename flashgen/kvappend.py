@@ -43,7 +43,7 @@ import torch
 from flashgen.generator.arch import ARCHS
 from flashgen.kvcache import attention_with_kvcache
 from flashgen.runtime import append_kernel, launch
-from flashgen.torch_support import device_arch, fail, no_modes, raw_stream
+from flashgen.torch_support import device_arch, fa_features, fail, no_modes, raw_stream
 
 
 def _check_new(name: str, x: Any, cache: Any, b: int) -> None:
@@ -323,6 +323,7 @@ def flash_attn_with_kvcache(
         name = "cache_batch_idx" if cache_batch_idx is not None else "cache_leftpad"
         fail(f"{name}: not supported; pass the cache rows of this batch, in order, from offset 0")
     del rotary_interleaved  # only meaningful with rotary_cos/sin
+    features = fa_features(window_size, softcap, alibi_slopes)  # refused before any write
     if (k is None) != (v is None):
         fail("k and v: pass both (the new tokens' keys and values) or neither")
     lens = cache_seqlens
@@ -346,13 +347,6 @@ def flash_attn_with_kvcache(
                 "its new rows go); pass cache_seqlens"
             )
         lens = append_kv(k_cache, v_cache, k, v, lens, block_table)
-    features: dict[str, Any] = {}
-    if tuple(window_size) != (-1, -1):
-        features["window"] = tuple(window_size)
-    if softcap:
-        features["softcap"] = softcap
-    if alibi_slopes is not None:
-        features["alibi_slopes"] = alibi_slopes
     return attention_with_kvcache(
         q, k_cache, v_cache, lens, block_table=block_table, causal=causal, scale=softmax_scale,
         num_splits=num_splits, return_lse=return_softmax_lse, **features,

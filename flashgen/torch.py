@@ -41,6 +41,11 @@ gradients.
 O has q's memory layout (dense, in the order of q's strides), so for a (B, T, H, d) model
 layout passed as a transposed view, `o.transpose(1, 2)` is contiguous (B, T, H, d) again.
 LSE is float32 (B, H, Tq), natural log.
+
+FlashAttention's dense calls take that layout directly: `flash_attn_func(q, k, v, ...)` with
+(B, T, H, d) tensors and its argument names, and `flash_attn_qkvpacked_func` /
+`flash_attn_kvpacked_func` on a fused projection's (B, T, 3, H, d) / (B, T, 2, H_kv, d);
+packed sequences: `flash_attn_varlen_func`, from `flashgen.varlen`.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ from flashgen.torch_support import (  # noqa: E402
     backward_family_for,
     dispatch_stack,
     eager_autograd,
+    fa_features,
     feature_args,
     function_modes,
     out_strides,
@@ -112,6 +118,9 @@ __all__ = [
     "attention",
     "attention_with_kvcache",
     "block_map",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
 ]
@@ -689,6 +698,97 @@ def attention(
     else:
         o, lse = _OP(q, k, v, causal, scale, variant, *args, deterministic)
     return (o, lse) if return_lse else o
+
+
+# ---- FlashAttention's dense calls: (B, T, H, d) tensors --------------------------------------
+def flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
+    """FlashAttention's `flash_attn_func` on `attention`: q (B, Tq, H, d), k and v
+    (B, Tk, H_kv, d) and (B, Tk, H_kv, dv), as FlashAttention takes them (no copy: they are
+    passed as (B, H, T, d) views). `causal` bottom-right aligned, `window_size` (left, right)
+    with -1 unbounded, `softcap` 0.0 off, `alibi_slopes` float32 (H,), `deterministic` for
+    the backward, as FlashAttention's. Returns out (B, Tq, H, dv), dense in that layout; with
+    `return_attn_probs`, (out, softmax_lse (B, H, Tq) float32, None): flashgen has no
+    dropout, so there is no probability mask to return. `dropout_p` must be 0.0.
+    Differentiable, CUDA-graph safe and traceable as `attention` is."""
+    _check_fa_operands(("q", q), ("k", k), ("v", v))
+    features = _fa_call_features(dropout_p, window_size, softcap, alibi_slopes)
+    o, lse = attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+        scale=softmax_scale, return_lse=True, deterministic=deterministic, **features,
+    )  # fmt: skip
+    out = o.transpose(1, 2)  # O has q's layout: (B, Tq, H, dv) dense
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
+    """FlashAttention's `flash_attn_qkvpacked_func`: `flash_attn_func` on qkv (B, T, 3, H, d)
+    (a fused projection's output; q, k, v are views of it, gradients flow back into it)."""
+    _check_fa_operands(("qkv", qkv), dims=5, packed=3)
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)  # fmt: skip
+
+
+def flash_attn_kvpacked_func(
+    q: Any,
+    kv: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
+    """FlashAttention's `flash_attn_kvpacked_func`: `flash_attn_func` on q (B, Tq, H, d) and
+    kv (B, Tk, 2, H_kv, d)."""
+    _check_fa_operands(("kv", kv), dims=5, packed=2)
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)  # fmt: skip
+
+
+def _check_fa_operands(*named: tuple[str, Any], dims: int = 4, packed: int = 0) -> None:
+    """Each a torch tensor of `dims` dimensions ((B, T, H, d); packed: (B, T, `packed`, H, d))."""
+    want = "(B, T, H, d)" if not packed else f"(B, T, {packed}, H, d)"
+    for name, x in named:
+        if not isinstance(x, _Tensor):
+            raise ValueError(f"{name}: a {type(x).__name__}; pass a {want} torch tensor")
+        if x.dim() != dims or (packed and x.shape[2] != packed):
+            raise ValueError(f"{name}.shape={tuple(x.shape)}: must be {want}")
+
+
+def _fa_call_features(
+    dropout_p: Any, window_size: Any, softcap: Any, alibi_slopes: Any
+) -> dict[str, Any]:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p:
+        raise ValueError(
+            f"dropout_p={dropout_p!r}: flashgen has no attention dropout; pass 0.0"
+        )
+    return fa_features(window_size, softcap, alibi_slopes)
 
 
 def clear_cache() -> None:

@@ -43,6 +43,24 @@ def check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
         fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
 
 
+def fa_features(window_size: Any, softcap: Any, alibi_slopes: Any) -> dict[str, Any]:
+    """FlashAttention's feature arguments as flashgen's feature keywords (`window`, `softcap`,
+    `alibi_slopes`), the defaults left out: `window_size` (left, right) with -1 unbounded,
+    `softcap` 0.0 off, `alibi_slopes` None off (each value is then checked by its feature)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        fail(f"window_size={window_size!r}: must be (left, right), -1 for unbounded")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        fail(f"softcap={softcap!r}: must be a float (0: off)")
+    out: dict[str, Any] = {}
+    if tuple(window_size) != (-1, -1):
+        out["window"] = (window_size[0], window_size[1])
+    if softcap:
+        out["softcap"] = float(softcap)
+    if alibi_slopes is not None:
+        out["alibi_slopes"] = alibi_slopes
+    return out
+
+
 def check_int_array(name: str, x: Any, shape: tuple[int, ...], device: Any) -> None:
     """`x` is an int32 tensor of `shape` (a negative last extent: any) on `device`, its last
     axis contiguous."""

@@ -59,6 +59,7 @@ from flashgen.torch_support import (
     check_tensor,
     device_arch,
     dispatch_stack,
+    fa_features,
     fail,
     feature_args,
     function_modes,
@@ -454,18 +455,7 @@ def flash_attn_varlen_func(
         fail(f"causal={causal!r}: must be True or False")
     if softmax_scale is not None:
         softmax_scale = check_scale(softmax_scale, 1)
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        fail(f"window_size={window_size!r}: must be (left, right), -1 for unbounded")
-    window = None if tuple(window_size) == (-1, -1) else (window_size[0], window_size[1])
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        fail(f"softcap={softcap!r}: must be a float (0: off)")
-    keywords: dict[str, Any] = {}
-    if window is not None:
-        keywords["window"] = window
-    if softcap:
-        keywords["softcap"] = float(softcap)
-    if alibi_slopes is not None:
-        keywords["alibi_slopes"] = alibi_slopes
+    keywords = fa_features(window_size, softcap, alibi_slopes)
     values = feature_values.from_keywords(keywords, "flash_attn_varlen_func")
     if spec is not None and not isinstance(spec, KernelSpec):
         fail(f"spec={spec!r}: must be a forward KernelSpec with the varlen feature, or None")

@@ -570,3 +570,73 @@ def test_slopes_must_be_4_byte_aligned():
 def test_fake_tensors_with_a_head_dim_no_family_takes_raise_the_numpy_paths_error():
     with pytest.raises(ValueError, match=r"d=65: must be a multiple of 8 in \[8, 256\]"):
         fgt.attention(meta(1, 2, 8, 65), meta(1, 2, 8, 65), meta(1, 2, 8, 65))
+
+
+# ---- FlashAttention's dense calls (B, T, H, d) ------------------------------------------------
+def test_flash_attn_func_takes_model_layout_and_returns_it_dense():
+    b, t, h, h_kv, d = 2, 33, 8, 2, 64
+    q, k, v = meta(b, t, h, d), meta(b, 40, h_kv, d), meta(b, 40, h_kv, 32)
+    out = fgt.flash_attn_func(q, k, v, causal=True, window_size=(16, 0), softcap=30.0)
+    assert out.shape == (b, t, h, 32) and out.is_contiguous() and out.dtype == q.dtype
+    out, lse, probs = fgt.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert lse.shape == (b, h, t) and lse.dtype == torch.float32 and probs is None
+
+
+def test_the_packed_calls_unbind_a_fused_projection_and_grads_flow_into_it():
+    b, t, h, d = 2, 17, 4, 64
+    qkv = meta(b, t, 3, h, d).requires_grad_()
+    out = fgt.flash_attn_qkvpacked_func(qkv, causal=True)
+    assert out.shape == (b, t, h, d) and out.is_contiguous()
+    out.sum().backward()
+    assert qkv.grad.shape == qkv.shape
+    kv = meta(b, 40, 2, 2, d)
+    assert fgt.flash_attn_kvpacked_func(meta(b, t, h, d), kv).shape == (b, t, h, d)
+
+
+def test_flash_attn_func_passes_its_arguments_on_as_attention_takes_them(monkeypatch):
+    seen = {}
+
+    def spy(q, k, v, **kw):
+        seen.update(kw, shapes=(q.shape, k.shape, v.shape))
+        return meta(*q.shape), meta(*q.shape[:3], dtype=torch.float32)
+
+    monkeypatch.setattr(fgt, "attention", spy)
+    slopes = torch.empty(8, device="meta", dtype=torch.float32)
+    fgt.flash_attn_func(meta(1, 5, 8, 64), meta(1, 9, 2, 64), meta(1, 9, 2, 64),
+                        softmax_scale=0.1, causal=True, window_size=(4, 0), softcap=5,
+                        alibi_slopes=slopes, deterministic=True)  # fmt: skip
+    assert seen["shapes"] == ((1, 8, 5, 64), (1, 2, 9, 64), (1, 2, 9, 64))
+    assert (seen["scale"], seen["causal"], seen["deterministic"]) == (0.1, True, True)
+    assert (seen["window"], seen["softcap"], seen["alibi_slopes"]) == ((4, 0), 5.0, slopes)
+    seen.clear()
+    fgt.flash_attn_func(meta(1, 5, 8, 64), meta(1, 9, 2, 64), meta(1, 9, 2, 64))
+    assert not {"window", "softcap", "alibi_slopes"} & set(seen)  # defaults add no feature
+    assert (seen["scale"], seen["causal"], seen["deterministic"]) == (None, False, False)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: fgt.flash_attn_func(meta(1, 5, 8, 64), meta(1, 9, 8, 64), meta(1, 9, 8, 64),
+                                     dropout_p=0.1),
+         r"dropout_p=0.1: flashgen has no attention dropout; pass 0.0"),
+        (lambda: fgt.flash_attn_func(meta(5, 8, 64), meta(9, 8, 64), meta(9, 8, 64)),
+         r"q.shape=\(5, 8, 64\): must be \(B, T, H, d\)"),
+        (lambda: fgt.flash_attn_func(np.zeros((1, 5, 8, 64)), meta(1, 9, 8, 64),
+                                     meta(1, 9, 8, 64)),
+         r"q: a ndarray; pass a \(B, T, H, d\) torch tensor"),
+        (lambda: fgt.flash_attn_qkvpacked_func(meta(1, 5, 2, 8, 64)),
+         r"qkv.shape=\(1, 5, 2, 8, 64\): must be \(B, T, 3, H, d\)"),
+        (lambda: fgt.flash_attn_kvpacked_func(meta(1, 5, 8, 64), meta(1, 9, 8, 64)),
+         r"kv.shape=\(1, 9, 8, 64\): must be \(B, T, 2, H, d\)"),
+        (lambda: fgt.flash_attn_func(meta(1, 5, 8, 64), meta(1, 9, 8, 64), meta(1, 9, 8, 64),
+                                     window_size=4),
+         r"window_size=4: must be \(left, right\)"),
+        (lambda: fgt.flash_attn_func(torch.zeros(1, 5, 8, 64), torch.zeros(1, 9, 8, 64),
+                                     torch.zeros(1, 9, 8, 64)),
+         r"q: a CPU tensor; move it to the GPU"),
+    ],
+)  # fmt: skip
+def test_flash_attn_func_refuses_bad_calls_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

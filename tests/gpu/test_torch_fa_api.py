@@ -1,0 +1,41 @@
+"""FlashAttention's dense calls in `flashgen.torch` on the GPU: `flash_attn_func` and the packed
+variants give `attention`'s output and gradients bit for bit on the (B, T, H, d) layout."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("torch has no CUDA device", allow_module_level=True)
+import flashgen.torch as fgt  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_func_is_attention_on_transposed_views(causal: bool) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, t, h, h_kv, d = 2, 300, 8, 2, 128
+    q = torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, t, h_kv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in "kv")  # fmt: skip
+    out, lse, probs = fgt.flash_attn_func(q, k, v, causal=causal, window_size=(64, 64),
+                                          return_attn_probs=True)  # fmt: skip
+    want, want_lse = fgt.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                   causal=causal, window=(64, 64), return_lse=True)  # fmt: skip
+    assert out.is_contiguous() and out.shape == (b, t, h, d) and probs is None
+    assert torch.equal(out, want.transpose(1, 2)) and torch.equal(lse, want_lse)
+
+
+def test_qkvpacked_gradients_equal_the_separate_calls() -> None:
+    g = torch.Generator(device="cuda").manual_seed(1)
+    b, t, h, d = 2, 257, 4, 64
+    qkv = torch.randn(b, t, 3, h, d, device="cuda", dtype=torch.float16, generator=g)
+    packed = qkv.clone().requires_grad_()
+    # deterministic: dQ's float adds in a fixed order, so the two runs can agree bit for bit
+    fgt.flash_attn_qkvpacked_func(packed, causal=True, deterministic=True).float().square(
+    ).sum().backward()
+    leaves = [x.clone().requires_grad_() for x in qkv.unbind(2)]
+    fgt.flash_attn_func(*leaves, causal=True, deterministic=True).float().square().sum().backward()
+    assert torch.equal(packed.grad, torch.stack([x.grad for x in leaves], dim=2))
