@@ -723,7 +723,7 @@ def flash_attn_func(
     dropout, so there is no probability mask to return. `dropout_p` must be 0.0.
     Differentiable, CUDA-graph safe and traceable as `attention` is."""
     _check_fa_operands(("q", q), ("k", k), ("v", v))
-    features = _fa_call_features(dropout_p, window_size, softcap, alibi_slopes)
+    features = fa_features(window_size, softcap, alibi_slopes, dropout_p)
     o, lse = attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
         scale=softmax_scale, return_lse=True, deterministic=deterministic, **features,
@@ -779,16 +779,6 @@ def _check_fa_operands(*named: tuple[str, Any], dims: int = 4, packed: int = 0) 
             raise ValueError(f"{name}: a {type(x).__name__}; pass a {want} torch tensor")
         if x.dim() != dims or (packed and x.shape[2] != packed):
             raise ValueError(f"{name}.shape={tuple(x.shape)}: must be {want}")
-
-
-def _fa_call_features(
-    dropout_p: Any, window_size: Any, softcap: Any, alibi_slopes: Any
-) -> dict[str, Any]:
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p:
-        raise ValueError(
-            f"dropout_p={dropout_p!r}: flashgen has no attention dropout; pass 0.0"
-        )
-    return fa_features(window_size, softcap, alibi_slopes)
 
 
 def clear_cache() -> None:

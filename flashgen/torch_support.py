@@ -43,10 +43,15 @@ def check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
         fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
 
 
-def fa_features(window_size: Any, softcap: Any, alibi_slopes: Any) -> dict[str, Any]:
+def fa_features(
+    window_size: Any, softcap: Any, alibi_slopes: Any, dropout_p: Any = 0.0
+) -> dict[str, Any]:
     """FlashAttention's feature arguments as flashgen's feature keywords (`window`, `softcap`,
     `alibi_slopes`), the defaults left out: `window_size` (left, right) with -1 unbounded,
-    `softcap` 0.0 off, `alibi_slopes` None off (each value is then checked by its feature)."""
+    `softcap` 0.0 off, `alibi_slopes` None off (each value is then checked by its feature);
+    `dropout_p` must be 0.0 (flashgen has no attention dropout)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p:
+        fail(f"dropout_p={dropout_p!r}: flashgen has no attention dropout; pass 0.0")
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         fail(f"window_size={window_size!r}: must be (left, right), -1 for unbounded")
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):

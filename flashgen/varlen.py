@@ -417,11 +417,15 @@ def flash_attn_varlen_func(
     cu_seqlens_k: Any,
     max_seqlen_q: int,
     max_seqlen_k: int,
+    dropout_p: float = 0.0,
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Any = None,
     *,
     return_lse: bool = False,
     spec: KernelSpec | None = None,
@@ -437,7 +441,10 @@ def flash_attn_varlen_func(
     (float32 (H,)) as in FlashAttention. Returns O (total_q, H, dv) in q's dtype, or (O, LSE)
     with `return_lse` (LSE float32 (H, total_q), natural log; -inf for a row that sees no
     key). `spec` names the variant (a forward KernelSpec with the `varlen` feature); None
-    chooses one.
+    chooses one. FlashAttention's arguments in its order: `dropout_p` must be 0.0 (no
+    attention dropout), `deterministic=True` is refused (the varlen backward has no
+    deterministic mode), `return_attn_probs=True` returns (O, LSE, None), `block_table`
+    (paged K/V) is refused: decode against paged caches with `flash_attn_with_kvcache`.
 
     Runs on the current stream, never synchronizes, allocates through torch's caching
     allocator (CUDA-graph capturable after a first call). Differentiable (d 64 or 128, dv =
@@ -455,7 +462,17 @@ def flash_attn_varlen_func(
         fail(f"causal={causal!r}: must be True or False")
     if softmax_scale is not None:
         softmax_scale = check_scale(softmax_scale, 1)
-    keywords = fa_features(window_size, softcap, alibi_slopes)
+    keywords = fa_features(window_size, softcap, alibi_slopes, dropout_p)
+    if deterministic is not False:
+        fail(
+            f"deterministic={deterministic!r}: the varlen backward has no deterministic mode; "
+            "pass False (the forward is deterministic either way)"
+        )
+    if block_table is not None:
+        fail(
+            "block_table: paged K/V is not supported for packed sequences; decode against a "
+            "paged cache with flash_attn_with_kvcache"
+        )
     values = feature_values.from_keywords(keywords, "flash_attn_varlen_func")
     if spec is not None and not isinstance(spec, KernelSpec):
         fail(f"spec={spec!r}: must be a forward KernelSpec with the varlen feature, or None")
@@ -463,6 +480,8 @@ def flash_attn_varlen_func(
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
             softmax_scale, variant, *op_args.op_args(values))  # fmt: skip
     o, lse = _run(*args) if _direct(q, k, v) else _OP(*args)
+    if return_attn_probs:
+        return o, lse, None
     return (o, lse) if return_lse else o
 
 

@@ -85,6 +85,13 @@ def test_the_torch_front_door_refuses_bad_calls_with_one_clear_error():
         flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, window_size=5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"softcap='x': must be a float"):
         flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, softcap="x")  # type: ignore[arg-type]
+    # FlashAttention's argument order and names: dropout_p comes eighth
+    with pytest.raises(ValueError, match=r"dropout_p=0.125: flashgen has no attention dropout"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, 0.125)
+    with pytest.raises(ValueError, match=r"deterministic=True: the varlen backward has no"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, dropout_p=0.0, deterministic=True)
+    with pytest.raises(ValueError, match=r"block_table: paged K/V is not supported"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, block_table=cu)
 
 
 def test_the_varlen_op_is_registered_and_traces_with_fake_tensors():
@@ -98,7 +105,11 @@ def test_the_varlen_op_is_registered_and_traces_with_fake_tensors():
         v = torch.empty(90, 2, 32, dtype=torch.bfloat16, device="cuda")
         cu = torch.empty(3, dtype=torch.int32, device="cuda")
         o, lse = torch.ops.flashgen.varlen_attention(q, v, v, cu, cu, 60, 60, True)
+        out, lse2, probs = flashgen.torch.flash_attn_varlen_func(
+            q, v, v, cu, cu, 60, 60, causal=True, return_attn_probs=True
+        )
     assert tuple(o.shape) == (100, 4, 32) and tuple(lse.shape) == (4, 100)
+    assert tuple(out.shape) == (100, 4, 32) and tuple(lse2.shape) == (4, 100) and probs is None
 
 
 @pytest.mark.compile_all  # nvcc runs: the compile-everything check's, not the default's
