@@ -45,7 +45,8 @@ LSE is float32 (B, H, Tq), natural log.
 FlashAttention's dense calls take that layout directly: `flash_attn_func(q, k, v, ...)` with
 (B, T, H, d) tensors and its argument names, and `flash_attn_qkvpacked_func` /
 `flash_attn_kvpacked_func` on a fused projection's (B, T, 3, H, d) / (B, T, 2, H_kv, d);
-packed sequences: `flash_attn_varlen_func`, from `flashgen.varlen`.
+packed sequences: `flash_attn_varlen_func` (and its `qkvpacked`/`kvpacked` forms), from
+`flashgen.varlen`.
 """
 
 from __future__ import annotations
@@ -109,7 +110,11 @@ from flashgen.torch_support import (  # noqa: E402
     run_backward,
 )
 from flashgen.torch_support import device_arch as _device_arch  # noqa: E402 (tests patch it)
-from flashgen.varlen import flash_attn_varlen_func  # noqa: E402
+from flashgen.varlen import (  # noqa: E402
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 
 __all__ = [
     "SCHEMA",
@@ -122,6 +127,8 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
 ]
 

@@ -485,6 +485,63 @@ def flash_attn_varlen_func(
     return (o, lse) if return_lse else o
 
 
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Any,
+    cu_seqlens: Any,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
+    """FlashAttention's `flash_attn_varlen_qkvpacked_func`: `flash_attn_varlen_func` on qkv
+    (total, 3, H, d), q, k and v its views (gradients flow back into it), one set of prefix
+    sums for all three."""
+    _check_packed("qkv", qkv, 3)
+    q, k, v = qkv.unbind(1)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+        causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Any,
+    kv: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Any:
+    """FlashAttention's `flash_attn_varlen_kvpacked_func`: `flash_attn_varlen_func` on q
+    (total_q, H, d) and kv (total_k, 2, H_kv, d)."""
+    _check_packed("kv", kv, 2)
+    k, v = kv.unbind(1)
+    return flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        return_attn_probs,
+    )  # fmt: skip
+
+
+def _check_packed(name: str, x: Any, parts: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != parts:
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        fail(f"{name}: {got}; must be a (total, {parts}, H, d) torch tensor")
+
+
 def clear_cache() -> None:
     """Forget every validated signature and selection (the loaded kernels stay cached)."""
     with _lock:
@@ -494,4 +551,11 @@ def clear_cache() -> None:
         _bwd_plans.clear()
 
 
-__all__ = ["BWD_SCHEMA", "SCHEMA", "clear_cache", "flash_attn_varlen_func"]
+__all__ = [
+    "BWD_SCHEMA",
+    "SCHEMA",
+    "clear_cache",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]

@@ -112,6 +112,23 @@ def test_the_varlen_op_is_registered_and_traces_with_fake_tensors():
     assert tuple(out.shape) == (100, 4, 32) and tuple(lse2.shape) == (4, 100) and probs is None
 
 
+def test_the_packed_varlen_calls_unbind_their_projection_and_grads_flow_back():
+    torch = pytest.importorskip("torch")
+    import flashgen.torch as fgt
+
+    qkv = torch.empty(100, 3, 4, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    o = fgt.flash_attn_varlen_qkvpacked_func(qkv, cu, 60, causal=True)
+    assert tuple(o.shape) == (100, 4, 64)
+    o.sum().backward()
+    assert qkv.grad is not None and qkv.grad.shape == qkv.shape
+    q = torch.empty(100, 4, 64, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(80, 2, 2, 32, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=r"kv: \(80, 2, 32\); must be a \(total, 2, H, d\)"):
+        fgt.flash_attn_varlen_kvpacked_func(q, kv[:, :1].squeeze(1), cu, cu, 60, 60)
+    assert fgt.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 60, 60).shape == (100, 4, 32)
+
+
 @pytest.mark.compile_all  # nvcc runs: the compile-everything check's, not the default's
 @pytest.mark.parametrize(
     "name",
