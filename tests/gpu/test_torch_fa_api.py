@@ -39,3 +39,18 @@ def test_qkvpacked_gradients_equal_the_separate_calls() -> None:
     leaves = [x.clone().requires_grad_() for x in qkv.unbind(2)]
     fgt.flash_attn_func(*leaves, causal=True, deterministic=True).float().square().sum().backward()
     assert torch.equal(packed.grad, torch.stack([x.grad for x in leaves], dim=2))
+
+
+def test_the_packed_varlen_calls_give_flash_attn_varlen_funcs_output() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the varlen kernels are family wgmma's (sm_90)")
+    g = torch.Generator(device="cuda").manual_seed(2)
+    lens = [300, 0, 77, 1000]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")  # fmt: skip
+    qkv = torch.randn(sum(lens), 3, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    want = fgt.flash_attn_varlen_func(*qkv.unbind(1), cu, cu, 1000, 1000, causal=True)
+    assert torch.equal(fgt.flash_attn_varlen_qkvpacked_func(qkv, cu, 1000, causal=True), want)
+    q, kv = qkv[:, 0], qkv[:, 1:]
+    assert torch.equal(fgt.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 1000, 1000, causal=True),
+                       want)  # fmt: skip
