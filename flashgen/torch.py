@@ -46,7 +46,8 @@ FlashAttention's dense calls take that layout directly: `flash_attn_func(q, k, v
 (B, T, H, d) tensors and its argument names, and `flash_attn_qkvpacked_func` /
 `flash_attn_kvpacked_func` on a fused projection's (B, T, 3, H, d) / (B, T, 2, H_kv, d);
 packed sequences: `flash_attn_varlen_func` (and its `qkvpacked`/`kvpacked` forms), from
-`flashgen.varlen`.
+`flashgen.varlen`. torch's own `scaled_dot_product_attention(query, key, value, ...)` call runs
+`attention` as well (no dense masks, no dropout).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "scaled_dot_product_attention",
 ]
 
 
@@ -786,6 +788,54 @@ def _check_fa_operands(*named: tuple[str, Any], dims: int = 4, packed: int = 0) 
             raise ValueError(f"{name}: a {type(x).__name__}; pass a {want} torch tensor")
         if x.dim() != dims or (packed and x.shape[2] != packed):
             raise ValueError(f"{name}.shape={tuple(x.shape)}: must be {want}")
+
+
+# ---- torch's own call: scaled_dot_product_attention ---------------------------------------
+def scaled_dot_product_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """`torch.nn.functional.scaled_dot_product_attention`'s call on `attention`: query
+    (N, ..., H, L, E), key (N, ..., H_kv, S, E), value (N, ..., H_kv, S, Ev) (at least 3
+    dimensions; the leading ones are folded into the batch). `enable_gqa` lets H be a
+    multiple of H_kv, as torch's. Returns (N, ..., H, L, Ev) laid out as query.
+    Refused, each with an error that says why: `attn_mask` (pass a mask function as
+    `mask_mod` to `attention` instead), `dropout_p` other than 0.0, and `is_causal` with
+    L != S (torch aligns that mask to the top-left corner, flashgen's kernels to the
+    bottom-right: they agree only when L == S)."""
+    if attn_mask is not None:
+        raise ValueError(
+            "attn_mask: a dense mask tensor is not taken; pass is_causal, or write the mask as "
+            "a function and call flashgen.torch.attention(..., mask_mod=...) (docs/hooks.md)"
+        )
+    fa_features((-1, -1), 0.0, None, dropout_p)  # the dropout rule alone
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, _Tensor) or x.dim() < 3:
+            got = tuple(x.shape) if isinstance(x, _Tensor) else type(x).__name__
+            raise ValueError(f"{name}: {got}; must be a (N, ..., H, L, E) torch tensor")
+    lead = tuple(query.shape[:-3])
+    h, length, h_kv, keys = query.shape[-3], query.shape[-2], key.shape[-3], key.shape[-2]
+    if h != h_kv and not enable_gqa:
+        raise ValueError(
+            f"query heads {h}, key heads {h_kv}: must be equal, or pass enable_gqa=True "
+            "(grouped-query attention), as torch's call asks"
+        )
+    if is_causal is True and length != keys:
+        raise ValueError(
+            f"is_causal with L={length} queries and S={keys} keys: torch aligns that mask to the "
+            "top-left corner, flashgen to the bottom-right (query i sees keys j <= i + S - L); "
+            "they agree only when L == S. Call flashgen.torch.attention(causal=True) for the "
+            "bottom-right mask"
+        )
+    q, k, v = (x.reshape(-1, *x.shape[-3:]) if x.dim() != 4 else x for x in (query, key, value))
+    o = attention(q, k, v, causal=is_causal, scale=scale)
+    return o.reshape(*lead, *o.shape[1:]) if query.dim() != 4 else o
 
 
 def clear_cache() -> None:

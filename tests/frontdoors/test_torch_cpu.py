@@ -640,3 +640,45 @@ def test_flash_attn_func_passes_its_arguments_on_as_attention_takes_them(monkeyp
 def test_flash_attn_func_refuses_bad_calls_by_name(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ---- torch's scaled_dot_product_attention call ----------------------------------------------
+@pytest.mark.parametrize("lead", [(), (2,), (2, 3)])
+def test_sdpa_call_folds_leading_dims_and_returns_querys_shape(lead):
+    q, k, v = meta(*lead, 8, 33, 64), meta(*lead, 2, 40, 64), meta(*lead, 2, 40, 32)
+    out = fgt.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert out.shape == (*lead, 8, 33, 32) and out.dtype == q.dtype
+    q = meta(*lead, 8, 40, 64)
+    assert fgt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).shape == (
+        *lead, 8, 40, 32)  # fmt: skip
+
+
+def test_sdpa_call_passes_scale_and_the_mask_on(monkeypatch):
+    seen = {}
+
+    def spy(q, k, v, **kw):
+        seen.update(kw, shape=tuple(q.shape))
+        return meta(*q.shape)
+
+    monkeypatch.setattr(fgt, "attention", spy)
+    fgt.scaled_dot_product_attention(meta(8, 5, 64), meta(8, 5, 64), meta(8, 5, 64),
+                                     is_causal=True, scale=0.2)  # fmt: skip
+    assert seen == {"causal": True, "scale": 0.2, "shape": (1, 8, 5, 64)}
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"attn_mask": "mask"}, r"attn_mask: a dense mask tensor is not taken"),
+        ({"dropout_p": 0.1}, r"dropout_p=0.1: flashgen has no attention dropout"),
+        ({"is_causal": True, "q_len": 7}, r"is_causal with L=7 queries and S=9 keys: torch aligns"),
+        ({"k_heads": 2}, r"query heads 8, key heads 2: must be equal, or pass enable_gqa=True"),
+        ({"q_dims": 2}, r"query: \(9, 64\); must be a \(N, \.\.\., H, L, E\) torch tensor"),
+    ],
+)  # fmt: skip
+def test_sdpa_call_refuses_what_it_cannot_do_by_name(kw, match):
+    q_len, heads = kw.pop("q_len", 9), kw.pop("k_heads", 8)
+    q = meta(9, 64) if kw.pop("q_dims", 4) == 2 else meta(1, 8, q_len, 64)
+    k = meta(1, heads, 9, 64)
+    with pytest.raises(ValueError, match=match):
+        fgt.scaled_dot_product_attention(q, k, k, **kw)

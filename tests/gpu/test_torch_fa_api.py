@@ -54,3 +54,14 @@ def test_the_packed_varlen_calls_give_flash_attn_varlen_funcs_output() -> None:
     q, kv = qkv[:, 0], qkv[:, 1:]
     assert torch.equal(fgt.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 1000, 1000, causal=True),
                        want)  # fmt: skip
+
+
+def test_the_sdpa_call_is_attention_with_its_shapes_folded() -> None:
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(2, 3, 8, 129, 64, device="cuda", dtype=torch.float16, generator=g)
+    k, v = (torch.randn(2, 3, 2, 129, 64, device="cuda", dtype=torch.float16, generator=g)
+            for _ in "kv")  # fmt: skip
+    out = fgt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    want = fgt.attention(q.reshape(6, 8, 129, 64), k.reshape(6, 2, 129, 64),
+                         v.reshape(6, 2, 129, 64), causal=True)  # fmt: skip
+    assert out.shape == q.shape and torch.equal(out, want.reshape(q.shape))
