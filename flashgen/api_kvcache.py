@@ -24,7 +24,7 @@ from flashgen.runtime import array_args, feature_values, launch
 from flashgen.runtime import gpu as runtime
 from flashgen.runtime.decode import DecodeLaunch, decode_spec, row_tiles, scratch_sizes
 from flashgen.runtime.decode_call import DecodeOperands, check_operands, choose_launch
-from flashgen.runtime.validate import ArrayInfo, cai_stream, check_scale, describe
+from flashgen.runtime.validate import ArrayInfo, check_scale, describe
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
@@ -81,6 +81,10 @@ def attention_with_kvcache(
         o = flashgen.attention_with_kvcache(q, k_cache, v_cache, lens)
         print(o.shape)  # (4, 1, 8, 128)
     """
+    if isinstance(cache_seqlens, (bool, np.bool_)):
+        raise ValueError(
+            f"cache_seqlens={cache_seqlens!r}: must be an int32 (B,) array, an int or None"
+        )
     if isinstance(cache_seqlens, np.integer):
         cache_seqlens = int(cache_seqlens)
     lens = None if cache_seqlens is None or isinstance(cache_seqlens, int) else cache_seqlens
@@ -103,6 +107,8 @@ def attention_with_kvcache(
     if spec is not None and not isinstance(spec, KernelSpec):
         raise ValueError(f"spec={spec!r}: must be a decode KernelSpec or None")
     values = feature_values.from_keywords(features, "flashgen.attention_with_kvcache")
+    if scale is not None:
+        check_scale(scale, 1)  # a bool or a bad value named before a remembered call skips it
     seqlen = None if lens is not None else cache_seqlens
     call = _Call(causal, scale, num_splits, spec)
     if kind == array_args.DEVICE:
@@ -129,7 +135,7 @@ def attention_with_kvcache(
         runtime.to_device(v) if f.array and v is not None else v
         for f, v in zip(RUNTIME_FEATURES, hosted, strict=True)
     )
-    o, lse = _on_device(dq, dk, dv, dlens, seqlen, dtable, call, on_gpu)
+    o, lse = _on_device(dq, dk, dv, dlens, seqlen, dtable, call, on_gpu, remember=False)
     runtime.gpu().drv.Context.synchronize()  # to_host would wait anyway; this names a failure
     o, lse = runtime.to_host(o), runtime.to_host(lse)
     return (o, lse) if return_lse else o
@@ -200,13 +206,14 @@ def _check_host_values(ops: DecodeOperands, lens: Any, table: Any) -> None:
 
 def _on_device(
     q: Any, k: Any, v: Any, lens: Any, seqlen: int | None, table: Any, call: _Call,
-    values: feature_values.Values,
+    values: feature_values.Values, remember: bool = True,
 ) -> tuple[Any, Any]:  # fmt: skip
     """Launch on device arrays; new GPUArrays O and LSE. A GPUArray signature seen before skips
-    validation and selection; CUDA-array-interface inputs are validated every call, and the
-    launch waits (on the GPU) for the streams their interfaces name."""
+    validation and selection (`remember` False: a NumPy call's fresh copies, not kept);
+    CUDA-array-interface inputs are validated every call, and the launch waits (on the GPU)
+    for the streams their interfaces name."""
     arrays = (q, k, v, lens, table)
-    key = array_args.signature_key(arrays, (seqlen, call), values)
+    key = array_args.signature_key(arrays, (seqlen, call), values) if remember else None
     e = _entries.get(key) if key is not None else None
     if e is None:
         e = _prepare(q, k, v, lens, seqlen, table, call, values)
@@ -218,12 +225,13 @@ def _on_device(
     n_o, n_l, n_c = e.scratch
     o_part = runtime.empty((n_o,), np.float32, pooled=True) if n_o else None
     lse_part = runtime.empty((n_l,), np.float32, pooled=True) if n_l else None
-    if key is None:  # CUDA-array-interface inputs: after the work of the stream they name
-        streams = [cai_stream(n, x) for n, x in zip(_NAMES, arrays, strict=True) if x is not None]
+    if key is None:  # CUDA-array-interface inputs: after the work of the streams they name
+        streams = array_args.producer_streams(list(zip(_NAMES, arrays, strict=True)), values)
         launch.wait_for_streams(streams, 0)
+    counters = _counter_buffer(n_c)  # held through the launch: another thread may replace it
     pointers = (
         *(array_args.device_ptr(x) for x in (q, k, v, o, lse, o_part, lse_part)),
-        _counter_buffer(n_c), array_args.device_ptr(lens), array_args.device_ptr(table),
+        int(counters.gpudata), array_args.device_ptr(lens), array_args.device_ptr(table),
     )  # fmt: skip
     e.launch(pointers, 0)
     return o, lse
@@ -268,13 +276,14 @@ def _prepare(
     )  # fmt: skip
 
 
-def _counter_buffer(n: int) -> int:
-    """The address of at least n int32 zeros (the kernel leaves them zeroed; the legacy
-    stream orders every call that uses them)."""
+def _counter_buffer(n: int) -> Any:
+    """A GPUArray of at least n int32 zeros (the kernel leaves them zeroed; the legacy stream
+    orders every call that uses them). The caller holds it through its launch: a bigger one
+    may replace it here meanwhile, and the old one is freed when its last holder lets go."""
     with _lock:
         if not _counters or _counters[0].shape[0] < n:
             buf = runtime.empty((max(n, 1024),), np.int32)
             runtime.gpu().drv.memset_d32(buf.gpudata, 0, buf.shape[0])
             _counters[:] = [buf]
-        return int(_counters[0].gpudata)
+        return _counters[0]
 

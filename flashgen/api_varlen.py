@@ -25,7 +25,6 @@ from flashgen.runtime import gpu as runtime
 from flashgen.runtime.decode_call import INT_MAX, check_int_array
 from flashgen.runtime.validate import (
     ArrayInfo,
-    cai_stream,
     check_layout,
     check_scale,
     check_spec,
@@ -63,8 +62,9 @@ def attention_varlen(
     `cu_seqlens_k` int32 (n_seqs + 1,), the prefix sums of the lengths: sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (and O) and cu_seqlens_k[b] ..
     cu_seqlens_k[b + 1] - 1 of k and v (zero-length sequences allowed). `max_seqlen_q` /
-    `max_seqlen_k`: the longest lengths, which size the grid only (NumPy: read from the
-    prefix sums when None; device arrays: the totals when None, a coarser grid). H a multiple
+    `max_seqlen_k`: the longest lengths, which size the grid only (NumPy: always read from
+    the prefix sums, given ones only checked; device arrays: the totals when None, a coarser
+    grid). H a multiple
     of H_kv. `causal` masks key j for query i when j > i + len_k - len_q in each sequence;
     features as in `flashgen.attention` (`window=(left, right)`, `softcap=c`, `alibi_slopes`
     float32 (H,)), each per sequence. Returns O (total_q, H, dv) in q's dtype, or (O, LSE)
@@ -99,6 +99,8 @@ def attention_varlen(
                            causal, scale, return_lse, spec, features)  # fmt: skip
     if causal is not True and causal is not False:
         raise ValueError(f"causal={causal!r}: must be True or False")
+    if scale is not None:
+        check_scale(scale, 1)  # a bool or a bad value named before a remembered call skips it
     if spec is not None and not isinstance(spec, KernelSpec):
         raise ValueError(f"spec={spec!r}: must be a forward KernelSpec with the varlen feature")
     if kind == array_args.DEVICE:
@@ -111,6 +113,7 @@ def attention_varlen(
     problem = check_layout(
         *(_packed(n, _host_info(n, x)) for n, x in zip("qkv", (q, k, v), strict=True))
     )
+    _check_dtype(problem.dtype, q.dtype)
     _check_sequences(_host_info("cu_seqlens_q", cu_q), _host_info("cu_seqlens_k", cu_k))
     longest = _check_host_sequences(cu_q, cu_k, problem.tq, problem.tk)
     _max_or_none("max_seqlen_q", max_seqlen_q)  # checked; the prefix sums give the truth
@@ -128,7 +131,7 @@ def attention_varlen(
         for f, val in zip(RUNTIME_FEATURES, hosted, strict=True)
     )
     call = _Call(longest[0], longest[1], causal, scale, spec)
-    o, lse = _on_device(dq, dk, dv, dcu_q, dcu_k, call, on_gpu)
+    o, lse = _on_device(dq, dk, dv, dcu_q, dcu_k, call, on_gpu, remember=False)
     runtime.gpu().drv.Context.synchronize()  # to_host would wait anyway; this names a failure
     o, lse = runtime.to_host(o), runtime.to_host(lse)
     return (o, lse) if return_lse else o
@@ -170,6 +173,15 @@ _entries: dict[tuple[Any, ...], _Entry] = {}  # GPUArray signatures (launch.reme
 def _host_info(name: str, x: np.ndarray) -> ArrayInfo:
     """A NumPy array's description without its host address (it is copied before use)."""
     return dataclasses.replace(describe(name, x), ptr=None)
+
+
+def _check_dtype(name: str, dtype: Any) -> None:
+    """The varlen kernels' storage dtypes (family wgmma: 16-bit tensor-core operands)."""
+    if name not in ("fp16", "bf16"):
+        raise ValueError(
+            f"q.dtype={np.dtype(dtype)}: the varlen kernels take float16 or bfloat16 "
+            "(ml_dtypes.bfloat16 with NumPy); convert q, k and v"
+        )
 
 
 def _max_or_none(name: str, value: Any) -> int | None:
@@ -236,13 +248,15 @@ def _check_host_sequences(
 
 
 def _on_device(
-    q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, call: _Call, values: feature_values.Values
-) -> tuple[Any, Any]:
+    q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, call: _Call, values: feature_values.Values,
+    remember: bool = True,
+) -> tuple[Any, Any]:  # fmt: skip
     """Launch on device arrays; new GPUArrays O and LSE. A GPUArray signature seen before skips
-    validation and selection; CUDA-array-interface inputs are validated every call, and the
-    launch waits (on the GPU) for the streams their interfaces name."""
+    validation and selection (`remember` False: a NumPy call's fresh copies, not kept);
+    CUDA-array-interface inputs are validated every call, and the launch waits (on the GPU)
+    for the streams their interfaces name."""
     arrays = (q, k, v, cu_q, cu_k)
-    key = array_args.signature_key(arrays, (call,), values)
+    key = array_args.signature_key(arrays, (call,), values) if remember else None
     e = _entries.get(key) if key is not None else None
     if e is None:
         e = _prepare(q, k, v, cu_q, cu_k, call, values)
@@ -251,8 +265,9 @@ def _on_device(
     total, h, _ = e.o_shape
     o = runtime.empty(e.o_shape, e.dtype, pooled=True)
     lse = runtime.empty((h, total), np.float32, pooled=True)
-    if key is None:  # CUDA-array-interface inputs: after the work of the stream they name
-        launch.wait_for_streams([cai_stream(n, x) for n, x in zip(_NAMES, arrays, strict=True)], 0)
+    if key is None:  # CUDA-array-interface inputs: after the work of the streams they name
+        streams = array_args.producer_streams(list(zip(_NAMES, arrays, strict=True)), values)
+        launch.wait_for_streams(streams, 0)
     ptr = array_args.device_ptr
     e.bound(ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse), 0, ptr(cu_q), ptr(cu_k))
     return o, lse
@@ -281,6 +296,7 @@ def _prepare(
         (1, h, total_q), (h * total_q * 4, total_q * 4, 4), np.dtype(np.float32), None
     )
     problem = check_layout(qv, kv, vv, o=o_view, lse=lse_view)
+    _check_dtype(problem.dtype, dtype)
     scale_log2 = check_scale(call.scale, problem.d) * LOG2E
     features = feature_values.bind(values, array_args.feature_pointer(h))
     if call.spec is not None:
@@ -318,6 +334,7 @@ def _torch_call(
     None (they size the grid only; reading them from the device would wait for the GPU)."""
     from flashgen import torch as fg_torch
 
+    max_q, max_k = _max_or_none("max_seqlen_q", max_q), _max_or_none("max_seqlen_k", max_k)
     return fg_torch.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, int(q.shape[0]) if max_q is None else max_q,
         int(k.shape[0]) if max_k is None else max_k, softmax_scale=scale, causal=causal,

@@ -42,8 +42,16 @@ import torch
 
 from flashgen.generator.arch import ARCHS
 from flashgen.kvcache import attention_with_kvcache
-from flashgen.runtime import append_kernel, launch
-from flashgen.torch_support import device_arch, fa_features, fail, no_modes, raw_stream
+from flashgen.runtime import append_kernel, feature_values, launch
+from flashgen.runtime.validate import check_scale
+from flashgen.torch_support import (
+    device_arch,
+    fa_features,
+    fail,
+    feature_args,
+    no_modes,
+    raw_stream,
+)
 
 
 def _check_new(name: str, x: Any, cache: Any, b: int) -> None:
@@ -323,7 +331,7 @@ def flash_attn_with_kvcache(
         name = "cache_batch_idx" if cache_batch_idx is not None else "cache_leftpad"
         fail(f"{name}: not supported; pass the cache rows of this batch, in order, from offset 0")
     del rotary_interleaved  # only meaningful with rotary_cos/sin
-    features = fa_features(window_size, softcap, alibi_slopes)  # refused before any write
+    features = fa_features(window_size, softcap, alibi_slopes)
     if (k is None) != (v is None):
         fail("k and v: pass both (the new tokens' keys and values) or neither")
     lens = cache_seqlens
@@ -346,6 +354,10 @@ def flash_attn_with_kvcache(
                 "cache_seqlens=None with k, v: appending needs each sequence's length (where "
                 "its new rows go); pass cache_seqlens"
             )
+        # the attention call's own rules on its values, so a call it refuses writes nothing
+        feature_args(feature_values.from_keywords(features, "flash_attn_with_kvcache"), q,
+                     int(q.shape[2]))  # fmt: skip
+        check_scale(softmax_scale, int(q.shape[3]))
         lens = append_kv(k_cache, v_cache, k, v, lens, block_table)
     return attention_with_kvcache(
         q, k_cache, v_cache, lens, block_table=block_table, causal=causal, scale=softmax_scale,

@@ -820,6 +820,11 @@ def scaled_dot_product_attention(
             got = tuple(x.shape) if isinstance(x, _Tensor) else type(x).__name__
             raise ValueError(f"{name}: {got}; must be a (N, ..., H, L, E) torch tensor")
     lead = tuple(query.shape[:-3])
+    if tuple(key.shape[:-3]) != lead or tuple(value.shape[:-3]) != lead:
+        raise ValueError(
+            f"query.shape={tuple(query.shape)}, key.shape={tuple(key.shape)}, "
+            f"value.shape={tuple(value.shape)}: the leading (batch) dimensions must be equal"
+        )
     h, length, h_kv, keys = query.shape[-3], query.shape[-2], key.shape[-3], key.shape[-2]
     if h != h_kv and not enable_gqa:
         raise ValueError(

@@ -47,9 +47,10 @@ def fa_features(
     window_size: Any, softcap: Any, alibi_slopes: Any, dropout_p: Any = 0.0
 ) -> dict[str, Any]:
     """FlashAttention's feature arguments as flashgen's feature keywords (`window`, `softcap`,
-    `alibi_slopes`), the defaults left out: `window_size` (left, right) with -1 unbounded,
-    `softcap` 0.0 off, `alibi_slopes` None off (each value is then checked by its feature);
-    `dropout_p` must be 0.0 (flashgen has no attention dropout)."""
+    `alibi_slopes`), the defaults left out, read as FlashAttention reads them: a negative
+    `window_size` side is unbounded (flashgen's -1), a `softcap` <= 0 is off, `alibi_slopes`
+    None is off (each value is then checked by its feature); `dropout_p` must be 0.0
+    (flashgen has no attention dropout)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p:
         fail(f"dropout_p={dropout_p!r}: flashgen has no attention dropout; pass 0.0")
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
@@ -57,9 +58,10 @@ def fa_features(
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         fail(f"softcap={softcap!r}: must be a float (0: off)")
     out: dict[str, Any] = {}
-    if tuple(window_size) != (-1, -1):
-        out["window"] = (window_size[0], window_size[1])
-    if softcap:
+    sides = tuple(-1 if isinstance(w, int) and w < 0 else w for w in window_size)
+    if sides != (-1, -1):
+        out["window"] = sides
+    if softcap > 0:
         out["softcap"] = float(softcap)
     if alibi_slopes is not None:
         out["alibi_slopes"] = alibi_slopes

@@ -16,7 +16,7 @@ import numpy as np
 
 from flashgen.generator.features import Feature
 from flashgen.runtime import feature_values
-from flashgen.runtime.validate import describe
+from flashgen.runtime.validate import cai_stream, describe
 
 HOST, DEVICE, TORCH = "host", "device", "torch"
 
@@ -54,27 +54,47 @@ def kind_of(names: Sequence[str], arrays: Sequence[Any], torch_call: str) -> str
     return kinds.pop() if kinds else HOST
 
 
+def _empty(shape: Sequence[int]) -> bool:
+    return any(n == 0 for n in shape)
+
+
 def device_ptr(x: Any) -> int:
-    """A device array's address; 0 (NULL) for None."""
+    """A device array's address; 0 (NULL) for None or an empty array (never read)."""
     if x is None:
         return 0
-    ptr = describe("array", x).ptr
-    assert ptr is not None  # front doors check it before a signature is kept
-    return ptr
+    a = describe("array", x)
+    if a.ptr is None:
+        assert _empty(a.shape)  # require_pointers refused any other array without one
+        return 0
+    return a.ptr
 
 
 def require_pointers(names: Sequence[str], arrays: Sequence[Any]) -> None:
-    """ValueError for a device array (not None) whose pointer cannot be read."""
+    """ValueError for a non-empty device array (not None) whose pointer cannot be read."""
     for name, x in zip(names, arrays, strict=True):
-        if x is not None and describe(name, x).ptr is None:
-            raise ValueError(f"{name}: no device pointer; pass GPUArrays or CUDA arrays")
+        if x is not None:
+            a = describe(name, x)
+            if a.ptr is None and not _empty(a.shape):
+                raise ValueError(f"{name}: no device pointer; pass GPUArrays or CUDA arrays")
 
 
 def feature_key(array: Any) -> tuple[Any, ...]:
     """What a remembered signature must match of an array feature's value (pointer, shape,
-    strides, dtype: the pointer alone would let a view at the same address skip its checks)."""
-    ptr = int(array.gpudata) if hasattr(array, "gpudata") else None
-    return (ptr, tuple(array.shape), tuple(array.strides), np.dtype(array.dtype))
+    strides, dtype: the pointer alone would let a view at the same address skip its checks).
+    TypeError for a value that is not a PyCUDA GPUArray: such a call is not remembered (its
+    pointer could change under the same key), and validation names a wrong one."""
+    if getattr(array, "gpudata", None) is None:
+        raise TypeError("not a GPUArray")
+    return (int(array.gpudata), tuple(array.shape), tuple(array.strides), np.dtype(array.dtype))
+
+
+def producer_streams(named: Sequence[tuple[str, Any]], values: feature_values.Values) -> list[
+    int | None
+]:
+    """The CUDA-array-interface producer streams of a call's arrays and array features, which
+    its launch must wait for (`launch.wait_for_streams`)."""
+    arrays = [*named, *((f.keyword, v) for f, v in feature_values.arrays(values))]
+    return [cai_stream(n, x) for n, x in arrays if x is not None]
 
 
 def feature_pointer(heads: int) -> Callable[[Feature, Any], int]:
@@ -101,19 +121,18 @@ def signature_key(
     arrays: Sequence[Any], scalars: tuple[Any, ...], values: feature_values.Values
 ) -> tuple[Any, ...] | None:
     """The key a validated device call is remembered by: each array's shape, strides, dtype
-    and pointer alignment (the pointers themselves come with every call), the scalars and the
-    feature values (an array one by `feature_key`). None -- validate this call -- when an
-    array is not a PyCUDA GPUArray (a CUDA-array-interface object is checked every call, its
-    stream waited for) or a value is unhashable (validation then names it)."""
-    if not all(x is None or hasattr(x, "gpudata") for x in arrays):
-        return None
-    key = (
-        *(None if x is None else (x.shape, x.strides, x.dtype, int(x.gpudata) & 15)
-          for x in arrays),
-        *scalars, feature_values.signature(values, feature_key),
-    )  # fmt: skip
+    and pointer alignment (the pointers themselves come with every call), the scalars with
+    their types (1 and True are equal keys otherwise) and the feature values (an array one by
+    `feature_key`). None -- validate this call -- when an array or array feature is not a
+    PyCUDA GPUArray (a CUDA-array-interface object is checked every call, its stream waited
+    for), an array is empty, or a value is unhashable (validation then names it)."""
     try:
+        key = (
+            *(None if x is None else (x.shape, x.strides, x.dtype, int(x.gpudata) & 15)
+              for x in arrays),
+            *((type(v), v) for v in scalars), feature_values.signature(values, feature_key),
+        )  # fmt: skip
         hash(key)
-    except TypeError:
+    except (AttributeError, TypeError):  # not GPUArrays (or empty ones), or unhashable
         return None
     return key

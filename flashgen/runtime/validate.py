@@ -323,6 +323,8 @@ def check_scale(scale: float | None, d: int) -> float:
     [SCALE_MIN, SCALE_MAX] (positive, with scale * log2(e) a normal float32)."""
     if scale is None:
         return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool):  # float(True) is 1.0: a flag passed by mistake, not a scale
+        raise ValueError(f"scale={scale!r}: must be a real number, not a bool; e.g. scale=0.125")
     try:
         value = float(scale)
     except (TypeError, ValueError):

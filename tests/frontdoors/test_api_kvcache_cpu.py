@@ -236,3 +236,50 @@ def test_device_slopes_must_be_a_device_array(fake_gpu: Any) -> None:
     slopes = device((8,), np.float32, at=0x7000_0000)
     flashgen.attention_with_kvcache(q, k, v, alibi_slopes=slopes)
     assert fake_gpu.decode_launches[-1]["alibi_slopes"] == 0x7000_0000
+
+
+class CaiSlopes:
+    """(H,) float32 slopes seen only through the CUDA array interface (CuPy-like: no gpudata)."""
+
+    def __init__(self, heads: int, ptr: int, stream: int | None = None) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (heads,), "strides": None, "typestr": "<f4", "data": (ptr, False),
+            "version": 3, "stream": stream,
+        }  # fmt: skip
+
+
+def small_call() -> tuple[Any, Any, Any]:
+    return device((1, 1, 8, 64)), device((1, 512, 8, 64)), device((1, 512, 8, 64))
+
+
+def test_a_cuda_array_slopes_pointer_is_read_every_call_and_its_stream_waited_for(
+    fake_gpu: Any,
+) -> None:
+    q, k, v = small_call()
+    flashgen.attention_with_kvcache(q, k, v, alibi_slopes=CaiSlopes(8, 0x7000_0000))
+    flashgen.attention_with_kvcache(q, k, v, alibi_slopes=CaiSlopes(8, 0x7100_0000, stream=77))
+    assert [a["alibi_slopes"] for a in fake_gpu.decode_launches] == [0x7000_0000, 0x7100_0000]
+    records = [c for c in fake_gpu.log if c[0] == "event_record"]
+    assert len(records) == 1 and records[0][2] == 77  # the producer's stream, then waited on
+
+
+def test_slopes_that_are_not_an_array_are_a_value_error_not_a_crash(fake_gpu: Any) -> None:
+    with pytest.raises(ValueError, match=r"alibi_slopes"):
+        flashgen.attention_with_kvcache(*small_call(), alibi_slopes=[0.1] * 8)
+
+
+def test_bools_are_refused_even_after_an_equal_int_was_remembered(fake_gpu: Any) -> None:
+    q, k, v = small_call()
+    flashgen.attention_with_kvcache(q, k, v, 1, scale=1.0)
+    with pytest.raises(ValueError, match=r"cache_seqlens=True: must be an int32"):
+        flashgen.attention_with_kvcache(q, k, v, True, scale=1.0)
+    with pytest.raises(ValueError, match=r"scale=True: must be a real number, not a bool"):
+        flashgen.attention_with_kvcache(q, k, v, 1, scale=True)
+
+
+def test_an_empty_cache_runs_with_a_null_pointer(fake_gpu: Any) -> None:
+    q, k, v = device((2, 1, 8, 64)), device((2, 0, 8, 64)), device((2, 0, 8, 64))
+    k.gpudata = v.gpudata = None  # PyCUDA's zero-size arrays own no memory
+    flashgen.attention_with_kvcache(q, k, v)
+    (a,) = fake_gpu.decode_launches
+    assert (a["k"], a["v"], a["tk"]) == (0, 0, 0)

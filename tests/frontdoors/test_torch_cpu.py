@@ -682,3 +682,18 @@ def test_sdpa_call_refuses_what_it_cannot_do_by_name(kw, match):
     k = meta(1, heads, 9, 64)
     with pytest.raises(ValueError, match=match):
         fgt.scaled_dot_product_attention(q, k, k, **kw)
+
+
+def test_sdpa_call_refuses_leading_dims_that_differ():
+    q, k = meta(2, 3, 8, 5, 64), meta(3, 2, 8, 9, 64)
+    with pytest.raises(ValueError, match=r"the leading \(batch\) dimensions must be equal"):
+        fgt.scaled_dot_product_attention(q, k, k)
+
+
+def test_fa_calls_read_negative_window_sides_and_softcap_as_flashattention_does(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(fgt, "attention", lambda q, k, v, **kw: seen.update(kw) or (
+        meta(*q.shape), meta(*q.shape[:3], dtype=torch.float32)))  # fmt: skip
+    x = meta(1, 5, 8, 64)
+    fgt.flash_attn_func(x, x, x, window_size=(-7, 3), softcap=-1.0)
+    assert seen["window"] == (-1, 3) and "softcap" not in seen

@@ -65,3 +65,20 @@ def test_the_sdpa_call_is_attention_with_its_shapes_folded() -> None:
     want = fgt.attention(q.reshape(6, 8, 129, 64), k.reshape(6, 2, 129, 64),
                          v.reshape(6, 2, 129, 64), causal=True)  # fmt: skip
     assert out.shape == q.shape and torch.equal(out, want.reshape(q.shape))
+
+
+def test_the_sdpa_call_agrees_with_torchs_own_on_its_semantics() -> None:
+    """GQA's head mapping (query head i reads K/V head i // group) and the causal mask at
+    L == S, against torch's call computed in float32 (the math backend); the bound is the
+    bf16 output's rounding (2^-8 relative) on outputs of magnitude ~1, with room."""
+    import torch.nn.functional as F
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn(2, 8, 200, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, 2, 200, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in "kv")  # fmt: skip
+    out = fgt.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                              enable_gqa=True)  # fmt: skip
+    assert (out.float() - want).abs().max().item() < 2e-2

@@ -152,6 +152,14 @@ def test_front_door_refuses_what_it_does_not_support() -> None:
     assert not kc.any()  # refused before anything was written
     with pytest.raises(ValueError, match="cache_seqlens=None with k, v"):
         flash_attn_with_kvcache(q.half(), kc.half(), kc.half(), k=k1.half(), v=k1.half())
+    # the attention call's own refusals come before the write too
+    kh, ones = kc.half(), torch.ones(1, 1, 1, 16, dtype=torch.float16)
+    for bad, match in (({"softmax_scale": -1.0}, r"scale=-1.0: must be in"),
+                       ({"alibi_slopes": torch.ones(3)}, r"alibi_slopes"),
+                       ({"softcap": float("inf")}, r"softcap=inf")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            flash_attn_with_kvcache(q.half(), kh, kh, k=ones, v=ones, cache_seqlens=0, **bad)
+        assert not kh.any(), bad
 
 
 def _paged_case(seed: int = 0):  # noqa: ANN202
