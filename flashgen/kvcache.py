@@ -54,6 +54,7 @@ from flashgen.torch_support import (
     dispatch_stack,
     fail,
     feature_args,
+    feature_args_key,
     function_modes,
     raw_stream,
 )
@@ -345,7 +346,6 @@ def _run(
 ) -> tuple[Any, Any]:  # fmt: skip
     # (the dispatcher leaves out trailing arguments that equal the schema's defaults)
     """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
-    values = op_args.values_of(feature_args)
     seqs: Any = lens if lens is not None else seqlen
     seq_key: Any = _array_key(lens) if lens is not None else seqlen
     tab_key: Any = (
@@ -354,13 +354,13 @@ def _run(
     try:
         key = (
             *((*_array_key(x), x.data_ptr() & 15) for x in (q, k_cache, v_cache)),
-            seq_key, tab_key, causal, scale, num_splits, variant,
-            feature_values.signature(values, lambda a: (a.data_ptr(), *_array_key(a))),
+            seq_key, tab_key, causal, scale, num_splits, variant, feature_args_key(feature_args),
         )  # fmt: skip
         e = _entries.get(key)
     except (AttributeError, TypeError):  # not tensors, or unhashable: validation names it
         key, e = (), None
     if e is None:
+        values = op_args.values_of(feature_args)  # decoded and checked on a first call only
         spec = KernelSpec.from_name(variant) if variant is not None else None
         e = _prepare(
             key, q, k_cache, v_cache, seqs, block_table, causal, scale, num_splits, values, spec

@@ -105,6 +105,7 @@ from flashgen.torch_support import (  # noqa: E402
     eager_autograd,
     fa_features,
     feature_args,
+    feature_args_key,
     function_modes,
     out_strides,
     raw_stream,
@@ -228,19 +229,6 @@ _entries: dict[tuple[Any, ...], _Entry] = {}
 _entries_lock = threading.Lock()
 
 
-def _feature_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """What a remembered signature must match of the feature arguments: the scalar ones, and
-    of an array feature's tensor its pointer, shape, strides, dtype and device. The pointer
-    alone let another view at the same address (s[::2], s[:1], a float64 tensor) skip
-    validation: the kernel then read H fp32 values from memory laid out otherwise, or past
-    the tensor's end."""
-    return tuple(
-        (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype, a.device)
-        if isinstance(a, _Tensor) else a
-        for a in args
-    )  # fmt: skip
-
-
 def _run(
     q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None,
     variant: str | None = None, *rest: Any,
@@ -255,7 +243,7 @@ def _run(
     key = (
         q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
         dev, k.get_device(), v.get_device(), (qp | kp | vp) & 15, causal, scale, variant,
-        _feature_key(feature_args),
+        feature_args_key(feature_args),
     )  # fmt: skip
     try:
         e = _entries.get(key)
@@ -439,7 +427,7 @@ def _run_backward(
     key = (
         *((t.shape, t.stride(), t.dtype) for t in tensors), q.get_device(),
         tuple(t.data_ptr() & 15 for t in tensors), bool(causal), scale, det,
-        _feature_key(feature_args),
+        feature_args_key(feature_args),
     )  # fmt: skip
     try:
         hit = _bwd_entries.get(key)

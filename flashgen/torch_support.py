@@ -20,7 +20,7 @@ except ImportError as _exc:  # one line, says what is missing
 from flashgen.generator.backward import scratch_shapes
 from flashgen.generator.features import Feature, FeatureArgs
 from flashgen.generator.select import backward_family
-from flashgen.runtime import backward, feature_values
+from flashgen.runtime import backward, feature_values, op_args
 
 
 def fail(msg: str) -> NoReturn:
@@ -41,6 +41,20 @@ def check_tensor(name: str, x: Any, dims: int, device: Any = None) -> None:
         )
     if x.dim() != dims:
         fail(f"{name}.shape={tuple(x.shape)}: must have {dims} dimensions")
+
+
+def feature_args_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What a remembered signature must match of a call's feature op arguments (defaults the
+    dispatcher left out filled in): the scalar ones as they are, and of an array feature's
+    tensor its pointer, shape, strides, dtype and device. The pointer alone let another view
+    at the same address (s[::2], s[:1], a float64 tensor) skip validation: the kernel then
+    read H fp32 values from memory laid out otherwise, or past the tensor's end. Built from
+    the raw arguments, so a remembered call decodes and checks no feature value."""
+    return tuple(
+        (a.data_ptr(), tuple(a.shape), tuple(a.stride()), a.dtype, a.device)
+        if isinstance(a, torch.Tensor) else a
+        for a in op_args.full(args)
+    )  # fmt: skip
 
 
 def fa_features(

@@ -62,6 +62,7 @@ from flashgen.torch_support import (
     fa_features,
     fail,
     feature_args,
+    feature_args_key,
     function_modes,
     raw_stream,
 )
@@ -182,15 +183,15 @@ def _key_of(x: Any) -> tuple[Any, ...]:
 
 def _remembered(
     entries: dict[tuple[Any, ...], Any], tensors: tuple[Any, ...], scalars: tuple[Any, ...],
-    values: feature_values.Values,
+    feature_arguments: tuple[Any, ...],
 ) -> tuple[tuple[Any, ...], Any]:  # fmt: skip
     """(the call's signature key, its remembered entry or None). The key holds the tensors'
-    layouts, the scalars and the feature values (array ones by address); an argument that is
-    not a tensor or not hashable gives ((), None), and validation then names it."""
+    layouts, the scalars and the feature op arguments (`feature_args_key`: array ones by
+    address, layout and device); an argument that is not a tensor or not hashable gives
+    ((), None), and validation then names it."""
     try:
         key = (
-            *(_key_of(x) for x in tensors), *scalars,
-            feature_values.signature(values, lambda a: (a.data_ptr(), *_key_of(a))),
+            *(_key_of(x) for x in tensors), *scalars, feature_args_key(feature_arguments)
         )  # fmt: skip
         return key, entries.get(key)
     except (AttributeError, TypeError):
@@ -203,11 +204,12 @@ def _run(
     *feature_arguments: Any,
 ) -> tuple[Any, Any]:  # fmt: skip
     """The CUDA implementation: signature lookup, allocate, launch on the current stream."""
-    values = op_args.values_of(feature_arguments)
     key, e = _remembered(
-        _entries, (q, k, v, cu_q, cu_k), (max_q, max_k, causal, scale, variant), values
-    )
+        _entries, (q, k, v, cu_q, cu_k), (max_q, max_k, causal, scale, variant),
+        feature_arguments,
+    )  # fmt: skip
     if e is None:
+        values = op_args.values_of(feature_arguments)  # decoded and checked on a first call
         e = _prepare(key, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, values)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
     lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
@@ -301,15 +303,16 @@ def _run_backward(
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """The CUDA backward: dq, dk, dv like q, k, v; the fp32 scratch from torch's allocator;
     three kernels on the current stream, nothing synchronized (CUDA-graph safe)."""
-    values = op_args.values_of(feature_arguments)
     # dO arrives in whatever layout autograd made; the kernels want O's kind of strides (and
     # TMA's positive ones: an expanded dO, stride 0, is copied too)
     do = do if tuple(do.stride()) == tuple(o.stride()) else do.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     key, e = _remembered(
-        _bwd_entries, (q, k, v, o, lse, do, dq, dk, dv, cu_q, cu_k), (causal, scale), values
-    )
+        _bwd_entries, (q, k, v, o, lse, do, dq, dk, dv, cu_q, cu_k), (causal, scale),
+        feature_arguments,
+    )  # fmt: skip
     if e is None:
+        values = op_args.values_of(feature_arguments)  # decoded and checked on a first call
         e = _bwd_prepare(key, (q, k, v, o, lse, do, dq, dk, dv), cu_q, cu_k, causal, scale, values)
     d_buf = torch.empty(e.d_shape, dtype=torch.float32, device=e.device)
     dq_accum = torch.empty(e.dq_shape, dtype=torch.float32, device=e.device)

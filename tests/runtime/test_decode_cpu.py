@@ -194,3 +194,32 @@ def test_dense_calls_with_few_query_rows_and_many_keys_route_to_the_decode_kerne
     assert not routes_to_decode(17, 4096)  # enough query rows for the forward's tiles
     assert not routes_to_decode(1, 255)  # too few keys to split
     assert not routes_to_decode(16, 63 * 4)
+
+
+def test_a_remembered_decode_call_decodes_no_feature_value(monkeypatch):
+    """The signature key is built from the raw feature op arguments, so a call whose signature
+    was validated before goes straight to allocation and launch (host time per decode step)."""
+    torch = pytest.importorskip("torch")
+    from flashgen import kvcache
+    from flashgen.runtime import op_args
+    from flashgen.torch_support import feature_args_key
+
+    q = torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 64, 2, 64, dtype=torch.bfloat16)
+    lens = torch.full((2,), 64, dtype=torch.int32)
+    launched = []
+    entry = kvcache._Entry(lambda ptrs, stream: launched.append(ptrs), (2, 1, 8, 64), (2, 8, 1),
+                           (0, 0, 2), torch.device("cpu"), torch.bfloat16)  # fmt: skip
+    feats = op_args.op_args(kvcache.feature_values.from_keywords({"softcap": 5.0}, "t"))
+    tensors = ((*kvcache._array_key(x), x.data_ptr() & 15) for x in (q, k, k))
+    key = (*tensors, kvcache._array_key(lens), None, True, None, 0, None, feature_args_key(feats))
+    monkeypatch.setattr(kvcache, "_entries", {key: entry})
+    monkeypatch.setattr(kvcache, "raw_stream", lambda dev: 0)
+    monkeypatch.setattr(kvcache, "_counter_buffer", lambda dev, stream, n: torch.zeros(n))
+
+    def no_decoding(args):
+        raise AssertionError("a remembered call decoded its feature values")
+
+    monkeypatch.setattr(op_args, "values_of", no_decoding)
+    kvcache._run(q, k, k, lens, None, None, True, None, 0, None, *feats)
+    assert len(launched) == 1 and launched[0][:3] == (q.data_ptr(), k.data_ptr(), k.data_ptr())
