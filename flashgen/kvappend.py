@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from flashgen.generator.arch import ARCHS
-from flashgen.kvcache import attention_with_kvcache
+from flashgen.kvcache import attention_with_values
 from flashgen.runtime import append_kernel, feature_values, launch
 from flashgen.runtime.validate import check_scale
 from flashgen.torch_support import (
@@ -331,7 +331,9 @@ def flash_attn_with_kvcache(
         name = "cache_batch_idx" if cache_batch_idx is not None else "cache_leftpad"
         fail(f"{name}: not supported; pass the cache rows of this batch, in order, from offset 0")
     del rotary_interleaved  # only meaningful with rotary_cos/sin
-    features = fa_features(window_size, softcap, alibi_slopes)
+    values = feature_values.from_keywords(
+        fa_features(window_size, softcap, alibi_slopes), "flash_attn_with_kvcache"
+    )
     if (k is None) != (v is None):
         fail("k and v: pass both (the new tokens' keys and values) or neither")
     lens = cache_seqlens
@@ -355,11 +357,13 @@ def flash_attn_with_kvcache(
                 "its new rows go); pass cache_seqlens"
             )
         # the attention call's own rules on its values, so a call it refuses writes nothing
-        feature_args(feature_values.from_keywords(features, "flash_attn_with_kvcache"), q,
-                     int(q.shape[2]))  # fmt: skip
-        check_scale(softmax_scale, int(q.shape[3]))
+        # (an array feature's layout and device; the scalar ones were read above)
+        if feature_values.arrays(values):
+            feature_args(values, q, int(q.shape[2]))
+        if softmax_scale is not None:
+            check_scale(softmax_scale, int(q.shape[3]))
         lens = append_kv(k_cache, v_cache, k, v, lens, block_table)
-    return attention_with_kvcache(
-        q, k_cache, v_cache, lens, block_table=block_table, causal=causal, scale=softmax_scale,
-        num_splits=num_splits, return_lse=return_softmax_lse, **features,
+    return attention_with_values(
+        q, k_cache, v_cache, lens, block_table, causal, softmax_scale, num_splits,
+        return_softmax_lse, None, values,
     )  # fmt: skip

@@ -304,13 +304,26 @@ def attention_with_kvcache(
         lens = torch.full((B,), 5000, device="cuda", dtype=torch.int32)
         o = attention_with_kvcache(q, k_cache, v_cache, lens, block_table=table)
     """
+    values = feature_values.from_keywords(features, "attention_with_kvcache")
+    return attention_with_values(
+        q, k_cache, v_cache, cache_seqlens, block_table, causal, scale, num_splits, return_lse,
+        spec, values,
+    )  # fmt: skip
+
+
+def attention_with_values(
+    q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any, block_table: Any, causal: bool,
+    scale: float | None, num_splits: int, return_lse: bool, spec: KernelSpec | None,
+    values: feature_values.Values,
+) -> Any:  # fmt: skip
+    """`attention_with_kvcache` with its features already read into `values`
+    (`feature_values.from_keywords`): for a front door that checked them itself."""
     if causal is not True and causal is not False:
         raise ValueError(f"causal={causal!r}: must be True or False")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(
             f"num_splits={num_splits!r}: must be an int >= 0 (0: chosen from the shapes)"
         )
-    values = feature_values.from_keywords(features, "attention_with_kvcache")
     if spec is not None and not isinstance(spec, KernelSpec):
         fail(f"spec={spec!r}: must be a decode KernelSpec or None")
     variant = spec.name if spec is not None else None
