@@ -32,6 +32,8 @@ FEATURE_SCHEMA = ", ".join(
 def op_args(values: feature_values.Values) -> tuple[Any, ...]:
     """A call's feature values (registry order) as op arguments: each feature's `encode`, an
     array feature's value (a tensor or None) as it is."""
+    if values is feature_values.NO_VALUES:
+        return OFF  # every feature off: encoded once (host time per call)
     return tuple(
         a
         for f, v in zip(RUNTIME_FEATURES, values, strict=True)
@@ -39,7 +41,7 @@ def op_args(values: feature_values.Values) -> tuple[Any, ...]:
     )
 
 
-OFF = op_args((None,) * len(RUNTIME_FEATURES))
+OFF = op_args((None, *((None,) * (len(RUNTIME_FEATURES) - 1))))  # not NO_VALUES itself
 """Every feature off, as op arguments."""
 
 N_FEATURE_ARGS = sum(len(f.params) for f in RUNTIME_FEATURES)

@@ -18,7 +18,7 @@ from flashgen.generator.features import (
 )
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
-from flashgen.runtime import validate
+from flashgen.runtime import feature_values, validate
 from flashgen.runtime.validate import MAX_LENGTH
 from flashgen.verify import oracle, strategies
 
@@ -363,3 +363,15 @@ def test_wgmma_br192_takes_no_score_mod_and_select_moves_it_to_the_default_tile(
     assert feature_variant(plain, ("window",)) == plain.replace(features=("window",))
     moved = feature_variant(plain, ("alibi",))
     assert moved is not None and (moved.br, moved.bc, moved.features) == (128, 128, ("alibi",))
+
+
+def test_a_call_without_features_reads_and_encodes_nothing():
+    """The common call pays no per-feature work on the host: no keywords give the shared
+    all-off values, which encode to the precomputed all-off op arguments."""
+    from flashgen.runtime import op_args
+
+    values = feature_values.from_keywords({}, "t")
+    assert values is feature_values.NO_VALUES
+    assert op_args.op_args(values) is op_args.OFF
+    assert op_args.values_of(op_args.OFF) == values  # and they decode back to all off
+    assert op_args.op_args(feature_values.from_keywords({"softcap": 5.0}, "t")) != op_args.OFF
