@@ -15,6 +15,7 @@ from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import feature_values, hook_arrays, hook_spec, launch
 from flashgen.runtime import gpu as runtime
+from flashgen.runtime.dense_decode import DenseDecodeLaunch, dense_decode
 from flashgen.runtime.gpu import GpuUnavailable
 from flashgen.runtime.hook_calls import check_indices, resolve_hooks
 from flashgen.runtime.validate import (
@@ -25,6 +26,7 @@ from flashgen.runtime.validate import (
     check_spec,
     check_spec_fits_call,
     check_spec_type,
+    describe,
 )
 
 if TYPE_CHECKING:  # Python 3.10 has no typing.Unpack; annotations are not evaluated
@@ -79,6 +81,11 @@ def attention(
     a document mask skip tiles), GPUArrays with GPUArrays (used in place; no summaries: every
     tile a table-reading mask keeps any key of is computed), numbers for scalars. The call runs
     the variant an unhooked call would, compiled with the hooks; not together with `spec`.
+
+    A call with few query rows against many keys (Tq <= 16, Tk >= 256 and 4 Tq) and no
+    `spec` or hooks runs family mma's decode kernel (GQA heads packed, keys split over the
+    GPU), as `flashgen.torch.attention` does: the same O and LSE, faster on such shapes
+    (`flashgen.attention_with_kvcache` takes a K/V cache's own layouts and lengths).
 
     Inputs are validated before the GPU is touched (ValueError naming value, rule and fix;
     head dims too, which variant selection would otherwise judge after finding the GPU);
@@ -153,7 +160,7 @@ class _Entry:
     """A validated device-array signature: the variant, its bound launch, the output shapes."""
 
     spec: KernelSpec
-    bound: launch.Bound
+    bound: launch.Bound | DenseDecodeLaunch
     o_shape: tuple[int, int, int, int]
     dtype: np.dtype[Any]
 
@@ -270,6 +277,11 @@ def _prepare(
             (*features.tokens, *hooked.tokens),
         )  # fmt: skip
     else:
+        routed = dense_decode(q, k, v, causal, value * LOG2E, features)
+        if routed is not None:  # few query rows against many keys: the decode kernel
+            dense, o_shape = routed
+            dtype = np.dtype(DTYPES[problem.dtype].numpy)
+            return _Entry(dense.spec, dense, o_shape, dtype), _device_ptrs(q, k, v)
         spec = select(
             problem.d, problem.dtype, causal, runtime.device_arch(),
             alignment=problem.alignment(pointers=True), gpu_name=runtime.device_name(),
@@ -289,6 +301,13 @@ def _prepare(
     args = hooked.args() if hooked is not None and hooked.hooks else None
     entry = _Entry(spec, plan.bind(full, value * LOG2E, features, hooks=args), (b, h, tq, d), dtype)
     return entry, (q_ptr, k_ptr, v_ptr)
+
+
+def _device_ptrs(q: Any, k: Any, v: Any) -> tuple[int, int, int]:
+    ptrs = tuple(describe(n, x).ptr for n, x in zip("qkv", (q, k, v), strict=True))
+    if any(p is None for p in ptrs):
+        raise ValueError("q, k, v: no device pointer; pass GPUArrays or CUDA arrays")
+    return ptrs  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ used in place, on the legacy default stream, with new GPUArrays out. torch tenso
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,8 +162,6 @@ class _Entry:
 
 _NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
 _entries: dict[tuple[Any, ...], _Entry] = {}  # GPUArray signatures (launch.remember's bound)
-_counters: list[Any] = []  # one int32 zero buffer, left zeroed by the kernel (legacy stream)
-_lock = threading.Lock()
 
 
 def _host_info(name: str, x: np.ndarray) -> ArrayInfo:
@@ -228,7 +225,7 @@ def _on_device(
     if key is None:  # CUDA-array-interface inputs: after the work of the streams they name
         streams = array_args.producer_streams(list(zip(_NAMES, arrays, strict=True)), values)
         launch.wait_for_streams(streams, 0)
-    counters = _counter_buffer(n_c)  # held through the launch: another thread may replace it
+    counters = runtime.decode_counters(n_c)  # held through the launch (another thread may swap)
     pointers = (
         *(array_args.device_ptr(x) for x in (q, k, v, o, lse, o_part, lse_part)),
         int(counters.gpudata), array_args.device_ptr(lens), array_args.device_ptr(table),
@@ -274,16 +271,4 @@ def _prepare(
         (ops.b, ops.tq, ops.h, ops.dv), scratch_sizes(spec, ops.b, ops.h_kv, tiles, n_splits),
         np.dtype(describe("q", q).dtype),
     )  # fmt: skip
-
-
-def _counter_buffer(n: int) -> Any:
-    """A GPUArray of at least n int32 zeros (the kernel leaves them zeroed; the legacy stream
-    orders every call that uses them). The caller holds it through its launch: a bigger one
-    may replace it here meanwhile, and the old one is freed when its last holder lets go."""
-    with _lock:
-        if not _counters or _counters[0].shape[0] < n:
-            buf = runtime.empty((max(n, 1024),), np.int32)
-            runtime.gpu().drv.memset_d32(buf.gpudata, 0, buf.shape[0])
-            _counters[:] = [buf]
-        return _counters[0]
 

@@ -343,6 +343,7 @@ def install_pycuda(monkeypatch: pytest.MonkeyPatch, cc: tuple[int, int] = (9, 0)
     monkeypatch.setattr(runtime, "_pool", None)
     monkeypatch.setattr(runtime, "_pushed", threading.local())
     monkeypatch.setattr(runtime, "_functions", {})
+    monkeypatch.setattr(runtime, "_counters", [])
     monkeypatch.setattr(runtime.atexit, "register", lambda fn: None)
     monkeypatch.delenv("FLASHGEN_ARCH", raising=False)
 

@@ -75,6 +75,7 @@ _gpu: _Gpu | None = None
 _functions: dict[tuple[KernelSpec, str], LaunchPlan] = {}
 _pushed = threading.local()
 _pool: Any = None  # pycuda.tools.DeviceMemoryPool for pooled outputs, made on first use
+_counters: list[Any] = []  # the decode kernel's int32 zeros (`decode_counters`)
 # The arch `device_arch()` reports instead of device 0's while set: flashgen.torch sets it to
 # the arch of the tensor's device, so `kernel_arch` compiles for that GPU.
 _arch_override: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -148,6 +149,7 @@ def _release() -> None:
         return
     _functions.clear()
     _launch.clear()
+    _counters.clear()
     global _pool
     if _pool is not None:
         with contextlib.suppress(Exception):
@@ -448,3 +450,16 @@ def empty(shape: tuple[int, ...], dtype: str | npt.DTypeLike, *, pooled: bool = 
                 _pool = DeviceMemoryPool()
     del state
     return gpuarray.GPUArray(shape, dt, allocator=_pool.allocate)
+
+
+def decode_counters(n: int) -> Any:
+    """A GPUArray of at least n int32 zeros for the decode kernel's split merge (it leaves them
+    zeroed; the legacy default stream orders every call that uses them). The caller holds it
+    through its launch: a bigger one may replace it here meanwhile, and the old one is freed
+    when its last holder lets go."""
+    with _lock:
+        if not _counters or _counters[0].shape[0] < n:
+            buf = empty((max(n, 1024),), np.int32)
+            gpu().drv.memset_d32(buf.gpudata, 0, buf.shape[0])
+            _counters[:] = [buf]
+        return _counters[0]

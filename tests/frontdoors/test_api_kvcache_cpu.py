@@ -135,15 +135,17 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
     cuda = install_libcuda(monkeypatch)
     cuda.decode_params = True
     monkeypatch.setattr(api_kvcache, "_entries", {})
-    monkeypatch.setattr(api_kvcache, "_counters", [])
     cuda.calls = calls
     return cuda
 
 
-def device(shape: tuple[int, ...], dtype: Any = np.float16, at: int = 0) -> Any:
+def device(
+    shape: tuple[int, ...], dtype: Any = np.float16, at: int = 0,
+    strides: tuple[int, ...] | None = None,
+) -> Any:  # fmt: skip
     from _fakecuda import FakeGPUArray
 
-    return FakeGPUArray(shape, dtype, gpudata=at or None)
+    return FakeGPUArray(shape, dtype, gpudata=at or None, strides=strides)
 
 
 def test_a_contiguous_call_passes_its_pointers_sizes_and_strides(fake_gpu: Any) -> None:
@@ -283,3 +285,41 @@ def test_an_empty_cache_runs_with_a_null_pointer(fake_gpu: Any) -> None:
     flashgen.attention_with_kvcache(q, k, v)
     (a,) = fake_gpu.decode_launches
     assert (a["k"], a["v"], a["tk"]) == (0, 0, 0)
+
+
+# ---- flashgen.attention's decode route (runtime/dense_decode.py) -------------------------------
+def test_a_dense_call_with_few_query_rows_runs_the_decode_kernel(fake_gpu: Any) -> None:
+    b, h, h_kv, tq, tk, d = 2, 8, 2, 1, 4096, 64
+    q = device((b, h, tq, d), at=0x1000_0000)
+    k, v = device((b, h_kv, tk, d), at=0x2000_0000), device((b, h_kv, tk, d), at=0x3000_0000)
+    o, lse = flashgen.attention(q, k, v, return_lse=True, softcap=20.0)
+    (a,) = fake_gpu.decode_launches
+    assert (a["q"], a["k"], a["v"], a["o"], a["lse"]) == (
+        0x1000_0000, 0x2000_0000, 0x3000_0000, o.gpudata, lse.gpudata)  # fmt: skip
+    assert (a["cache_seqlens"], a["block_table"], a["tk"], a["tq"], a["kv_group"]) == (
+        0, 0, tk, tq, h // h_kv)  # fmt: skip
+    # (batch, head, token) element strides of the (B, H, T, d) arrays, O contiguous like them
+    assert (a["q_sb"], a["q_sh"]) == (h * tq * d, tq * d)
+    assert (a["k_sb"], a["k_sh"], a["k_st"]) == (h_kv * tk * d, tk * d, d)
+    assert (a["o_sb"], a["o_sh"]) == (h * tq * d, tq * d)
+    assert o.shape == (b, h, tq, d) and lse.shape == (b, h, tq)
+    assert math.isclose(a["softcap"], 20.0)
+
+
+def test_calls_the_decode_kernel_does_not_serve_stay_on_the_forward(fake_gpu: Any) -> None:
+    from flashgen.generator.features import NO_FEATURES
+    from flashgen.runtime.dense_decode import dense_decode
+
+    def route(tq: int, tk: int, dtype: Any = np.float16, d: int = 64) -> Any:
+        q, k = device((1, 4, tq, d), dtype), device((1, 4, tk, d), dtype)
+        return dense_decode(q, k, k, False, 1.0, NO_FEATURES)
+
+    assert route(1, 4096) is not None
+    assert route(17, 4096) is None  # enough query rows for the forward's tiles
+    assert route(1, 255) is None  # too few keys to split
+    assert route(1, 4096, np.float32) is None  # no fp32 decode variant
+    q = device((1, 4, 1, 64), strides=(4 * 72 * 2, 72 * 2, 72 * 2, 2))  # rows 144 B apart
+    assert dense_decode(q, device((1, 4, 4096, 64)), device((1, 4, 4096, 64)), False, 1.0,
+                        NO_FEATURES) is not None  # fmt: skip
+    k = device((1, 4, 4096, 64), strides=(4 * 4096 * 68 * 2, 4096 * 68 * 2, 68 * 2, 2))
+    assert dense_decode(device((1, 4, 1, 64)), k, k, False, 1.0, NO_FEATURES) is None  # 136 B

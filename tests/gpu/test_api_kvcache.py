@@ -120,3 +120,18 @@ def test_out_of_range_device_lengths_and_pages_give_nan_rows() -> None:
     assert np.isfinite(o[0]).all() and np.isfinite(lse[0]).all()
     assert np.isnan(o[1]).all() and np.isnan(lse[1]).all()
     assert np.isnan(o[2]).all() and np.isnan(lse[2]).all()
+
+
+@pytest.mark.parametrize("tq, causal, features", [(1, False, {}), (4, True, {"softcap": 20.0}),
+                                                  (16, True, {"window": (300, 0)})])  # fmt: skip
+def test_flashgen_attentions_decode_route_matches_the_oracle(
+    tq: int, causal: bool, features: dict[str, Any]
+) -> None:
+    """A dense call with few query rows against many keys runs the decode kernel
+    (runtime/dense_decode.py), with the forward's results."""
+    rng = np.random.default_rng(tq)
+    q = rng.standard_normal((2, 16, tq, 128)).astype(ml_dtypes.bfloat16)
+    k, v = (rng.standard_normal((2, 4, 3000, 128)).astype(ml_dtypes.bfloat16) for _ in "kv")
+    o, lse = flashgen.attention(q, k, v, causal=causal, return_lse=True, **features)
+    res = check_outputs(o, lse, q, k, v, causal=causal, scale=128**-0.5, dtype="bf16", **features)
+    assert res.passed, res
