@@ -110,6 +110,8 @@ def attention(
             score_mod=score_mod, mask_mod=mask_mod, aux=aux, **features,
         )  # fmt: skip
     values = feature_values.from_keywords(features, "flashgen.attention")
+    if scale is not None:
+        check_scale(scale, 1)  # every call: a remembered signature's key takes True for 1.0
     hooks = resolve_hooks(score_mod, mask_mod)
     if hooks and spec is not None:
         raise ValueError(

@@ -41,9 +41,8 @@ from typing import Any
 import torch
 
 from flashgen.generator.arch import ARCHS
-from flashgen.kvcache import attention_with_values
+from flashgen.kvcache import attention_with_values, check_call_args
 from flashgen.runtime import append_kernel, feature_values, launch
-from flashgen.runtime.validate import check_scale
 from flashgen.torch_support import (
     device_arch,
     fa_features,
@@ -356,12 +355,17 @@ def flash_attn_with_kvcache(
                 "cache_seqlens=None with k, v: appending needs each sequence's length (where "
                 "its new rows go); pass cache_seqlens"
             )
-        # the attention call's own rules on its values, so a call it refuses writes nothing
-        # (an array feature's layout and device; the scalar ones were read above)
+        # the attention call's own rules, so a call it refuses writes nothing: its scalar
+        # arguments, q's head dims against the cache's, an array feature's layout and device
+        # (the scalar features were read above)
+        check_call_args(causal, softmax_scale, num_splits)
+        if q.shape[3] != k_cache.shape[3] or q.shape[2] % max(int(k_cache.shape[2]), 1):
+            fail(
+                f"q.shape={tuple(q.shape)}, k_cache.shape={tuple(k_cache.shape)}: q's head dim "
+                "must be the cache's, and its heads a multiple of the cache's (GQA)"
+            )
         if feature_values.arrays(values):
             feature_args(values, q, int(q.shape[2]))
-        if softmax_scale is not None:
-            check_scale(softmax_scale, int(q.shape[3]))
         lens = append_kv(k_cache, v_cache, k, v, lens, block_table)
     return attention_with_values(
         q, k_cache, v_cache, lens, block_table, causal, softmax_scale, num_splits,

@@ -311,6 +311,19 @@ def attention_with_kvcache(
     )  # fmt: skip
 
 
+def check_call_args(causal: Any, scale: Any, num_splits: Any) -> None:
+    """The scalar arguments' rules (ValueError naming value, rule and fix), checked on every
+    call: a remembered signature's key would take True for 1 and 1.0."""
+    if causal is not True and causal is not False:
+        raise ValueError(f"causal={causal!r}: must be True or False")
+    if scale is not None:
+        check_scale(scale, 1)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(
+            f"num_splits={num_splits!r}: must be an int >= 0 (0: chosen from the shapes)"
+        )
+
+
 def attention_with_values(
     q: Any, k_cache: Any, v_cache: Any, cache_seqlens: Any, block_table: Any, causal: bool,
     scale: float | None, num_splits: int, return_lse: bool, spec: KernelSpec | None,
@@ -318,12 +331,7 @@ def attention_with_values(
 ) -> Any:  # fmt: skip
     """`attention_with_kvcache` with its features already read into `values`
     (`feature_values.from_keywords`): for a front door that checked them itself."""
-    if causal is not True and causal is not False:
-        raise ValueError(f"causal={causal!r}: must be True or False")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(
-            f"num_splits={num_splits!r}: must be an int >= 0 (0: chosen from the shapes)"
-        )
+    check_call_args(causal, scale, num_splits)
     if spec is not None and not isinstance(spec, KernelSpec):
         fail(f"spec={spec!r}: must be a decode KernelSpec or None")
     variant = spec.name if spec is not None else None

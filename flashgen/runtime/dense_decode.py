@@ -81,13 +81,13 @@ def dense_decode(
             return None
         group = ops.h // ops.h_kv
         spec = decode_spec(ops.d, ops.dv, ops.dtype, causal, ops.tq * group, features.tokens)
-    except (ValueError, SpecError):
+        tiles = row_tiles(spec, ops.tq, group)
+        spec, plan, splits = choose_launch(
+            spec, False, runtime.get_function, ops.b * ops.h_kv * tiles, ops.tk, 0
+        )
+        o_strides = (ops.h * ops.tq * ops.dv, ops.tq * ops.dv, ops.dv)  # (B, H, Tq, dv) dense
+        launch = DecodeLaunch(plan, ops.shape(scale_log2, o_strides), splits, features)
+    except (ValueError, SpecError):  # as the torch route: the forward kernels take the call
         return None
-    tiles = row_tiles(spec, ops.tq, group)
-    spec, plan, splits = choose_launch(
-        spec, False, runtime.get_function, ops.b * ops.h_kv * tiles, ops.tk, 0
-    )
-    o_strides = (ops.h * ops.tq * ops.dv, ops.tq * ops.dv, ops.dv)  # (B, H, Tq, dv) contiguous
-    launch = DecodeLaunch(plan, ops.shape(scale_log2, o_strides), splits, features)
     scratch = scratch_sizes(spec, ops.b, ops.h_kv, tiles, splits)
     return DenseDecodeLaunch(spec, launch, scratch), (ops.b, ops.h, ops.tq, ops.dv)

@@ -41,7 +41,8 @@ def op_args(values: feature_values.Values) -> tuple[Any, ...]:
     )
 
 
-OFF = op_args((None, *((None,) * (len(RUNTIME_FEATURES) - 1))))  # not NO_VALUES itself
+# a tuple equal to NO_VALUES but not it: op_args(NO_VALUES) would return OFF before it exists
+OFF = op_args((None, *((None,) * (len(RUNTIME_FEATURES) - 1))))
 """Every feature off, as op arguments."""
 
 N_FEATURE_ARGS = sum(len(f.params) for f in RUNTIME_FEATURES)

@@ -129,12 +129,14 @@ class TestBeforeTheGpu:
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Any:
     from _fakecuda import install_libcuda, install_pycuda
 
+    import flashgen.api
     from flashgen import api_kvcache
 
     calls = install_pycuda(monkeypatch, cc=(9, 0))
     cuda = install_libcuda(monkeypatch)
     cuda.decode_params = True
     monkeypatch.setattr(api_kvcache, "_entries", {})
+    monkeypatch.setattr(flashgen.api, "_entries", {})  # the decode route's entries too
     cuda.calls = calls
     return cuda
 
@@ -323,3 +325,10 @@ def test_calls_the_decode_kernel_does_not_serve_stay_on_the_forward(fake_gpu: An
                         NO_FEATURES) is not None  # fmt: skip
     k = device((1, 4, 4096, 64), strides=(4 * 4096 * 68 * 2, 4096 * 68 * 2, 68 * 2, 2))
     assert dense_decode(device((1, 4, 1, 64)), k, k, False, 1.0, NO_FEATURES) is None  # 136 B
+
+
+def test_a_remembered_dense_call_still_refuses_a_bool_scale(fake_gpu: Any) -> None:
+    q, k = device((1, 8, 1, 64)), device((1, 8, 512, 64))
+    flashgen.attention(q, k, k, scale=1.0)
+    with pytest.raises(ValueError, match=r"scale=True: must be a real number, not a bool"):
+        flashgen.attention(q, k, k, scale=True)

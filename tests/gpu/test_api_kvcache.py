@@ -129,9 +129,15 @@ def test_flashgen_attentions_decode_route_matches_the_oracle(
 ) -> None:
     """A dense call with few query rows against many keys runs the decode kernel
     (runtime/dense_decode.py), with the forward's results."""
+    import flashgen.api
+    from flashgen.runtime.dense_decode import DenseDecodeLaunch
+
     rng = np.random.default_rng(tq)
     q = rng.standard_normal((2, 16, tq, 128)).astype(ml_dtypes.bfloat16)
     k, v = (rng.standard_normal((2, 4, 3000, 128)).astype(ml_dtypes.bfloat16) for _ in "kv")
+    flashgen.api._entries.clear()
     o, lse = flashgen.attention(q, k, v, causal=causal, return_lse=True, **features)
+    (entry,) = flashgen.api._entries.values()
+    assert type(entry.bound) is DenseDecodeLaunch  # the decode route ran, not the forward
     res = check_outputs(o, lse, q, k, v, causal=causal, scale=128**-0.5, dtype="bf16", **features)
     assert res.passed, res

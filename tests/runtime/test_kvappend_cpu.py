@@ -156,10 +156,15 @@ def test_front_door_refuses_what_it_does_not_support() -> None:
     kh, ones = kc.half(), torch.ones(1, 1, 1, 16, dtype=torch.float16)
     for bad, match in (({"softmax_scale": -1.0}, r"scale=-1.0: must be in"),
                        ({"alibi_slopes": torch.ones(3)}, r"alibi_slopes"),
-                       ({"softcap": float("inf")}, r"softcap=inf")):  # fmt: skip
+                       ({"softcap": float("inf")}, r"softcap=inf"),
+                       ({"causal": 1}, r"causal=1: must be True or False"),
+                       ({"num_splits": True}, r"num_splits=True: must be an int")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             flash_attn_with_kvcache(q.half(), kh, kh, k=ones, v=ones, cache_seqlens=0, **bad)
         assert not kh.any(), bad
+    with pytest.raises(ValueError, match=r"q's head dim must be the cache's"):
+        flash_attn_with_kvcache(q.half()[..., :8], kh, kh, k=ones, v=ones, cache_seqlens=0)
+    assert not kh.any()
 
 
 def _paged_case(seed: int = 0):  # noqa: ANN202
