@@ -10,7 +10,6 @@ used in place, on the legacy default stream, with new GPUArrays out. torch tenso
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +20,10 @@ from flashgen.generator.numerics import LOG2E
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import array_args, feature_values, launch
 from flashgen.runtime import gpu as runtime
+from flashgen.runtime.array_args import host_info
 from flashgen.runtime.decode import DecodeLaunch, decode_spec, row_tiles, scratch_sizes
 from flashgen.runtime.decode_call import DecodeOperands, check_operands, choose_launch
-from flashgen.runtime.validate import ArrayInfo, check_scale, describe
+from flashgen.runtime.validate import check_scale, describe
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # Python 3.10 has no typing.Unpack
@@ -115,9 +115,9 @@ def attention_with_kvcache(
         return (o, lse) if return_lse else o
     q, k_cache, v_cache = (np.ascontiguousarray(x) for x in (q, k_cache, v_cache))
     ops = check_operands(
-        _host_info("q", q), _host_info("k_cache", k_cache), _host_info("v_cache", v_cache),
-        None if block_table is None else _host_info("block_table", block_table),
-        None if lens is None else _host_info("cache_seqlens", lens), seqlen,
+        host_info("q", q), host_info("k_cache", k_cache), host_info("v_cache", v_cache),
+        None if block_table is None else host_info("block_table", block_table),
+        None if lens is None else host_info("cache_seqlens", lens), seqlen,
     )  # fmt: skip
     check_scale(scale, ops.d)
     _check_host_values(ops, lens, block_table)
@@ -162,11 +162,6 @@ class _Entry:
 
 _NAMES = ("q", "k_cache", "v_cache", "cache_seqlens", "block_table")
 _entries: dict[tuple[Any, ...], _Entry] = {}  # GPUArray signatures (launch.remember's bound)
-
-
-def _host_info(name: str, x: np.ndarray) -> ArrayInfo:
-    """A NumPy array's description without its host address (it is copied before use)."""
-    return dataclasses.replace(describe(name, np.ascontiguousarray(x)), ptr=None)
 
 
 def _check_host_values(ops: DecodeOperands, lens: Any, table: Any) -> None:

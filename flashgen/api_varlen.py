@@ -22,6 +22,7 @@ from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import array_args, feature_values, launch
 from flashgen.runtime import gpu as runtime
+from flashgen.runtime.array_args import host_info
 from flashgen.runtime.decode_call import INT_MAX, check_int_array
 from flashgen.runtime.validate import (
     ArrayInfo,
@@ -111,10 +112,10 @@ def attention_varlen(
     q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
     cu_q, cu_k = (np.ascontiguousarray(x) for x in (cu_seqlens_q, cu_seqlens_k))
     problem = check_layout(
-        *(_packed(n, _host_info(n, x)) for n, x in zip("qkv", (q, k, v), strict=True))
+        *(_packed(n, host_info(n, x)) for n, x in zip("qkv", (q, k, v), strict=True))
     )
     _check_dtype(problem.dtype, q.dtype)
-    _check_sequences(_host_info("cu_seqlens_q", cu_q), _host_info("cu_seqlens_k", cu_k))
+    _check_sequences(host_info("cu_seqlens_q", cu_q), host_info("cu_seqlens_k", cu_k))
     longest = _check_host_sequences(cu_q, cu_k, problem.tq, problem.tk)
     _max_or_none("max_seqlen_q", max_seqlen_q)  # checked; the prefix sums give the truth
     _max_or_none("max_seqlen_k", max_seqlen_k)
@@ -168,11 +169,6 @@ class _View:
 
 
 _entries: dict[tuple[Any, ...], _Entry] = {}  # GPUArray signatures (launch.remember's bound)
-
-
-def _host_info(name: str, x: np.ndarray) -> ArrayInfo:
-    """A NumPy array's description without its host address (it is copied before use)."""
-    return dataclasses.replace(describe(name, x), ptr=None)
 
 
 def _check_dtype(name: str, dtype: Any) -> None:

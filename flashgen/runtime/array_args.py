@@ -9,6 +9,7 @@ to `flashgen.torch`); a mix is one ValueError naming each array's type.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from flashgen.generator.features import Feature
 from flashgen.runtime import feature_values
-from flashgen.runtime.validate import cai_stream, describe
+from flashgen.runtime.validate import ArrayInfo, cai_stream, describe
 
 HOST, DEVICE, TORCH = "host", "device", "torch"
 
@@ -52,6 +53,12 @@ def kind_of(names: Sequence[str], arrays: Sequence[Any], torch_call: str) -> str
                else "GPUArrays")  # fmt: skip
         raise ValueError(f"{said}: mixed kinds of arrays; pass every one as NumPy or as {fix}")
     return kinds.pop() if kinds else HOST
+
+
+def host_info(name: str, x: np.ndarray) -> ArrayInfo:
+    """A NumPy array's description without its host address (the front doors copy it to the
+    GPU before use, so its host alignment is not the kernel's)."""
+    return dataclasses.replace(describe(name, np.ascontiguousarray(x)), ptr=None)
 
 
 def _empty(shape: Sequence[int]) -> bool:
