@@ -22,13 +22,14 @@ Gradients: the op is differentiable (fp16/bf16, d <= 128, dv = d; with the windo
 and ALiBi features too) through the custom op `torch.ops.flashgen.attention_backward` (O and
 LSE saved, and the ALiBi slopes; the feature values are passed on to it, and it runs the
 backward variant compiled with the call's features). On an sm_90 GPU (H100/H200) a call that
-fits family wgmma's backward (d 64 or 128, fp16/bf16, not deterministic, TMA-loadable strides)
+fits family wgmma's backward (d a multiple of 8 up to 128, fp16/bf16, TMA-loadable strides)
 runs it (TMA + wgmma, dQ added by bulk reductions); every other call runs family mma's.
-`deterministic=True` picks mma's variant without floating-point atomics, whose dQ, dK and dV
-are bit-identical run to run. FLASHGEN_WGMMA_BWD=0 in the environment keeps sm_90 on mma's
-backward too. The choice is made on a signature's first backward call; `clear_cache()`
-forgets it. A backward through a call the kernels cannot serve (fp32, d > 128, dv != d)
-raises NotImplementedError naming it.
+`deterministic=True` runs the same family's deterministic variant, whose dQ, dK and dV are
+bit-identical run to run: wgmma's adds into dQ in a fixed order (a semaphore per query tile),
+mma's computes dQ without floating-point atomics. FLASHGEN_WGMMA_BWD=0 in the environment
+keeps sm_90 on mma's backward too. The choice is made on a signature's first backward call;
+`clear_cache()` forgets it. A backward through a call the kernels cannot serve (fp32, d > 128,
+dv != d) raises NotImplementedError naming it.
 
 Decoding against a K/V cache (contiguous or paged, variable lengths, split over the keys):
 `attention_with_kvcache`, from `flashgen.kvcache`; FlashAttention's `flash_attn_with_kvcache`

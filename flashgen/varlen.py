@@ -22,14 +22,14 @@ cu_seqlens cannot be checked without a synchronization. A sequence whose key row
 k gets NaN rows (O and LSE); one whose query rows are out of order or outside q gets nothing
 written; rows after the last sequence get zeros (LSE -inf).
 
-Gradients (autograd, or the custom op `flashgen::varlen_attention_backward`) run family
-wgmma's backward compiled with `varlen` (d 64 or 128, dv = d; runtime.backward launches it):
-dq, dk, dv packed like q, k, v (GQA: dk, dv per K/V head), every feature of the forward
-passed on. Its fp32 scratch is padded per sequence to whole query tiles (about total_q + n_seqs * 96
-rows per head). Like the forward it never synchronizes. Rows of q that no sequence covers get
-zero dq, rows of k before cu_seqlens_k[0] or from cu_seqlens_k[n_seqs] on zero dk, dv; a
-sequence whose key rows fall outside k gets NaN dq rows (as its O), and its key range
-nothing; one whose query rows are out of order or outside q gets zero dq and zero dk, dv.
+Gradients (autograd, or the custom op `flashgen::varlen_attention_backward`) run family wgmma's
+backward compiled with `varlen` (d a multiple of 8 up to 128, dv = d; runtime.backward launches
+it): dq, dk, dv packed like q, k, v (GQA: dk, dv per K/V head), every feature of the forward
+passed on. Its fp32 scratch is padded per sequence to whole query tiles (about total_q + n_seqs
+* 96 rows per head). Like the forward it never synchronizes. Rows of q that no sequence covers
+get zero dq, rows of k before cu_seqlens_k[0] or from cu_seqlens_k[n_seqs] on zero dk, dv; a
+sequence whose key rows fall outside k gets NaN dq rows (as its O), and its key range nothing;
+one whose query rows are out of order or outside q gets zero dq and zero dk, dv.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ except ImportError as _exc:  # one line, says what is missing
     ) from None
 
 from flashgen.generator.backward import scratch_shapes
+from flashgen.generator.families.wgmma.bwd import MAX_HEAD_DIM, takes_head_dim
 from flashgen.generator.numerics import LOG2E
 from flashgen.generator.select import select
 from flashgen.generator.spec import KernelSpec
@@ -235,7 +236,6 @@ def _fake(
 
 
 # ---- the backward pass: dQ, dK, dV of packed sequences (family wgmma, `varlen`) -------------
-BWD_HEAD_DIMS = (64, 128)  # family wgmma's backward (families/wgmma/bwd.py: HEAD_DIMS)
 
 
 @dataclass(frozen=True)
@@ -265,10 +265,10 @@ def _bwd_prepare(
     check_tensor("lse", lse, 2, q.device)
     n_seqs = _check_sequences(cu_q, cu_k, q)
     problem = check_layout(_as_batch(q), _as_batch(k), _as_batch(v))
-    if problem.dtype not in ("fp16", "bf16") or problem.d not in BWD_HEAD_DIMS:
+    if problem.dtype not in ("fp16", "bf16") or not takes_head_dim(problem.d):
         fail(
             f"d={problem.d}, dtype={problem.dtype}: the varlen backward (family wgmma) takes "
-            f"d in {BWD_HEAD_DIMS} and fp16/bf16"
+            f"d a multiple of 8 up to {MAX_HEAD_DIM} and fp16/bf16"
         )
     features = feature_args(values, q, problem.h)
     dev = int(q.get_device())
@@ -348,8 +348,11 @@ def _setup_context(ctx: Any, inputs: Any, output: Any) -> None:
     tensors = [a if isinstance(a, torch.Tensor) else None for a in feature_args]
     ctx.feature_args = tuple(None if isinstance(a, torch.Tensor) else a for a in feature_args)
     ctx.unsupported = [] if v.shape[-1] == q.shape[-1] else ["dv != d"]
-    if q.shape[-1] not in BWD_HEAD_DIMS:
-        ctx.unsupported.append(f"head dim {q.shape[-1]} (the varlen backward takes 64 or 128)")
+    if not takes_head_dim(int(q.shape[-1])):
+        ctx.unsupported.append(
+            f"head dim {q.shape[-1]} (the varlen backward takes a multiple of 8 up to "
+            f"{MAX_HEAD_DIM})"
+        )
     ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, *tensors)
 
 
@@ -450,8 +453,8 @@ def flash_attn_varlen_func(
     (paged K/V) is refused: decode against paged caches with `flash_attn_with_kvcache`.
 
     Runs on the current stream, never synchronizes, allocates through torch's caching
-    allocator (CUDA-graph capturable after a first call). Differentiable (d 64 or 128, dv =
-    d): autograd runs the varlen backward (module docstring). Example::
+    allocator (CUDA-graph capturable after a first call). Differentiable (d a multiple of 8 up
+    to 128, dv = d): autograd runs the varlen backward (module docstring). Example::
 
         import torch
         from flashgen.torch import flash_attn_varlen_func

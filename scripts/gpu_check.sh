@@ -137,12 +137,16 @@ stage_tests() {
 }
 
 # the wgmma backward's sanitizer cases (scripts/bwd_sanitize.py patterns): a short problem, one
-# whose 20 steps per block wrap the Q/dO ring, and two feature cases
+# whose 20 steps per block wrap the Q/dO ring, two feature cases, d 96 (run at 128), and the
+# deterministic mode (its semaphores after the dQ accumulator) at d 128 and d 64
 BWD_SANITIZE_CASES=(
   "wgmma_d128_br64_bc128_bf16_noncausal_s2&B2H2kv2q97k131"
   "wgmma_d128_br64_bc128_bf16_noncausal_s2&B1H8kv2q257k129"
   "wgmma_d128&window_softcap&257"
   "wgmma_d64&alibi&257"
+  "wgmma_d96_br64_bc128_bf16_causal_s2&B1H8kv2q257k129"
+  "wgmma_d128_br64_bc128_bf16_noncausal_deterministic_s2&B1H8kv2q257k129"
+  "wgmma_d64_br64_bc128_bf16_causal_deterministic_s3&B1H8kv2q257k129"
 )
 
 stage_sanitize() {
@@ -154,7 +158,7 @@ stage_sanitize() {
     note "sanitize $tool: $line (check failures: $fails)" >>"$out/sanitize.txt"
   done
   # outside pytest: compute-sanitizer crashed on test_backward.py's parallel-compile fixture
-  for tool in memcheck racecheck synccheck; do
+  for tool in memcheck racecheck synccheck initcheck; do  # initcheck: every scratch column zeroed
     line=$(sanitized "$tool" "$out/sanitize-bwd-$tool.log" "$py" scripts/bwd_sanitize.py \
       "${BWD_SANITIZE_CASES[@]}") || rc=1
     fails=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$out/sanitize-bwd-$tool.log" | tail -n1)

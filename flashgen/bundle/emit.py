@@ -773,10 +773,18 @@ def _check_bundled(s: KernelSpec) -> None:
             "bundle's backward launcher passes the features off); bundle the plain backward "
             "variant; backward features in bundles come later"
         )
-    if "deterministic" in s.features:  # its kernels are _pre, main, _dq: not the launcher's
+    if s.direction == "bwd" and s.fam.bwd_whole_tiles and s.fam.d_pad(s) != s.d:
+        raise BundleError(  # its dQ accumulator is d_pad wide; the launcher's workspace d wide
+            f"{s.name}: wgmma backward variants with d={s.d} (not a multiple of 64) are not "
+            f"bundled yet (their dQ accumulator is {s.fam.d_pad(s)} columns wide, the "
+            "launcher's workspace d); bundle a d 64 or 128 variant, or family mma's"
+        )
+    if "deterministic" in s.features:  # mma's kernels are _pre, main, _dq; wgmma's scratch
+        # holds dQ's semaphores after the accumulator: neither is the launcher's
         raise BundleError(
             f"{s.name}: deterministic backward variants are not bundled yet (the bundle's "
-            "launcher runs _pre, main and _post); bundle the variant without deterministic"
+            "launcher runs _pre, main and _post over the fast mode's workspace); bundle the "
+            "variant without deterministic"
         )
     if "varlen" in s.features and s.direction == "bwd":  # its scratch is per sequence
         raise BundleError(

@@ -227,8 +227,8 @@ def spec_options(fn: F) -> F:
             "--direction",
             type=click.Choice(list(DIRECTIONS)),
             help="fwd (default); bwd: the backward pass (dQ, dK, dV; family mma, or wgmma "
-            "on sm_90a, d 64/128); decode: the K/V-cache decode kernel (family mma; build, "
-            "show and inspect).",
+            "on sm_90a, d a multiple of 8 up to 128); decode: the K/V-cache decode kernel "
+            "(family mma; build, show and inspect).",
         ),
     ]
     for option in reversed(options):
@@ -477,12 +477,6 @@ def build(
     target = checked_target(spec, arch) if do_compile or arch is not None else None
     if do_compile:
         nvcc_timeout()
-    if spec not in set(shipped(spec.family, direction=spec.direction)):
-        click.echo(
-            f"note: {spec.name} is not a shipped variant: the property suite has never run it "
-            "(`flashgen check` tests it on a GPU; `flashgen list` shows the shipped ones)",
-            err=True,
-        )
     if bundle_dir is not None:
         _write_bundle([spec], bundle_dir)
     else:
@@ -492,6 +486,13 @@ def build(
         if not unchanged:
             atomic_write(path, data)
         click.echo(f"{'unchanged' if unchanged else 'wrote'} {path} ({_fmt_bytes(len(data))})")
+    # after the write: a write that fails (a bad --out) leaves its error the only line
+    if spec not in set(shipped(spec.family, direction=spec.direction)):
+        click.echo(
+            f"note: {spec.name} is not a shipped variant: the property suite has never run it "
+            "(`flashgen check` tests it on a GPU; `flashgen list` shows the shipped ones)",
+            err=True,
+        )
     if not do_compile:
         return
     try:

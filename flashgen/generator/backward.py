@@ -3,9 +3,13 @@ the pre/post kernels' rows, the fp32 scratch a call allocates, and the `determin
 
 A backward variant is three kernels of one cubin, launched in order (flashgen.runtime.backward):
 `<name>_pre` (D = rowsum(dO * O); zeroes the dQ accumulator), `<name>` (dK, dV, and dQ by fp32
-atomics) and `<name>_post` (the accumulator in the storage dtype) -- or, deterministic (family
-mma), `<name>_dq` (dQ by a block per query tile, no atomics) in place of `_post`. The family's
-own rules are in its folder (families/mma/bwd.py, families/wgmma/bwd.py).
+atomics) and `<name>_post` (the accumulator in the storage dtype). Deterministic, the order of
+dQ's sums is fixed one of two ways (`Family.bwd_ordered_dq`): family mma has `<name>_dq` (dQ by
+a block per query tile, no atomics, no accumulator) in place of `_post`; family wgmma keeps the
+three kernels, and its blocks add into the accumulator one after another per query tile,
+ordered by an int32 semaphore per (batch, head, query tile) that the scratch holds after the
+accumulator (`scratch_shapes`). The family's own rules are in its folder (families/mma/bwd.py,
+families/wgmma/bwd.py).
 """
 
 from __future__ import annotations
@@ -23,9 +27,22 @@ DETERMINISTIC = "deterministic"
 
 
 def is_deterministic(spec: KernelSpec) -> bool:
-    """True for the mode without atomics: dQ by its own kernel, bit-identical gradients."""
+    """True for the deterministic mode: dQ's sums in a fixed order, bit-identical gradients."""
     return DETERMINISTIC in spec.features
 
+
+def has_dq_kernel(spec: KernelSpec) -> bool:
+    """True when dQ has a kernel of its own (`<name>_dq`, family mma's deterministic mode) in
+    place of `<name>_post`: no dQ accumulator then."""
+    return is_deterministic(spec) and not spec.fam.bwd_ordered_dq
+
+
+def semaphores(spec: KernelSpec, b: int, h: int, tq: int) -> int:
+    """The int32 semaphores of a call with variant `spec` (family wgmma, deterministic): one per
+    (batch, head, query tile of BR rows, `Family.bwd_dq_regions`); 0 for every other variant."""
+    if not (is_deterministic(spec) and spec.fam.bwd_ordered_dq):
+        return 0
+    return b * h * -(-tq // spec.br) * spec.fam.bwd_dq_regions(spec)
 
 
 def pre_rows(spec: KernelSpec) -> int:
@@ -69,22 +86,31 @@ def scratch_shapes(
     spec: KernelSpec, b: int, h: int, tq: int, d: int, n_seqs: int = 0
 ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """Shapes of the two fp32 scratch arrays a backward call allocates: d_buf, and the dQ
-    accumulator (None in deterministic mode). mma: (B, H, Tq) and (B, H, Tq, d). wgmma: D and
-    LSE*log2(e) side by side, (B, H, 2, TQP), and (B, H, TQP, d), TQP = `scratch_rows` (a
-    varlen call: B = 1, tq the packed total and `n_seqs` its sequences)."""
+    accumulator (None with a dQ kernel: `has_dq_kernel`). mma: (B, H, Tq) and (B, H, Tq, d).
+    wgmma: D and LSE*log2(e) side by side, (B, H, 2, TQP), and (B, H, TQP, d_pad), TQP =
+    `scratch_rows` and d_pad = d rounded up to 64 (a varlen call: B = 1, tq the packed total
+    and `n_seqs` its sequences); deterministic, the accumulator is (B*H*TQP + S, d_pad): S more
+    rows of d_pad hold the `semaphores` (int32, after the B*H*TQP*d_pad floats; the pre kernel
+    zeroes them)."""
     rows = scratch_rows(spec, tq, n_seqs)
     d_buf = (b, h, 2, rows) if spec.fam.bwd_whole_tiles else (b, h, tq)
-    return d_buf, None if is_deterministic(spec) else (b, h, rows, d)
-
+    if has_dq_kernel(spec):
+        return d_buf, None
+    # wgmma's accumulator holds whole 64-column slabs (d_pad: its math runs there)
+    cols = spec.fam.d_pad(spec) if spec.fam.bwd_whole_tiles else d
+    sems = semaphores(spec, b, h, tq)
+    if sems:
+        return d_buf, (b * h * rows + -(-sems // cols), cols)
+    return d_buf, (b, h, rows, cols)
 
 
 def kernel_names(spec: KernelSpec) -> tuple[str, str, str]:
     """The three kernel symbols of a backward variant, in launch order: (pre, main, post), or
-    deterministic (pre, main, dq)."""
-    last = "dq" if is_deterministic(spec) else "post"
+    with a dQ kernel (pre, main, dq)."""
+    last = "dq" if has_dq_kernel(spec) else "post"
     return (f"{spec.name}_pre", spec.name, f"{spec.name}_{last}")
 
 
 def smems(spec: KernelSpec) -> tuple[int, int, int]:
     """Dynamic shared memory of the three kernels (the pre/post kernels use none)."""
-    return (0, spec.smem_bytes, spec.fam.bwd_dq_smem_bytes(spec) if is_deterministic(spec) else 0)
+    return (0, spec.smem_bytes, spec.fam.bwd_dq_smem_bytes(spec) if has_dq_kernel(spec) else 0)

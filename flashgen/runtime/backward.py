@@ -5,26 +5,30 @@ family's rules are in its folder (families/mma/bwd.py, families/wgmma/bwd.py).
 
 **Host side** (`launch_backward`): validate q, k, v, o, lse (the forward's), dO, the three
 gradient arrays and the call's feature values (as the forward does: `backward_features`);
-allocate the fp32 scratch (D = rowsum(dO ∘ O), (B, H, Tq), and the dQ
-accumulator, (B, H, Tq, d); `scratch_shapes`); launch the three kernels of the one cubin in
-order on one stream:
+allocate the fp32 scratch (D = rowsum(dO ∘ O), (B, H, Tq), and the dQ accumulator,
+(B, H, Tq, d): family mma's shapes, `scratch_shapes` has wgmma's); launch the three kernels of
+the one cubin in order on one stream:
 
   `<name>_pre`   D, and zeroes the dQ accumulator        grid (ceil(Tq/PRE_ROWS), H, B)
   `<name>`       dK, dV (stored once) and dQ (atomicAdd)  grid (ceil(Tk/BC), H_kv, B)
   `<name>_post`  dQ = the accumulator in the storage dtype  grid (ceil(Tq/PRE_ROWS), H, B)
 
-**Deterministic mode** (feature token `deterministic`): no floating-point atomics anywhere, so
-dQ, dK and dV are bit-identical run to run. The order in which blocks add into the fp32 dQ
-accumulator is the only run-to-run freedom of the fast mode; here dQ gets a kernel of its own,
-a block per query tile (as the forward), which recomputes P and dS for every key tile it sees,
-in a fixed order, and sums dS·K in registers. No accumulator, no `_post`:
+**Deterministic mode** (feature token `deterministic`): dQ, dK and dV are bit-identical run
+to run. The order in which blocks add into the fp32 dQ accumulator is the only run-to-run
+freedom of the fast mode. Family mma gives dQ a kernel of its own, a block per query tile (as
+the forward), which recomputes P and dS for every key tile it sees, in a fixed order, and sums
+dS·K in registers. No accumulator, no `_post`:
 
   `<name>_pre`   D only                                   grid (ceil(Tq/PRE_ROWS), H, B)
   `<name>`       dK, dV (stored once); no dQ              grid (ceil(Tk/BC), H_kv, B)
   `<name>_dq`    dQ, stored in the storage dtype          grid (ceil(Tq/BR), H, B)
 
 It recomputes S, P and dP once more (about 2/7 more tensor-core work than the fast mode's
-five GEMMs per tile pair), which is the price of the fixed order.
+five GEMMs per tile pair), which is the price of the fixed order. Family wgmma
+(`Family.bwd_ordered_dq`) keeps the fast mode's three kernels and accumulator: its blocks add
+into a query tile's accumulator one after another, key tiles in descending order, waiting on a
+semaphore per (batch, head, query tile) that the accumulator's scratch holds after it
+(`scratch_shapes`; templates/wgmma_bwd.cu.j2 says how).
 
 All three take one argument list (templates/mma_bwd.cu.j2 documents it; `ABI_FORMAT` here):
 pointers q, k, v, o, do, lse, d_buf, dq_accum, dq, dk, dv; int tq, tk; 24 long long strides
@@ -65,7 +69,7 @@ import numpy as np
 from flashgen.generator import abi
 from flashgen.generator.arch import STATIC_SMEM_LIMIT
 from flashgen.generator.backward import (
-    is_deterministic,
+    has_dq_kernel,
     is_varlen,
     kernel_names,
     pre_rows,
@@ -147,11 +151,12 @@ class BackwardProblem:
         )  # fmt: skip
 
     def grids(self, spec: KernelSpec) -> tuple[tuple[int, int, int], ...]:
-        """Grids of (pre, main, post), or deterministic (pre, main, dq): dq a block per query
-        tile of BR rows of one query head, like the forward. A varlen call (`n_seqs`): pre over
-        the padded scratch rows, main over ceil(total_k / BC) + n_seqs key tiles per K/V head
-        (an upper bound: blocks past the last sequence's tiles end at once), post over the
-        packed query rows (each at least one block)."""
+        """Grids of (pre, main, post), or with a dQ kernel (family mma's deterministic mode:
+        pre, main, dq) dq a block per query tile of BR rows of one query head, like the
+        forward. A varlen call (`n_seqs`): pre over the padded scratch rows, main over
+        ceil(total_k / BC) + n_seqs key tiles per K/V head (an upper bound: blocks past the
+        last sequence's tiles end at once), post over the packed query rows (each at least
+        one block)."""
         f = self.fwd
         if self.n_seqs is not None:
             per_block = pre_rows(spec)
@@ -160,7 +165,7 @@ class BackwardProblem:
             return pre, main, (max(1, -(-f.tq // per_block)), f.h, 1)
         pre = (-(-scratch_rows(spec, f.tq) // pre_rows(spec)), f.h, f.b)  # all scratch rows
         rows = (-(-f.tq // pre_rows(spec)), f.h, f.b)
-        last = (-(-f.tq // spec.br), f.h, f.b) if is_deterministic(spec) else rows
+        last = (-(-f.tq // spec.br), f.h, f.b) if has_dq_kernel(spec) else rows
         return pre, (-(-f.tk // spec.bc), f.kv_heads, f.b), last
 
 
@@ -241,7 +246,7 @@ def validate_backward(
 @dataclass(eq=False)
 class BackwardLaunch:
     """One issued backward: the problem and the fp32 scratch it uses (D and the dQ
-    accumulator; None in deterministic mode, which needs none). Keep it until the stream has
+    accumulator; None with a dQ kernel, which needs none). Keep it until the stream has
     finished when launching with sync=False."""
 
     problem: BackwardProblem
@@ -466,8 +471,8 @@ def issue(
 ) -> None:  # fmt: skip
     """Launch the kernels of `spec` in order on the stream `stream_handle` (a CUstream; 0: the
     legacy default stream): `pointers` are q, k, v, o, dout, lse, d_buf, dq_accum, dq, dk, dv
-    (the two fp32 scratch arrays shaped as `scratch_shapes` says; dq_accum is never read in
-    deterministic mode: pass 0); `features` the call's window, softcap and ALiBi slopes
+    (the two fp32 scratch arrays shaped as `scratch_shapes` says; dq_accum is never read with a
+    dQ kernel: pass 0); `features` the call's window, softcap and ALiBi slopes
     (default: none); `hooks` a hooked variant's aux values. Nothing waits."""
     prepared = Prepared(plan, spec, problem, scale_log2, features, hooks)
     prepared(tuple(int(p or 0) for p in pointers), stream_handle)
@@ -537,8 +542,8 @@ def launch_backward(
     (a softcap variant needs softcap > 0). A hooked variant (family mma) takes its hooks' aux
     values as `hooks` (`features.hook.HookArgs`: device pointers and scalars, the forward's
     values, kept alive by the caller as the slopes are). Everything is validated before
-    anything is issued; the fp32 scratch is allocated here (in deterministic mode only D's:
-    dQ needs no accumulator) and the three kernels are launched in order on `stream` (None:
+    anything is issued; the fp32 scratch is allocated here (with a dQ kernel, family mma's
+    deterministic mode, only D's) and the three kernels are launched in order on `stream` (None:
     the legacy default stream). With `sync` (default) the call waits and raises RuntimeError
     naming the kernel when one fails; without, keep the returned BackwardLaunch (it owns the
     scratch) until the stream is done.
@@ -563,7 +568,7 @@ def launch_backward(
     _launch.wait_for_streams(producers, runtime.stream_handle(stream))
     d_shape, dq_shape = scratch_shapes(spec, f.b, f.h, f.tq, f.d)
     d_buf = runtime.empty(d_shape, "fp32", pooled=True)
-    # the deterministic mode has no dQ accumulator
+    # a dQ kernel (family mma's deterministic mode) needs no accumulator
     dq_accum = None if dq_shape is None else runtime.empty(dq_shape, "fp32", pooled=True)
     pointers = (
         f.q_ptr, f.k_ptr, f.v_ptr, f.o_ptr, problem.do_ptr, f.lse_ptr, int(d_buf.gpudata),

@@ -1,7 +1,7 @@
 """The backward variants on the GPU: dQ, dK, dV of every shipped one against the float64 oracle.
 
 Every shipped variant runs in both modes: the fast one (dQ by fp32 atomics) and the
-deterministic one (feature `deterministic`: dQ by its own kernel per query tile), and the
+deterministic one (feature `deterministic`: dQ's sums in a fixed order), and the
 deterministic one must also give bit-identical gradients on two runs of a problem with many key
 and query tiles.
 
@@ -45,14 +45,22 @@ pytestmark = pytest.mark.gpu
 
 # Shipped variants (both modes), plus probes at a head dim that is padded in-kernel (40 -> 48).
 PROBE = KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
-# Unshipped wgmma backward tiles (sm_90a): one and two consumers, d 64/128, both dtypes.
+# Unshipped wgmma backward tiles (sm_90a): one and two consumers, d 64/128, both dtypes; and head
+# dims that are not a multiple of 64 (run at d_pad: 96 and 72 -> 128, 40 -> 64).
 WGMMA_PROBES = [
     KernelSpec(family="wgmma", direction="bwd", d=d, bc=bc, dtype=dt, causal=c)
     for d, bc, dt, c in ((64, 128, "bf16", True), (128, 128, "bf16", False),
-                         (128, 64, "fp16", True), (64, 64, "fp16", False))
+                         (128, 64, "fp16", True), (64, 64, "fp16", False),
+                         (96, 128, "bf16", True), (96, 128, "fp16", False),
+                         (72, 128, "bf16", False), (40, 64, "fp16", True),
+                         (24, 128, "bf16", False))
 ]  # fmt: skip
 SPECS = shipped(direction="bwd") + [PROBE, PROBE.replace(features=("deterministic",))]
 SPECS += WGMMA_PROBES
+# the wgmma deterministic mode with one consumer (bc 64: one dQ region, no turns)
+SPECS += [WGMMA_PROBES[2].replace(features=("deterministic",))]
+# and at a padded head dim (d 96 run at DP 128: the semaphores after a DP-wide accumulator)
+SPECS += [WGMMA_PROBES[4].replace(features=("deterministic",))]
 DETERMINISTIC = [s for s in SPECS if bwd_shape.is_deterministic(s)]
 
 # (B, H, H_kv, Tq, Tk, logit_max, layouts of q/k/v/o and of do/dq/dk/dv)
@@ -69,10 +77,10 @@ CASES: list[tuple[int, int, int, int, int, float | None, tuple[str, ...], tuple[
 ]
 
 
-def _device_view(x: np.ndarray, layout: str) -> Any:
+def _device_view(x: np.ndarray, layout: str, fill: float = 0.0) -> Any:
     from pycuda import gpuarray
 
-    backing = layout_backing(x, layout, fill=0.0)
+    backing = layout_backing(x, layout, fill=fill)
     buf = runtime.to_device(backing)
     view = layout_view(backing, layout, x.shape[3])
     return gpuarray.GPUArray(view.shape, buf.dtype, gpudata=buf.gpudata, strides=view.strides,
@@ -91,8 +99,13 @@ def _poisoned(shape: tuple[int, ...], dtype: str, layout: str) -> tuple[Any, Any
                                   strides=view.strides, base=buf)  # fmt: skip
 
 
-def _read(buf: Any, layout: str, d: int) -> np.ndarray:
-    return np.array(layout_view(runtime.to_host(buf), layout, d))
+def _read(buf: Any, layout: str, d: int, pads: bool = False) -> np.ndarray:
+    """The (B, H, T, d) array of a gradient buffer; with `pads`, first check that the kernels
+    wrote nothing past d (the "pad" layout's columns keep _poisoned's NaN)."""
+    host = runtime.to_host(buf)
+    if pads and layout == "pad":
+        assert np.isnan(host[..., d:].astype(np.float32)).all(), f"written past d={d}"
+    return np.array(layout_view(host, layout, d))
 
 
 Grads = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -140,7 +153,10 @@ def _run_case(
     if feats.tokens:
         bwd_feats = {"window": window, "softcap": softcap, "alibi_slopes": slopes}
 
-    dod = _device_view(do, glay[0])
+    # family wgmma: dO's pad columns NaN (its TMA maps end at d; nothing else reads dO's rows
+    # past d), and the gradients' pads checked untouched
+    wgmma = spec.family == "wgmma"
+    dod = _device_view(do, glay[0], fill=np.nan if wgmma else 0.0)
     results = []
     for _ in range(runs):
         dq_buf, dq = _poisoned(q.shape, spec.dtype, glay[1])
@@ -148,9 +164,9 @@ def _run_case(
         dv_buf, dv = _poisoned(v.shape, spec.dtype, glay[3])
         backward.launch_backward(spec, qd, kd, vd, o, lse, dod, dq, dk, dv, scale, **bwd_feats)
         results.append((
-            _read(dq_buf, glay[1], spec.d),
-            _read(dk_buf, glay[2], spec.d),
-            _read(dv_buf, glay[3], spec.d),
+            _read(dq_buf, glay[1], spec.d, pads=wgmma),
+            _read(dk_buf, glay[2], spec.d, pads=wgmma),
+            _read(dv_buf, glay[3], spec.d, pads=wgmma),
         ))  # fmt: skip
     return (q, k, v, do), results
 
@@ -351,6 +367,11 @@ WGMMA_FEATURES: list[tuple[tuple[str, ...], int, str, bool, list[FeatureProblem]
     (("window", "softcap"), 64, "fp16", True, [WS_GEMMA, WS_EMPTY]),
     (("window", "softcap"), 128, "bf16", False, [WS_GEMMA, WS_RIGHT]),
     (("window", "softcap", "alibi"), 64, "bf16", True, ALL_THREE[:1]),  # flashgen.torch's pick
+    (("window", "softcap"), 96, "bf16", True, [WS_GEMMA]),  # d_pad 128
+    (("alibi",), 80, "fp16", False, [A_GQA]),
+    # the deterministic mode (dQ's adds ordered by semaphores): also bit-identical twice
+    (("window", "deterministic"), 128, "bf16", True, [W_LEFT, W_TILES]),
+    (("softcap", "deterministic"), 64, "fp16", False, [S_MID]),
 ]
 
 

@@ -35,7 +35,7 @@ def f64(t: Any) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}kv{}q{}k{}".format(*s))
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 72])  # 96, 72: wgmma at d_pad 128 on sm_90
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fast", "deterministic"])
@@ -79,6 +79,50 @@ def test_deterministic_gradients_are_bit_identical_run_to_run(d: int, causal: bo
     for _ in range(3):
         for name, a, c in zip(("dq", "dk", "dv"), first, grads(), strict=True):
             assert torch.equal(a, c), f"{name} differs between runs"
+
+
+# One process's deterministic gradients: their sha256, and the backward family that ran them.
+_ONE_PROCESS = """
+import hashlib, sys
+import torch
+import flashgen.torch as fgt
+
+d, causal = int(sys.argv[1]), sys.argv[2] == "1"
+g = torch.Generator(device="cuda").manual_seed(4321 + d)
+b, h, h_kv, t = 2, 8, 2, 1000
+q, k, v = (torch.randn(b, n, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
+           for n in (h, h_kv, h_kv))
+do = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, generator=g)
+x = [y.requires_grad_() for y in (q, k, v)]
+grads = torch.autograd.grad(fgt.attention(*x, causal=causal, deterministic=True), x, do)
+digest = hashlib.sha256()
+for gr in grads:
+    digest.update(gr.view(torch.int16).cpu().numpy().tobytes())
+# the family of the deterministic backward plan this call compiled and ran
+[family] = {key[5] for key in fgt._bwd_plans if key[4]}
+print(family, digest.hexdigest())
+"""
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_deterministic_gradients_are_bit_identical_across_processes(d: int, causal: bool) -> None:
+    """Two processes, the same inputs: the same bits (and on sm_90, from family wgmma)."""
+    import subprocess
+    import sys
+
+    def one() -> list[str]:
+        run = subprocess.run(
+            [sys.executable, "-c", _ONE_PROCESS, str(d), str(int(causal))],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stdout.split()[-2:]
+
+    first, second = one(), one()
+    assert first == second
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert first[0] == "wgmma"
 
 
 def test_gradients_under_torch_compile_equal_eager_ones() -> None:

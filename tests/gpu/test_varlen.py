@@ -292,6 +292,8 @@ GRAD_CASES = [
     ([256, 17, 0], [0, 400, 70], 4, 4, 64, "bf16", True),  # no key; keys without a query
     ([64, 129, 2000], None, 4, 1, 128, "fp16", True),  # MQA, many key tiles
     ([1] * 40, None, 2, 1, 128, "bf16", False),  # many tiny sequences
+    ([300, 0, 129, 1000], [500, 3, 129, 900], 4, 2, 96, "bf16", True),  # d 96 (run at 128)
+    ([77, 640], None, 4, 4, 72, "fp16", False),  # d 72
 ]
 
 

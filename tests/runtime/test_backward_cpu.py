@@ -130,14 +130,14 @@ def test_a_backward_spec_takes_the_forwards_features_and_round_trips(
         assert f"constexpr bool {token.upper()} = {flag};" in src, token
 
 
-def test_the_mma_backward_features_are_the_forwards_and_deterministic() -> None:
+def test_the_backward_features_are_the_forwards_and_deterministic() -> None:
     from flashgen.generator.families import FAMILIES
 
     assert FAMILIES["mma"].bwd_features == {
         "deterministic", "window", "softcap", "alibi", "scoremod", "maskmod"
     }
     assert FAMILIES["wgmma"].bwd_features == {
-        "window", "softcap", "alibi", "varlen", "scoremod", "maskmod"
+        "deterministic", "window", "softcap", "alibi", "varlen", "scoremod", "maskmod"
     }
 
 
@@ -325,10 +325,11 @@ def test_inspect_explains_a_backward_variant_without_the_forward_traffic_model()
     assert "traffic model  forward variants only" in run.output
 
 
-def test_bundles_refuse_deterministic_backward_variants():
+@pytest.mark.parametrize("family", ["mma", "wgmma"])
+def test_bundles_refuse_deterministic_backward_variants(family):
     from flashgen.bundle.emit import BundleError, bundle_files
 
-    spec = KernelSpec(family="mma", d=64, direction="bwd", features=("deterministic",))
+    spec = KernelSpec(family=family, d=64, direction="bwd", features=("deterministic",))
     with pytest.raises(BundleError, match="deterministic backward variants are not bundled yet"):
         bundle_files([spec])
 

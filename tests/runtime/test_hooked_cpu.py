@@ -393,7 +393,7 @@ def test_the_op_takes_the_summaries_or_none():
         ("sm_90", 128, False, "wgmma"),  # Hopper: the unhooked call's backward family
         ("sm_90", 64, False, "wgmma"),
         ("sm_90", 128, True, "mma"),  # wgmma's backward has no deterministic mode
-        ("sm_90", 96, False, "mma"),  # nor d 96
+        ("sm_90", 96, False, "wgmma"),  # d 96 too (run at 128)
         ("sm_80", 128, False, "mma"),
     ],
 )

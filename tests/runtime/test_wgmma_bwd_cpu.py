@@ -67,8 +67,8 @@ def test_every_wgmma_backward_variant_round_trips_its_name(
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"d": 96}, "d=96: the wgmma backward takes d = 64 or 128"),
-        ({"d": 256}, "d=256: the wgmma backward takes d = 64 or 128"),
+        ({"d": 100}, "d=100: the wgmma backward takes d a multiple of 8 up to 128"),
+        ({"d": 256}, "d=256: the wgmma backward takes d a multiple of 8 up to 128"),
         ({"dtype": "fp32"}, "dtype=fp32: family wgmma needs a tensor-core dtype; use fp16 or bf16"),
         ({"dv": 64}, "dv=64: the backward pass needs v's head dim equal to d=128"),
         ({"br": 128}, "br=128: the wgmma backward's query tile must be 64"),
@@ -87,14 +87,10 @@ def test_every_wgmma_backward_variant_round_trips_its_name(
             "for direction='bwd'",
         ),
         (
-            {"features": ("deterministic",)},
-            "features=('deterministic',): the wgmma backward has no deterministic mode (its dQ "
-            "is added by reductions in any order); use --family mma for bit-identical "
-            "gradients, or drop deterministic",
-        ),
-        (
-            {"features": ("window", "deterministic")},
-            "features=('window', 'deterministic'): the wgmma backward has no deterministic mode",
+            {"features": ("varlen", "deterministic")},
+            "features=('varlen', 'deterministic'): the wgmma backward's deterministic mode "
+            "orders dQ's adds by key tile, which hooks (a mask skips key tiles) and varlen do not "
+            "keep; drop deterministic, or use --family mma for bit-identical gradients",
         ),
         (
             {"features": ("alibi",), "dv": 64},
@@ -141,7 +137,7 @@ def test_the_register_rule_refuses_past_the_consumer_budget(
     with pytest.raises(SpecError) as info:
         bwd(d=128)
     assert info.value.problems == [
-        "d=128, br=64: ~240 registers per consumer thread of the wgmma backward (d + br + 48) "
+        "d=128, br=64: ~240 registers per consumer thread of the wgmma backward (d_pad + br + 48) "
         "exceed the 200 that 2 consumer warpgroups get; lower br"
     ]
     assert bwd(d=64).d == 64  # 176 fits
@@ -178,15 +174,16 @@ def test_the_largest_wgmma_backward_fits_an_sm_90a_block() -> None:
     assert big.smem_bytes <= families.FAMILIES["wgmma"].smem_limit()
 
 
-def test_eight_wgmma_backward_variants_ship_and_bundles_take_them() -> None:
+def test_sixteen_wgmma_backward_variants_ship_and_bundles_take_the_fast_ones() -> None:
     ships = shipped("wgmma", direction="bwd")
-    assert {(s.d, s.dtype, s.causal) for s in ships} == {
-        (d, t, c) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
+    assert {(s.d, s.dtype, s.causal, s.features) for s in ships} == {
+        (d, t, c, f) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
+        for f in ((), ("deterministic",))
     }  # fmt: skip
     # the default tile, 3 stages at d 64 and 2 at d 128 (wgmma_bwd.default_stages)
     assert {(s.d, s.br, s.bc, s.stages) for s in ships} == {(64, 64, 128, 3), (128, 64, 128, 2)}
-    assert len(shipped(direction="bwd")) == len(shipped("mma", direction="bwd")) + 8
-    for spec in ships:  # each bundles (tests/bundle/ checks what it holds)
+    assert len(shipped(direction="bwd")) == len(shipped("mma", direction="bwd")) + 16
+    for spec in (s for s in ships if not s.features):  # (tests/bundle/ checks what it holds)
         assert f"kernels/{spec.name}.cu" in bundle_files([spec])
     # a feature variant does not, as in family mma (tests/runtime/test_backward_cpu.py)
     with pytest.raises(BundleError, match=r"backward variants with window are not bundled yet"):
@@ -431,8 +428,9 @@ def test_torch_takes_the_wgmma_backward_on_sm_90_unless_told_not_to(
     assert fgt._bwd_family(0, problem, False, tensors) == "mma"
     monkeypatch.setenv(fgt.WGMMA_BWD_ENV, "1")
     assert fgt._bwd_family(0, problem, False, tensors) == "wgmma"
-    assert fgt._bwd_family(0, problem, True, tensors) == "mma"  # deterministic: mma's
-    for d, dtype, want in ((96, "bf16", "mma"), (256, "bf16", "mma"), (64, "fp32", "mma"),
+    assert fgt._bwd_family(0, problem, True, tensors) == "wgmma"  # deterministic: its own
+    for d, dtype, want in ((96, "bf16", "wgmma"), (72, "fp16", "wgmma"), (256, "bf16", "mma"),
+                           (100, "bf16", "mma"), (64, "fp32", "mma"),
                            (64, "fp16", "wgmma")):  # fmt: skip
         other, like = _call(d, dtype)
         assert fgt._bwd_family(0, other, False, like) == want, (d, dtype)
@@ -603,8 +601,8 @@ def test_cli_renders_nothing_for_an_invalid_wgmma_backward(tmp_path: Path) -> No
     from flashgen.cli import main
 
     run = CliRunner().invoke(
-        main, ["build", "--family", "wgmma", "--direction", "bwd", "--d", "96", "--no-compile",
+        main, ["build", "--family", "wgmma", "--direction", "bwd", "--d", "200", "--no-compile",
                "--out", str(tmp_path)],
     )  # fmt: skip
     assert run.exit_code == 2
-    assert "d=96: the wgmma backward takes d = 64 or 128" in run.output
+    assert "d=200: the wgmma backward takes d a multiple of 8 up to 128" in run.output

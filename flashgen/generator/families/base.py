@@ -93,6 +93,11 @@ class Family:
     # the backward's fp32 scratch covers whole query tiles (its main kernel reads LSE and D and
     # adds into the dQ accumulator a tile at a time): generator/backward.py `scratch_rows`
     bwd_whole_tiles: bool = False
+    # how its deterministic backward fixes the order of dQ's sums (generator/backward.py):
+    # False, a kernel of its own computes dQ a query tile at a time (no accumulator); True,
+    # the main kernel's blocks add into the accumulator in a fixed order, one after another
+    # per query tile, through semaphores the scratch holds after the accumulator
+    bwd_ordered_dq: bool = False
 
     def d_pad(self, spec: KernelSpec) -> int:
         """The head dim the math runs at: d rounded up to the family's MMA granularity (the
@@ -160,6 +165,11 @@ class Family:
     def context(self, spec: KernelSpec) -> dict[str, Any]:
         """Family-specific values handed to the template (all derived in Python)."""
         return {}
+
+    def bwd_dq_regions(self, spec: KernelSpec) -> int:
+        """With `bwd_ordered_dq`: the column ranges of a query tile's dQ whose adds are ordered
+        separately (a semaphore each per query tile)."""
+        return 1
 
     def bwd_dq_smem_bytes(self, spec: KernelSpec) -> int:
         """Dynamic shared memory of a deterministic backward's dQ kernel (0: none)."""

@@ -92,12 +92,15 @@ class WgmmaFamily(Family):
     def serves_backward(
         self, major: int, d: int, dv: int, dtype: str, deterministic: bool, strided: bool
     ) -> bool:
-        # its backward's rules (bwd.py): d 64 or 128, dv = d, 16-bit storage, no deterministic
-        # mode, and TMA-loadable strides
+        # its backward's rules (bwd.py): d a multiple of 8 up to 128, dv = d, 16-bit storage,
+        # and TMA-loadable strides (the deterministic mode too: `Family.bwd_ordered_dq`)
         return (
             super().serves_backward(major, d, dv, dtype, deterministic, strided)
-            and d in wgmma_bwd.HEAD_DIMS and dv == d and dtype in ("fp16", "bf16") and strided
+            and wgmma_bwd.takes_head_dim(d) and dv == d and dtype in ("fp16", "bf16") and strided
         )  # fmt: skip
+
+    def bwd_dq_regions(self, spec: KernelSpec) -> int:
+        return wgmma_bwd.dq_regions(spec)
 
     def check(self, spec: KernelSpec) -> list[str]:
         if spec.direction == "bwd":
@@ -216,18 +219,25 @@ WGMMA = WgmmaFamily(
     ),
     bwd_prefix=(tensor_map("tm_q"), tensor_map("tm_k"), tensor_map("tm_v"), tensor_map("tm_do")),
     # the backward: 64 query rows per step, 128 keys (two consumer warpgroups) per block;
-    # the forward's run-time features, no deterministic mode (bwd.py); user hooks as in the
+    # the forward's run-time features, the deterministic mode (dQ's adds ordered by
+    # semaphores: bwd_ordered_dq; not with hooks or varlen: bwd.py); user hooks as in the
     # forward (templates/wgmma_bwd.cu.j2; not with varlen: `hook_rule`)
     bwd_template="wgmma_bwd.cu.j2",
     bwd_tile=wgmma_bwd.DEFAULT_TILE,
-    bwd_features=frozenset({*TOKENS, "varlen", "scoremod", "maskmod"}),
+    bwd_features=frozenset({*TOKENS, "varlen", "scoremod", "maskmod", "deterministic"}),
+    bwd_ordered_dq=True,
     # scoremod / maskmod: user hooks in the forward (features/hook.py; templates/wgmma.cu.j2;
     # not with varlen, nor at br 192: `hook_rule`)
     features=frozenset({*TOKENS, "varlen", "scoremod", "maskmod"}),
     bwd_whole_tiles=True,
-    # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128); no
-    # deterministic variant (the mma one serves that mode on every GPU)
-    bwd_axes={"d": (64, 128), "dtype": ("fp16", "bf16"), "causal": (False, True)},
+    # shipped at the default tile (br 64, bc 128) and stages (3 at d 64, 2 at d 128), fast and
+    # deterministic
+    bwd_axes={
+        "d": (64, 128),
+        "dtype": ("fp16", "bf16"),
+        "causal": (False, True),
+        "features": ((), ("deterministic",)),
+    },
     archs=("sm_90a",),
     knobs=(("stages", "s"),),
     shipped_features=(("window",), ("softcap",), ("alibi",), ("window", "softcap")),

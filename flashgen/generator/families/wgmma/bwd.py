@@ -11,15 +11,27 @@ backward's three, `<name>_pre`, `<name>`, `<name>_post`, with the same grids and
 (backward.ABI_FORMAT), each preceded by four tensor maps (tm_q, tm_k, tm_v, tm_do: tma.py
 builds them, backward.Prepared passes them). The forward's run-time features (`window`,
 `softcap`, `alibi`: the ABI's last four arguments) are compile-time tokens as in family mma's
-backward; no `deterministic` mode (spec.py's `_check_backward` refuses it), dv = d, and d a
-multiple of 64 up to 128 (so d_pad = d).
+backward; dv = d, and d a multiple of 8 up to 128. The math runs at d_pad = d rounded up to
+64 (the forward's rule): the TMA zero-fills each 64-column slab past d, S^T and dP^T take only
+the k-steps over real columns, dK and dV are d_pad wide in registers and stored d wide, and
+the dQ accumulator is d_pad wide (`backward.scratch_shapes`). The `deterministic` mode keeps
+the three kernels: the blocks add into a query tile's dQ accumulator in descending key-tile
+order, waiting on a semaphore per (batch, head, query tile) that the scratch holds after the
+accumulator (generator/backward.py `scratch_shapes`); not with hooks (a mask may skip a key
+tile's step, which the order counts on) nor varlen.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from flashgen.generator.backward import PRE_LANES_PER_ROW, kernel_names, pre_rows
+from flashgen.generator.backward import (
+    PRE_LANES_PER_ROW,
+    is_deterministic,
+    is_varlen,
+    kernel_names,
+    pre_rows,
+)
 from flashgen.generator.features.hook import hook_tokens
 
 if TYPE_CHECKING:
@@ -29,7 +41,7 @@ if TYPE_CHECKING:
 # Keys a consumer warpgroup owns (the M of its m64nNk16 dK/dV accumulators).
 KEYS_PER_CONSUMER = 64
 # The values each knob may take, and the tile a backward spec gets when it names none.
-HEAD_DIMS = (64, 128)
+MAX_HEAD_DIM = 128  # d: a multiple of 8 (16-byte TMA rows) up to this (dK and dV in registers)
 QUERY_TILES = (64,)  # br: query rows per step (the N of S^T = K Q^T; dS^T rows are one 128-B atom)
 KEY_TILES = (64, 128)  # bc: keys per block
 STAGES = (2, 3)  # depth of the Q/dO ring (1: no prefetch; d128 bc64 s1 also spilled 16 B)
@@ -49,6 +61,10 @@ DQ_COLS = 64
 # (VARLEN_SORT_MAX + VARLEN_SORT_MAX + 1 ints; see the main kernel).
 VARLEN_SORT_MAX = 256
 VARLEN_SEQ_BYTES = 4 * (8 + 2 * VARLEN_SORT_MAX + 1)
+# A deterministic variant's block keeps its semaphores' address, the next key tile's query
+# tiles and each consumer's pending semaphore in shared memory after the barriers (the
+# template's DET_INFO ints).
+DET_INFO_BYTES = 4 * 8
 
 
 def default_stages(spec: KernelSpec) -> int:
@@ -58,31 +74,53 @@ def default_stages(spec: KernelSpec) -> int:
     return 3 if spec.d <= 64 else 2
 
 
+def takes_head_dim(d: int) -> bool:
+    """Whether the wgmma backward takes head dim `d` (and dv = d): a multiple of 8 up to
+    MAX_HEAD_DIM."""
+    return d % 8 == 0 and 8 <= d <= MAX_HEAD_DIM
+
+
+def d_pad(spec: KernelSpec) -> int:
+    """The head dim the math runs at: the family's (`WgmmaFamily.d_pad`: d rounded up to 64,
+    one 128-byte slab per 64 columns)."""
+    return spec.fam.d_pad(spec)
+
+
 def consumers(spec: KernelSpec) -> int:
     """Consumer warpgroups: one per 64 keys of the block."""
     return max(1, spec.bc // KEYS_PER_CONSUMER)
 
 
+def dq_regions(spec: KernelSpec) -> int:
+    """The column ranges of dQ one bulk reduce covers (the template's DQ_REGIONS): one per
+    consumer when each owns d_pad / consumers columns (a multiple of DQ_COLS; the template's
+    DQ_SPLIT is over DP), else one (the consumers take whole steps in turn). The deterministic
+    mode orders each separately: a semaphore per (batch, head, query tile, region)."""
+    n = consumers(spec)
+    return n if (d_pad(spec) // n) % DQ_COLS == 0 else 1
+
+
 def register_estimate(spec: KernelSpec) -> int:
-    """Registers per consumer thread: dK and dV (d/2 each), S^T and dP^T (br/2 each), plus
+    """Registers per consumer thread: dK and dV (d_pad/2 each), S^T and dP^T (br/2 each), plus
     BWD_INDEX_REGS."""
-    return spec.d + spec.br + BWD_INDEX_REGS
+    return d_pad(spec) + spec.br + BWD_INDEX_REGS
 
 
 def smem_bytes(spec: KernelSpec) -> int:
-    """K and V of the block, a ring of `stages` Q and dO tiles, two dS^T buffers (bc x br
-    each), the fp32 dQ of a query tile (br x d), the alignment slack and the mbarriers (one
-    for K/V, full and empty per stage for Q and for dO); a varlen variant's sequence after
-    them (VARLEN_SEQ_BYTES). Without hooks or varlen, each ring slot also holds its tile's D
-    and LSE*log2(e) rows (fp32, bulk-copied with dO and Q); the hooked and varlen kernels read
-    them from global memory (the template's `ld_smem`)."""
+    """K and V of the block, a ring of `stages` Q and dO tiles (d_pad columns each), two dS^T
+    buffers (bc x br each), the fp32 dQ of a query tile (br x d_pad), the alignment slack and
+    the mbarriers (one for K/V, full and empty per stage for Q and for dO); a varlen variant's
+    sequence after them (VARLEN_SEQ_BYTES). Without hooks or varlen, each ring slot also holds
+    its tile's D and LSE*log2(e) rows (fp32, bulk-copied with dO and Q); the hooked and varlen
+    kernels read them from global memory (the template's `ld_smem`)."""
     item = spec.dtype_info.itemsize
-    d, br, bc, n = spec.d, spec.br, spec.bc, spec.stages
+    d, br, bc, n = d_pad(spec), spec.br, spec.bc, spec.stages
     tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
     varlen = "varlen" in spec.features
     rows = 0 if hook_tokens(spec.features) or varlen else 4 * 2 * n * br
     seq = VARLEN_SEQ_BYTES if varlen else 0
-    return SMEM_ALIGN + tiles + 4 * br * d + rows + 8 * (1 + 4 * n) + seq
+    det = DET_INFO_BYTES if is_deterministic(spec) else 0
+    return SMEM_ALIGN + tiles + 4 * br * d + rows + 8 * (1 + 4 * n) + seq + det
 
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
@@ -91,10 +129,11 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
     are spec.py's `_check_backward` (`Family.bwd_features`), checked before; a hook's rules
     beyond every family's are the forward's (`WgmmaFamily.hook_rule`: no varlen)."""
     p = fam.tensor_core_rule(spec) + fam.hook_rule(spec)
-    if spec.d not in HEAD_DIMS:
+    if not takes_head_dim(spec.d):
         p.append(
-            f"d={spec.d}: the wgmma backward takes d = 64 or 128 (64-column TMA slabs, dK and "
-            "dV in registers); try 128, or --family mma for other head dims"
+            f"d={spec.d}: the wgmma backward takes d a multiple of 8 up to {MAX_HEAD_DIM} "
+            "(16-byte TMA rows, dK and dV in registers); try 128, or --family mma for other "
+            "head dims"
         )
     if spec.br not in QUERY_TILES:
         p.append(
@@ -116,19 +155,25 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
         p.append(
             f"stages={spec.stages}: the wgmma backward's Q/dO ring depth must be 2 or 3; try 2"
         )
+    if is_deterministic(spec) and (hook_tokens(spec.features) or is_varlen(spec)):
+        p.append(
+            f"features={tuple(spec.features)!r}: the wgmma backward's deterministic mode orders "
+            "dQ's adds by key tile, which hooks (a mask skips key tiles) and varlen do not "
+            "keep; drop deterministic, or use --family mma for bit-identical gradients"
+        )
     if not p:
         budget = fam.register_split(spec)[1]
         regs = register_estimate(spec)
         if regs > budget:
             p.append(
                 f"d={spec.d}, br={spec.br}: ~{regs} registers per consumer thread of the wgmma "
-                f"backward (d + br + {BWD_INDEX_REGS}) exceed the {budget} that "
+                f"backward (d_pad + br + {BWD_INDEX_REGS}) exceed the {budget} that "
                 f"{consumers(spec)} consumer warpgroups get; lower br"
             )
         p += fam.smem_rule(
             spec,
-            "1024 + 2*(2*bc*d + 2*stages*br*d + 2*bc*br) + 4*br*d + 8*br*stages (dense, no "
-            "hooks) + 8*(1 + 4*stages)",
+            "1024 + 2*(2*bc*dp + 2*stages*br*dp + 2*bc*br) + 4*br*dp + 8*br*stages (dense, no "
+            "hooks) + 8*(1 + 4*stages), dp = d rounded up to 64",
             "lower stages, br or bc",
         )
     return p
@@ -143,7 +188,7 @@ def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
     # S^T = K Q^T and dP^T = V dO^T: 64 keys x br per consumer, both operands in shared memory
     sdp = Wgmma(n=spec.br, a_regs=False, trans_b=False, mma_type=mt)
     # dV += P^T dO and dK += dS^T Q: 64 keys x d, A (P^T, dS^T) from registers, B N-major
-    dkv = Wgmma(n=spec.d, a_regs=True, trans_b=True, mma_type=mt)
+    dkv = Wgmma(n=d_pad(spec), a_regs=True, trans_b=True, mma_type=mt)
     # dQ = dS K over all bc keys, one 64-column slab of d at a time (the template's CHUNK: 32
     # accumulators, not d/2); dS^T in shared memory read M-major
     dq = Wgmma(n=DQ_COLS, a_regs=False, trans_b=True, mma_type=mt, trans_a=True)
@@ -151,6 +196,8 @@ def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
     names = kernel_names(spec)
     return {
         "consumers": n_cons,
+        "deterministic": is_deterministic(spec),
+        "dq_regions": dq_regions(spec),
         "stages": spec.stages,
         "producer_regs": producer,
         "consumer_regs": consumer,
