@@ -47,6 +47,7 @@ def test_a_hooked_wgmma_backward_is_named_by_its_hooks_and_round_trips():
         ((library.softcap_hook,), {"features": ("softcap",)}, "write the built-in score mod"),
         ((library.softcap_hook, library.alibi_hook), {}, "2 scoremod hooks"),
         ((library.causal_hook,), {"features": ("deterministic",)}, "deterministic"),
+        ((library.causal_hook,), {"d": 64, "br": 128}, "128-row query tile is for dense kernels"),
     ],
 )
 def test_spec_rules_refuse_what_the_hooked_wgmma_backward_does_not_do(hooks, changes, rule):

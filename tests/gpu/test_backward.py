@@ -54,6 +54,9 @@ WGMMA_PROBES = [
                          (96, 128, "bf16", True), (96, 128, "fp16", False),
                          (72, 128, "bf16", False), (40, 64, "fp16", True),
                          (24, 128, "bf16", False))
+] + [  # d 64's 128 x 128 tile
+    KernelSpec(family="wgmma", direction="bwd", d=64, br=128, bc=128, dtype=dt, causal=c)
+    for dt, c in (("bf16", True), ("fp16", False))
 ]  # fmt: skip
 SPECS = shipped(direction="bwd") + [PROBE, PROBE.replace(features=("deterministic",))]
 SPECS += WGMMA_PROBES
@@ -256,13 +259,16 @@ def _runs_here(spec: KernelSpec) -> str | None:
 
 
 def _bwd_spec(
-    family: str, d: int, dtype: str, causal: bool, features: tuple[str, ...]
-) -> KernelSpec | Unbuilt:
+    family: str, d: int, dtype: str, causal: bool, features: tuple[str, ...],
+    **tile: int,
+) -> KernelSpec | Unbuilt:  # fmt: skip
     label = f"{family}-d{d}-{dtype}-{'causal' if causal else 'noncausal'}-{'+'.join(features)}"
+    label += "".join(f"-{k}{v}" for k, v in tile.items())
     try:
         spec = KernelSpec(
-            family=family, d=d, dtype=dtype, causal=causal, direction="bwd", features=features
-        )
+            family=family, d=d, dtype=dtype, causal=causal, direction="bwd", features=features,
+            **tile,  # type: ignore[arg-type]
+        )  # fmt: skip
     except SpecError as exc:  # reported by the test (a failure), not at collection
         return Unbuilt(label, f"KernelSpec refuses {label}: {exc}", refused=True)
     reason = _runs_here(spec)
@@ -393,6 +399,11 @@ def _feature_params() -> list[Any]:
         rows += [(spec, p) for p in (W_EMPTY, W_LEFT, W_TILES)]
     for feats, d, dtype, causal, problems in WGMMA_FEATURES:
         spec = _bwd_spec("wgmma", d, dtype, causal, feats)
+        rows += [(spec, p) for p in problems]
+    # the 128-row query tile (d 64, bc 128) with the features its rules take: window, ALiBi
+    for feats, dtype, causal, problems in ((("window",), "bf16", True, [W_LEFT, W_TILES]),
+                                           (("alibi",), "fp16", False, [A_GQA])):  # fmt: skip
+        spec = _bwd_spec("wgmma", 64, dtype, causal, feats, br=128, bc=128)
         rows += [(spec, p) for p in problems]
     params = []
     for spec, problem in rows:

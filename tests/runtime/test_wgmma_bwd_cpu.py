@@ -71,8 +71,19 @@ def test_every_wgmma_backward_variant_round_trips_its_name(
         ({"d": 256}, "d=256: the wgmma backward takes d a multiple of 8 up to 128"),
         ({"dtype": "fp32"}, "dtype=fp32: family wgmma needs a tensor-core dtype; use fp16 or bf16"),
         ({"dv": 64}, "dv=64: the backward pass needs v's head dim equal to d=128"),
-        ({"br": 128}, "br=128: the wgmma backward's query tile must be 64"),
-        ({"br": 32}, "br=32: the wgmma backward's query tile must be 64"),
+        ({"br": 128}, "br=128: the wgmma backward's 128-row query tile needs d = 64 and bc = 128"),
+        ({"br": 32}, "br=32: the wgmma backward's query tile must be 64 or 128"),
+        ({"d": 64, "br": 128, "bc": 64}, "br=128: the wgmma backward's 128-row query tile needs"),
+        ({"d": 64, "br": 128, "features": ("varlen",)},
+         "br=128: the wgmma backward's 128-row query tile is for dense kernels without hooks"),
+        ({"d": 64, "br": 128, "features": ("softcap",)},
+         "br=128: the wgmma backward's 128-row query tile does not take softcap"),
+        ({"d": 64, "br": 128, "features": ("deterministic",)},
+         "br=128: the wgmma backward's 128-row query tile has no deterministic mode"),
+        ({"d": 40, "br": 128}, "br=128: the wgmma backward's 128-row query tile needs d = 64"),
+        # 3 stages: 233576 B of shared memory
+        ({"d": 64, "br": 128, "stages": 3},
+         "smem=233576 B: exceeds the 232448 B per block of sm_90a"),
         ({"bc": 192}, "bc=192: the wgmma backward's key tile must be 64 or 128"),
         ({"bc": 32}, "bc=32: the wgmma backward's key tile must be 64 or 128"),
         ({"stages": 4}, "stages=4: the wgmma backward's Q/dO ring depth must be 2 or 3"),
@@ -126,6 +137,25 @@ def test_a_wgmma_backward_takes_the_forwards_features_and_round_trips(
     assert bwd_shape.kernel_names(spec) == tuple(
         n.replace(plain.name, spec.name) for n in bwd_shape.kernel_names(plain)
     )
+
+
+WIDE = "flash_bwd_wgmma_d64_br128_bc128_bf16_causal_s2"
+
+
+@pytest.mark.parametrize("features", [(), ("window",), ("alibi",), ("window", "alibi")])
+def test_the_128_row_query_tile_at_d64_takes_two_stages_and_round_trips(
+    features: tuple[str, ...],
+) -> None:
+    spec = bwd(d=64, br=128, causal=True, features=features)
+    assert spec.name == WIDE.replace("_causal_", "_".join(("_causal", *features)) + "_")
+    assert KernelSpec.from_name(spec.name) == spec
+    assert (spec.bc, spec.stages, spec.warps) == (128, 2, 12)  # 3 stages do not fit
+    assert wgmma_bwd.wide(spec) and not wgmma_bwd.wide(bwd(d=64))
+    # d + br + 48 = 240: the two consumers' budget exactly
+    assert wgmma_bwd.register_estimate(spec) == 240 == families.WGMMA_REGS[2][1]
+    # 1024 + K, V + a 2-slot Q/dO ring + 2 x 2 dS^T buffers + dQ + D/LSE rows + barriers
+    assert spec.smem_bytes == 1024 + 32768 + 65536 + 65536 + 32768 + 2048 + 72 == 199752
+    assert bwd(d=64).br == 64  # not the default
 
 
 def test_the_register_rule_refuses_past_the_consumer_budget(
@@ -227,6 +257,16 @@ def test_the_context_for_d128_br64_bc128() -> None:
     assert (ctx["d_pad"], ctx["dv_pad"], ctx["threads"], ctx["warps"]) == (128, 128, 384, 12)
     assert (ctx["smem_bytes"], ctx["min_blocks"], ctx["ctype"]) == (198728, 1, "__nv_bfloat16")
     assert ctx["dq_fn"].endswith("_ta_tb")
+
+
+def test_the_context_of_the_128_row_tile() -> None:
+    ctx = context(KernelSpec.from_name(WIDE))
+    assert ctx["wide"] and not context(bwd(d=64))["wide"]
+    # S^T and dP^T of 64 keys x 128 queries; dV, dK and dQ as at br 64 (N = d = 64)
+    assert ctx["sdp_fn"] == Wgmma(n=128, a_regs=False, trans_b=False, mma_type="bf16").fn
+    assert ctx["dkv_fn"] == Wgmma(n=64, a_regs=True, trans_b=True, mma_type="bf16").fn
+    assert ctx["dq_fn"] == Wgmma(64, False, True, "bf16", trans_a=True).fn
+    assert (ctx["stages"], ctx["consumers"], ctx["smem_bytes"]) == (2, 2, 199752)
 
 
 def test_one_consumer_takes_dq_whole_and_fp16_uses_f16_wrappers() -> None:
@@ -492,7 +532,7 @@ def test_torch_builds_the_backward_plan_of_the_calls_features(
 
 
 # ---- rendering and nvcc (once the template exists) ----------------------------------------------
-COMPILED = ["flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s2", NAME]
+COMPILED = ["flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s2", NAME, WIDE]
 
 
 @needs_template
@@ -548,6 +588,54 @@ def test_the_d_and_lse_rows_ride_in_the_q_and_do_transactions() -> None:
     assert "DQ_BYTES + 2 * STAGES * LD_BYTES + 8 * BARRIERS" in src  # the static_assert
     # every consumer thread arrives on the empty barriers (each read the rows itself)
     assert "mbar_init(&q_empty[s], 128 * CONSUMERS);" in src
+
+
+@needs_template
+def test_the_128_row_tile_splits_dq_by_query_rows_and_reads_d_and_lse_where_used() -> None:
+    from flashgen.generator.render import render
+
+    src = render(KernelSpec.from_name(WIDE)).source
+    assert "static_assert(BR == 128 && D == 64 && CONSUMERS == 2," in src
+    consumers = src[src.index("consumers =====") :]
+    # D and LSE_2 read per n-tile from the ring slot, not as arrays of BR / 4 ahead
+    assert "float l2[BR / 4];" not in consumers and "float dd[BR / 4];" not in consumers
+    assert "const float2 l2 = ld_col(lds_t + BR, nt);" in consumers
+    # P^T, dV and dS^T by query halves: dV's half 0 is issued before dP^T is waited for
+    at = consumers.index
+    assert at("pack_half(s_acc, p_frag, hq);") < at("wgmma_wait<1>();  // dP^T has landed")
+    assert at("wgmma_wait<1>();  // dP^T has landed") < at("pack_half(dp_acc, ds_frag, hq);")
+    # dS^T in 64-query slabs; each consumer reduces its own 64 rows of dQ every step
+    assert "(k / 4) * 64 * CHUNK * E16 + (((2 * (k % 4) + m / 2) ^ (lane % 8)) * 16)" in consumers
+    assert "bulk_reduce_add(dq_accum + rows * D, dQs + c * 64 * CHUNK, 64 * CHUNK" in consumers
+    assert "my_dq" not in consumers
+    # the post kernel reads each 64-row half of a tile as a 64-row tile
+    assert "const int r = row % 64;" in src[src.index(f"{WIDE}_post(") :]
+    # the br 64 kernel is as it was
+    plain = render(bwd(d=64, causal=True)).source
+    assert "pack_half" not in plain and "columns(lds_t + BR, l2);" in plain
+
+
+@needs_template
+@pytest.mark.parametrize(
+    "name",
+    [WIDE, "flash_bwd_wgmma_d64_br128_bc128_fp16_noncausal_s2",
+     "flash_bwd_wgmma_d64_br128_bc128_bf16_causal_window_alibi_s2"],
+)  # fmt: skip
+def test_the_128_row_tile_compiles_without_spills_or_serialized_wgmma(
+    name: str, nvcc_required: Path
+) -> None:
+    from flashgen.generator.compile import BASE_FLAGS, run_nvcc
+    from flashgen.generator.render import render
+    from flashgen.generator.report import parse_ptxas
+
+    spec = KernelSpec.from_name(name)
+    _, log = run_nvcc([*BASE_FLAGS, "-cubin", "-arch=sm_90a"], render(spec).source)
+    for symbol in bwd_shape.kernel_names(spec):
+        r = parse_ptxas(log, symbol, "sm_90a")
+        assert r.registers > 0 and r.spill_bytes == 0, (symbol, r)
+    # C7510-C7515: ptxas serialized the wgmmas (e.g. C7512, too few registers: every wgmma
+    # waited for before the next, which a dQ issued while dV still held P^T brought about)
+    assert "C751" not in log, log
 
 
 @needs_template

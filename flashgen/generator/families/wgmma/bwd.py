@@ -18,7 +18,10 @@ the dQ accumulator is d_pad wide (`backward.scratch_shapes`). The `deterministic
 the three kernels: the blocks add into a query tile's dQ accumulator in descending key-tile
 order, waiting on a semaphore per (batch, head, query tile) that the scratch holds after the
 accumulator (generator/backward.py `scratch_shapes`); not with hooks (a mask may skip a key
-tile's step, which the order counts on) nor varlen.
+tile's step, which the order counts on) nor varlen. Query tiles of 64 rows; or of 128
+(WIDE_TILE: d = 64, bc = 128, dense, unhooked, not deterministic, 2 stages), FA3/FA4's
+128 x 128 tile for head dim 64: S^T and dP^T of 64 keys x 128 queries per consumer, dS^T stored
+as two 64-query slabs, dQ split by query rows between the two consumers.
 """
 
 from __future__ import annotations
@@ -42,7 +45,13 @@ if TYPE_CHECKING:
 KEYS_PER_CONSUMER = 64
 # The values each knob may take, and the tile a backward spec gets when it names none.
 MAX_HEAD_DIM = 128  # d: a multiple of 8 (16-byte TMA rows) up to this (dK and dV in registers)
-QUERY_TILES = (64,)  # br: query rows per step (the N of S^T = K Q^T; dS^T rows are one 128-B atom)
+# br: query rows per step (the N of S^T = K Q^T). 64: a dS^T row is one 128-byte swizzle atom of
+# queries. 128: only as WIDE_TILE (see `wide`).
+QUERY_TILES = (64, 128)
+# The 128-row query tile: d and bc it needs. S^T and dP^T take 64 registers each (m64n128)
+# beside dK and dV (32 each at d = 64): d = 128's dK and dV leave no room. Two consumers (bc
+# 128) split dQ by query rows, 64 each.
+WIDE_TILE = {"br": 128, "d": 64, "bc": 128}
 KEY_TILES = (64, 128)  # bc: keys per block
 STAGES = (2, 3)  # depth of the Q/dO ring (1: no prefetch; d128 bc64 s1 also spilled 16 B)
 DEFAULT_TILE = (64, 128)  # (br, bc)
@@ -67,11 +76,16 @@ VARLEN_SEQ_BYTES = 4 * (8 + 2 * VARLEN_SORT_MAX + 1)
 DET_INFO_BYTES = 4 * 8
 
 
+def wide(spec: KernelSpec) -> bool:
+    """The 128-row query tile (WIDE_TILE): dS^T in 64-query slabs, dQ split by query rows."""
+    return spec.br == WIDE_TILE["br"]
+
+
 def default_stages(spec: KernelSpec) -> int:
     """Q/dO ring depth when the spec names none: 3 at d = 64 (measured 3-5% over 2 on the
     H200, bench/results/*-wgmma-bwd-sweep.json), 2 at d = 128 (3 is no faster and takes
-    227 KB of shared memory)."""
-    return 3 if spec.d <= 64 else 2
+    227 KB of shared memory) and at br = 128 (3 needs 228 KB: over the 227 KB limit)."""
+    return 3 if spec.d <= 64 and not wide(spec) else 2
 
 
 def takes_head_dim(d: int) -> bool:
@@ -125,7 +139,8 @@ def smem_bytes(spec: KernelSpec) -> int:
 
 def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
     """Every broken rule of a backward wgmma spec as 'value: rule; fix'. Its features
-    (window, softcap, alibi) need no rule of their own here; which features it takes, and dv,
+    (window, softcap, alibi) need no rule of their own here, but at br = 128 (WIDE_TILE: dense,
+    unhooked, not deterministic, no softcap, d 64, bc 128); which features it takes, and dv,
     are spec.py's `_check_backward` (`Family.bwd_features`), checked before; a hook's rules
     beyond every family's are the forward's (`WgmmaFamily.hook_rule`: no varlen)."""
     p = fam.tensor_core_rule(spec) + fam.hook_rule(spec)
@@ -137,9 +152,34 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
         )
     if spec.br not in QUERY_TILES:
         p.append(
-            f"br={spec.br}: the wgmma backward's query tile must be 64 (dS^T is stored as rows "
-            f"of 64 queries, one 128-byte swizzle atom); try {DEFAULT_TILE[0]}"
+            f"br={spec.br}: the wgmma backward's query tile must be 64 or 128 (dS^T is stored as "
+            f"rows of 64 queries, one 128-byte swizzle atom); try {DEFAULT_TILE[0]}"
         )
+    elif wide(spec):
+        if (spec.d, spec.bc) != (WIDE_TILE["d"], WIDE_TILE["bc"]):
+            p.append(
+                f"br={spec.br}: the wgmma backward's 128-row query tile needs d = 64 and bc = 128 "
+                f"(got d={spec.d}, bc={spec.bc}: S^T and dP^T take 64 registers each beside dK "
+                "and dV, and the two consumers split dQ by query rows); try br=64"
+            )
+        if hook_tokens(spec.features) or "varlen" in spec.features:
+            p.append(
+                f"br={spec.br}: the wgmma backward's 128-row query tile is for dense kernels "
+                "without hooks (it reads D and LSE from the ring in shared memory, which the "
+                "hooked and varlen kernels do not, and their consumers have no registers to "
+                "spare); try br=64"
+            )
+        elif "softcap" in spec.features:
+            p.append(
+                f"br={spec.br}: the wgmma backward's 128-row query tile does not take softcap "
+                "(dS^T is computed with P^T there, S^T and dP^T both held through the tanh: "
+                "ptxas spilled 16-100 B); try br=64"
+            )
+        if is_deterministic(spec):
+            p.append(
+                f"br={spec.br}: the wgmma backward's 128-row query tile has no deterministic "
+                "mode (its semaphores count 64-row query tiles); try br=64"
+            )
     if spec.bc not in KEY_TILES:
         p.append(
             f"bc={spec.bc}: the wgmma backward's key tile must be 64 or 128 (64 keys per "
@@ -198,6 +238,8 @@ def context(fam: WgmmaFamily, spec: KernelSpec) -> dict[str, Any]:
         "consumers": n_cons,
         "deterministic": is_deterministic(spec),
         "dq_regions": dq_regions(spec),
+        # br 128: dS^T as [query half][64 keys][64 queries] slabs, dQ split by query rows
+        "wide": wide(spec),
         "stages": spec.stages,
         "producer_regs": producer,
         "consumer_regs": consumer,
