@@ -5,6 +5,10 @@
 # shipped variant, sanitizers, the wgmma backward bundle, now holding br 128 at d 64), the varlen
 # and hooked gradient tests at d 64 (which keep br 64), then the d 64 bf16 backward rows beside
 # SDPA's FA2/cuDNN. -> $OUT/check/, $OUT/d64-*.txt
+# Run it on a working tree with the patch applied (`git apply
+# bench/experiments/wgmma-bwd-d64-br128-default.patch`, uncommitted: the device copies the
+# working tree), with no argument; land the patch on green and a bench at or above main's rows
+# (d 64 bf16 backward on the H100 in session 28: 372.8-449.1 TFLOP/s).
 set -u
 t0=$SECONDS
 GC_TIMEOUT=200 timeout 330 bash scripts/dev/bwd_check.sh "${1:-/dev/null}" > "$OUT/d64-check.txt" 2>&1
