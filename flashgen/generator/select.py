@@ -210,7 +210,8 @@ def lookup(gpu_name: str, d: int, dtype: str, causal: bool) -> KernelSpec | None
         spec = KernelSpec.from_name(str(entry["variant"]))
     except ValueError:
         return None
-    return spec if spec in shipped(spec.family) else None
+    # a plain variant only: the call's features are added to it later (`select`)
+    return spec if spec in shipped(spec.family) and not spec.features else None
 
 
 def family_defaults(family: str, d: int) -> dict[str, Any]:

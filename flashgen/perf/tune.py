@@ -22,7 +22,9 @@ TUNE_SEQ_LENS = (4096, 16384)
 def candidates(d: int, dtype: str, causal: bool, arch: str = "sm_80") -> list[KernelSpec]:
     """Every shipped tensor-core variant that serves (d, dtype, causal) and runs on `arch`
     (the families whose `preference` spans its compute capability: mma from sm_80, wgmma on
-    Hopper only)."""
+    Hopper only), plain: a table entry answers calls without features, and the shipped feature
+    variants (window, softcap, alibi, gqapack) are the plain choice's companions, not rivals
+    (timed without their feature, one could win on noise; gqapack reads another layout)."""
     major = arch_major(arch)
     families = [
         f.name for f in FAMILIES.values()
@@ -32,7 +34,7 @@ def candidates(d: int, dtype: str, causal: bool, arch: str = "sm_80") -> list[Ke
         s
         for f in families
         for s in shipped(f)
-        if s.d == d and s.dtype == dtype and s.causal == causal
+        if s.d == d and s.dtype == dtype and s.causal == causal and not s.features
     ]
 
 
