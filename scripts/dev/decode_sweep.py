@@ -11,6 +11,11 @@ decides how many SMs share the bytes (ours 16 blocks on B1 Tk4k, cuDNN 32 + a re
 bench/NOTES.md session 18): num_splits auto / 8 / 16 / 32 / 64 / 128 for the default variant, the
 4-warp one and the few-blocks 8-warp one, SDPA beside, graph-timed, 2 rounds.
 
+`DSWEEP_MIN_BLOCKS=N` (environment): every br 16 decode variant is built for N resident blocks
+(`__launch_bounds__(threads, N)`; 3 caps d 128 at 168 registers, 0 spills with ptxas 13.0), its
+rows labelled `mbN/...` -- 3 blocks of 4 warps per SM instead of 2 put half again as many tiles
+in flight, and the split count follows the occupancy the driver reports.
+
 Why: at 184-194 registers a 4-warp block fits 2 per SM, so the s2 ring keeps ~64 KB in flight
 per SM; w4_s3 (109 KB smem) keeps 2 blocks and half again as many bytes in flight
 (bench/NOTES.md, twenty-third session).
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from typing import Any
 
@@ -31,6 +37,20 @@ import torch.nn.functional as F  # noqa: E402
 
 from flashgen.generator.spec import KernelSpec, SpecError  # noqa: E402
 from flashgen.kvcache import attention_with_kvcache  # noqa: E402
+
+MIN_BLOCKS = int(os.environ.get("DSWEEP_MIN_BLOCKS", "0"))
+TAG = f"mb{MIN_BLOCKS}/" if MIN_BLOCKS else ""
+if MIN_BLOCKS:
+    from flashgen.generator.families.mma import MmaFamily
+
+    _min_blocks = MmaFamily.min_blocks
+
+    def _forced(self: MmaFamily, spec: KernelSpec) -> int:
+        if spec.direction == "decode" and spec.br == 16:
+            return MIN_BLOCKS
+        return _min_blocks(self, spec)
+
+    MmaFamily.min_blocks = _forced  # type: ignore[method-assign]
 
 ROWS = [(32, 32768, 32, 8), (8, 131072, 32, 8), (32, 131072, 8, 1), (8, 32768, 32, 8)]
 
@@ -66,6 +86,8 @@ def sweep_row(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> N
         except Exception as e:  # noqa: BLE001
             print("fail", impl, str(e)[:100])
             return
+        if impl != "sdpa":
+            impl = TAG + impl
         print(f"{b},{tk},{h}/{hkv} {impl} {gbs:7.0f} GB/s", flush=True)
         res.append({"row": (b, tk, h, hkv), "impl": impl, "gbs": gbs})
 
@@ -126,8 +148,8 @@ def main() -> None:
     for b, tk, h, hkv in ROWS:
         sweep_row(b, tk, h, hkv, res)
         torch.cuda.empty_cache()
-    with open(sys.argv[1], "w") as f:
-        json.dump(res, f, indent=0)
+        with open(sys.argv[1], "w") as f:  # after every row: a timed-out sweep keeps its rows
+            json.dump(res, f, indent=0)
 
 
 if __name__ == "__main__":
