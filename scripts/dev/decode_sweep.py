@@ -46,7 +46,9 @@ if MIN_BLOCKS:
     _min_blocks = MmaFamily.min_blocks
 
     def _forced(self: MmaFamily, spec: KernelSpec) -> int:
-        if spec.direction == "decode" and spec.br == 16:
+        # br 16 only, and only where N blocks leave >= 160 registers a thread (w8 would spill)
+        regs = 65536 // (MIN_BLOCKS * spec.threads)
+        if spec.direction == "decode" and spec.br == 16 and regs >= 160:
             return MIN_BLOCKS
         return _min_blocks(self, spec)
 
