@@ -249,9 +249,11 @@ def spec_from_options(
     features: str | None = None,
     dv: int | None = None,
     direction: str | None = None,
+    hooks: tuple[str, ...] = (),
 ) -> KernelSpec:
-    """Build the KernelSpec the options describe; SpecError / CliError when they do not."""
-    feats = parse_features(features)
+    """Build the KernelSpec the options describe, with `hooks` (registered hook tokens) among
+    its features; SpecError / CliError when they do not."""
+    feats = (*parse_features(features), *hooks)
     given = {
         "--family": family,
         "--d": d,
@@ -329,12 +331,26 @@ def with_hooks(spec: KernelSpec, score_mod: str | None, mask_mod: str | None) ->
     return spec.replace(features=(*spec.features, *tokens)) if tokens else spec
 
 
-def _spec(kw: dict[str, Any]) -> KernelSpec:
+def _spec(kw: dict[str, Any], hooks: tuple[str, ...] = ()) -> KernelSpec:
     keys = (
         "name", "family", "d", "br", "bc", "dtype", "causal", "warps", "stages", "features", "dv",
         "direction",
     )  # fmt: skip
-    return spec_from_options(*(kw.pop(k) for k in keys))
+    fields: dict[str, Any] = {k: kw.pop(k) for k in keys}  # spec_from_options' parameters
+    return spec_from_options(**fields, hooks=hooks)
+
+
+def _hooked_spec(kw: dict[str, Any], score_mod: str | None, mask_mod: str | None) -> KernelSpec:
+    """The spec of build/show's options and hooks. Built with the hooks among its features,
+    so that the tile it defaults to is one that takes hooks (the wgmma backward's d 64 default
+    does not); a --name spec gets them added (`with_hooks`)."""
+    if kw.get("name") is not None:
+        return with_hooks(_spec(kw), score_mod, mask_mod)
+    try:
+        tokens = hook_tokens_of(score_mod, mask_mod)
+    except HookFileError as exc:
+        raise CliError(str(exc)) from None
+    return _spec(kw, hooks=tokens)
 
 
 # ---- the target arch: --arch, else FLASHGEN_ARCH, else the GPU's --------------------------------
@@ -467,7 +483,7 @@ def build(
     A build the target arch refuses (an unknown arch, wgmma off sm_90a, too much shared
     memory) writes nothing.
     """
-    spec = with_hooks(_spec(kw), score_mod, mask_mod)
+    spec = _hooked_spec(kw, score_mod, mask_mod)
     if bundle_dir is not None:
         source = click.get_current_context().get_parameter_source("out")
         if source != click.core.ParameterSource.DEFAULT:
@@ -632,7 +648,7 @@ Examples:
 @friendly
 def show(score_mod: str | None, mask_mod: str | None, **kw: Any) -> None:
     """Print a kernel's generated CUDA source (highlighted on a terminal, plain when piped)."""
-    source = render(with_hooks(_spec(kw), score_mod, mask_mod)).source
+    source = render(_hooked_spec(kw, score_mod, mask_mod)).source
     if _stdout_is_terminal():
         from rich.console import Console
         from rich.syntax import Syntax

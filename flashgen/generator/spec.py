@@ -83,7 +83,14 @@ class KernelSpec:
                 object.__setattr__(self, "dtype", fam.default_dtype)
             if isinstance(self.d, int) and (self.br == 0 or self.bc == 0):
                 if self.direction == "bwd":
-                    br, bc = fam.bwd_tile
+                    # unchecked yet: only its strings choose the tile (the checks below judge it)
+                    raw = self.features if isinstance(self.features, (tuple, list)) else ()
+                    feats = tuple(f for f in raw if isinstance(f, str))
+                    stages = self.stages if isinstance(self.stages, int) else 0
+                    best = fam.default_bwd_tile(self.d, feats, stages)
+                    # a half the caller named that is not the best tile's: the plain tile's other
+                    agrees = self.br in (0, best[0]) and self.bc in (0, best[1])
+                    br, bc = best if agrees else fam.bwd_tile
                 elif self.direction == "decode":
                     br, bc = fam.decode_tile
                 else:

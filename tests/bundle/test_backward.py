@@ -144,7 +144,7 @@ def test_a_wgmma_backward_bundles_with_its_maps_and_its_workspace_documented() -
     # each variant's workspace, its size function, and the dispatch's (the most of head dim d)
     ws = (
         f"workspace ({sym}_bwd_workspace_bytes): D and LSE*log2(e) (B*H*2*TQP floats), then "
-        "the dQ accumulator (B*H*TQP*d floats), TQP = Tq rounded up to 64"
+        "the dQ accumulator (B*H*TQP*d floats), TQP = Tq rounded up to 128"
     )
     assert re.search(re.escape(ws) + r"(?!\w)", h), ws
     assert "the most that any backward variant of this bundle with head dim p->d needs" in h
@@ -162,7 +162,7 @@ def test_a_wgmma_backward_bundles_with_its_maps_and_its_workspace_documented() -
         ["flashgen_kernels_sm90a", "OBJECT", *(f"kernels/{s.name}.cu" for s in (BWD_W, WGMMA))]
     ]
     row = table_rows(readme)[BWD_W.name]
-    assert row[:5] == ["64", "fp16", "no", "wgmma", "128 x 64"], row
+    assert row[:5] == ["64", "fp16", "no", "wgmma", "128 x 128"], row
     assert row[-1].endswith("sm_90a: H100/H200 only")
     assert "three in the forward, four in the backward" in words(readme)
     assert "_bwd_workspace_bytes(&p)" in readme
@@ -309,8 +309,11 @@ def test_backward_launcher_refuses_bad_parameters_before_any_launch(
     b, h, tq = 2, 4, 33
     assert bwd_workspace_layout(BWD_B, b, h, tq) == (1056, 1056 + b * h * tq * 64 * 4)
     assert bwd_workspace_layout(BWD_B, 1, 1, 3) == (16, 16 + 3 * 64 * 4)  # D padded to 16 bytes
-    # wgmma: D and LSE*log2(e) over 64 rows per head (Tq = 33 rounded up), the dQ accumulator
-    assert bwd_workspace_layout(BWD_W, b, h, tq) == (b * h * 2 * 64 * 4, b * h * 64 * (2 + 64) * 4)
+    # wgmma (its 128-row query tile at d 64): D and LSE*log2(e) over 128 rows per head (Tq = 33
+    # rounded up), the dQ accumulator
+    assert BWD_W.br == 128
+    ws = (b * h * 2 * 128 * 4, b * h * 128 * (2 + 64) * 4)
+    assert bwd_workspace_layout(BWD_W, b, h, tq) == ws
     assert bytes_row == [
         str(bwd_workspace_layout(BWD_W, b, h, tq)[1]),
         str(bwd_workspace_layout(spec, b, h, tq)[1]),

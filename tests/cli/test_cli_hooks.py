@@ -48,6 +48,21 @@ def test_build_writes_a_hooked_kernel_with_both_hooks_inline(hooks_file: Path, t
     assert "tanhf" in source and "doc_ids" in source
 
 
+@pytest.mark.parametrize("mod", [("--score-mod", "cap"), ("--mask-mod", "docs")])
+def test_a_hooked_wgmma_backward_at_d64_gets_the_tile_that_takes_hooks(
+    hooks_file: Path, tmp_path: Path, mod: tuple[str, str]
+) -> None:
+    """d 64's default backward tile (128 x 128) takes no hooks: with one, build picks the
+    64-row tile, as the spec would with the hook among its features from the start."""
+    code, out = _run(
+        "build", "--family", "wgmma", "--direction", "bwd", "--d", "64", mod[0],
+        f"{hooks_file}:{mod[1]}", "--out", str(tmp_path / "gen"), "--no-compile",
+    )  # fmt: skip
+    assert code == 0, out
+    (path,) = (tmp_path / "gen").glob("*.cu")
+    assert path.name.startswith("flash_bwd_wgmma_d64_br64_bc128_bf16_noncausal_")
+
+
 def test_show_takes_a_library_hook_the_same_digest(hooks_file: Path, tmp_path: Path):
     lib = tmp_path / "lib.py"
     lib.write_text("from flashgen.generator.hooks import library\nsc = library.softcap_hook()\n")

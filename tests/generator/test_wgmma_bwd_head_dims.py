@@ -23,7 +23,7 @@ def _bwd(d: int, **kw: object) -> KernelSpec:
 def test_multiples_of_8_up_to_128_run_at_d_pad(d: int) -> None:
     spec = _bwd(d)
     assert wgmma_bwd.takes_head_dim(d) and wgmma_bwd.d_pad(spec) == -(-d // 64) * 64
-    padded = _bwd(wgmma_bwd.d_pad(spec))
+    padded = _bwd(wgmma_bwd.d_pad(spec), br=spec.br)  # (d 64 alone defaults to br 128)
     # the same registers and shared memory as the padded head dim
     assert wgmma_bwd.smem_bytes(spec) == wgmma_bwd.smem_bytes(padded)
     assert wgmma_bwd.register_estimate(spec) == wgmma_bwd.register_estimate(padded)

@@ -46,9 +46,10 @@ pytestmark = pytest.mark.gpu
 # Shipped variants (both modes), plus probes at a head dim that is padded in-kernel (40 -> 48).
 PROBE = KernelSpec(family="mma", d=40, dtype="fp16", causal=True, direction="bwd")
 # Unshipped wgmma backward tiles (sm_90a): one and two consumers, d 64/128, both dtypes; and head
-# dims that are not a multiple of 64 (run at d_pad: 96 and 72 -> 128, 40 -> 64).
+# dims that are not a multiple of 64 (run at d_pad: 96 and 72 -> 128, 40 -> 64). 64-row query
+# tiles by name: d 64's default is the 128-row tile (shipped, and the probes below).
 WGMMA_PROBES = [
-    KernelSpec(family="wgmma", direction="bwd", d=d, bc=bc, dtype=dt, causal=c)
+    KernelSpec(family="wgmma", direction="bwd", d=d, br=64, bc=bc, dtype=dt, causal=c)
     for d, bc, dt, c in ((64, 128, "bf16", True), (128, 128, "bf16", False),
                          (128, 64, "fp16", True), (64, 64, "fp16", False),
                          (96, 128, "bf16", True), (96, 128, "fp16", False),
@@ -397,8 +398,8 @@ def _feature_params() -> list[Any]:
     for d, dtype, causal in ((64, "bf16", True), (128, "fp16", False)):
         spec = _bwd_spec("mma", d, dtype, causal, ("window", "deterministic"))
         rows += [(spec, p) for p in (W_EMPTY, W_LEFT, W_TILES)]
-    for feats, d, dtype, causal, problems in WGMMA_FEATURES:
-        spec = _bwd_spec("wgmma", d, dtype, causal, feats)
+    for feats, d, dtype, causal, problems in WGMMA_FEATURES:  # the 64-row tile by name
+        spec = _bwd_spec("wgmma", d, dtype, causal, feats, br=64)
         rows += [(spec, p) for p in problems]
     # the 128-row query tile (d 64, bc 128) with the features its rules take: window, ALiBi
     for feats, dtype, causal, problems in ((("window",), "bf16", True, [W_LEFT, W_TILES]),

@@ -75,6 +75,16 @@ def test_a_variant_without_a_used_feature_is_refused_with_the_one_to_use():
         check_fits(MMA, FeatureArgs(window=(8, 0)))
 
 
+def test_the_variant_to_use_is_one_that_takes_the_feature():
+    """d 64's default wgmma backward tile (128 x 128) refuses softcap: the suggestion is the
+    tile the family gives softcap, not a spec that cannot be built."""
+    wide = KernelSpec(family="wgmma", d=64, direction="bwd", causal=True)
+    assert wide.br == 128
+    want = "flash_bwd_wgmma_d64_br64_bc128_bf16_causal_softcap_s3"
+    with pytest.raises(ValueError, match=f"use {want}"):
+        check_fits(wide, FeatureArgs(softcap=30.0))
+
+
 def test_alibi_slopes_must_be_one_float32_per_query_head():
     assert alibi_host(None, 4) is None
     assert alibi_host(np.ones(4, np.float32), 4).dtype == np.float32

@@ -150,12 +150,18 @@ def test_the_128_row_query_tile_at_d64_takes_two_stages_and_round_trips(
     assert spec.name == WIDE.replace("_causal_", "_".join(("_causal", *features)) + "_")
     assert KernelSpec.from_name(spec.name) == spec
     assert (spec.bc, spec.stages, spec.warps) == (128, 2, 12)  # 3 stages do not fit
-    assert wgmma_bwd.wide(spec) and not wgmma_bwd.wide(bwd(d=64))
+    assert wgmma_bwd.wide(spec) and not wgmma_bwd.wide(bwd(d=64, br=64))
     # d + br + 48 = 240: the two consumers' budget exactly
     assert wgmma_bwd.register_estimate(spec) == 240 == families.WGMMA_REGS[2][1]
     # 1024 + K, V + a 2-slot Q/dO ring + 2 x 2 dS^T buffers + dQ + D/LSE rows + barriers
     assert spec.smem_bytes == 1024 + 32768 + 65536 + 65536 + 32768 + 2048 + 72 == 199752
-    assert bwd(d=64).br == 64  # not the default
+    # the default at d 64 where it applies (wgmma_bwd.default_tile), otherwise br 64
+    assert bwd(d=64, causal=True, features=features) == spec
+    for other in (("softcap",), ("deterministic",), ("varlen",)):
+        assert bwd(d=64, features=other).br == 64
+    assert bwd(d=64, bc=64).br == 64 and bwd(d=40).br == 64  # bc named: the plain tile
+    # 3 stages named: the 64-row tile (the wide one's 3-stage ring does not fit)
+    assert (bwd(d=64, stages=3).br, bwd(d=64, stages=2).br) == (64, 128)
 
 
 def test_the_register_rule_refuses_past_the_consumer_budget(
@@ -170,7 +176,7 @@ def test_the_register_rule_refuses_past_the_consumer_budget(
         "d=128, br=64: ~240 registers per consumer thread of the wgmma backward (d_pad + br + 48) "
         "exceed the 200 that 2 consumer warpgroups get; lower br"
     ]
-    assert bwd(d=64).d == 64  # 176 fits
+    assert bwd(d=64, br=64).d == 64  # 176 fits
     assert bwd(d=128, bc=64).bc == 64  # one consumer: its own budget (240)
 
 def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +186,7 @@ def test_the_shared_memory_rule_uses_the_family_limit(monkeypatch: pytest.Monkey
     [line] = info.value.problems
     assert line.startswith("smem=198728 B: exceeds the 150000 B per block of sm_90a")
     assert line.endswith("lower stages, br or bc")
-    assert bwd(d=64, stages=2).smem_bytes < 150_000
+    assert bwd(d=64, br=64, stages=2).smem_bytes < 150_000
 
 
 @pytest.mark.parametrize(
@@ -210,8 +216,12 @@ def test_sixteen_wgmma_backward_variants_ship_and_bundles_take_the_fast_ones() -
         (d, t, c, f) for d in (64, 128) for t in ("fp16", "bf16") for c in (False, True)
         for f in ((), ("deterministic",))
     }  # fmt: skip
-    # the default tile, 3 stages at d 64 and 2 at d 128 (wgmma_bwd.default_stages)
-    assert {(s.d, s.br, s.bc, s.stages) for s in ships} == {(64, 64, 128, 3), (128, 64, 128, 2)}
+    # the default tiles (wgmma_bwd.default_tile): 128 x 128 at d 64 (2 stages), but 64 x 128
+    # (3 stages) for its deterministic mode; 64 x 128 (2 stages) at d 128
+    assert {(s.d, s.br, s.bc, s.stages, s.features) for s in ships} == {
+        (64, 128, 128, 2, ()), (64, 64, 128, 3, ("deterministic",)),
+        (128, 64, 128, 2, ()), (128, 64, 128, 2, ("deterministic",)),
+    }  # fmt: skip
     assert len(shipped(direction="bwd")) == len(shipped("mma", direction="bwd")) + 16
     for spec in (s for s in ships if not s.features):  # (tests/bundle/ checks what it holds)
         assert f"kernels/{spec.name}.cu" in bundle_files([spec])
@@ -261,7 +271,7 @@ def test_the_context_for_d128_br64_bc128() -> None:
 
 def test_the_context_of_the_128_row_tile() -> None:
     ctx = context(KernelSpec.from_name(WIDE))
-    assert ctx["wide"] and not context(bwd(d=64))["wide"]
+    assert ctx["wide"] and not context(bwd(d=64, br=64))["wide"]
     # S^T and dP^T of 64 keys x 128 queries; dV, dK and dQ as at br 64 (N = d = 64)
     assert ctx["sdp_fn"] == Wgmma(n=128, a_regs=False, trans_b=False, mma_type="bf16").fn
     assert ctx["dkv_fn"] == Wgmma(n=64, a_regs=True, trans_b=True, mma_type="bf16").fn
@@ -611,7 +621,7 @@ def test_the_128_row_tile_splits_dq_by_query_rows_and_reads_d_and_lse_where_used
     # the post kernel reads each 64-row half of a tile as a 64-row tile
     assert "const int r = row % 64;" in src[src.index(f"{WIDE}_post(") :]
     # the br 64 kernel is as it was
-    plain = render(bwd(d=64, causal=True)).source
+    plain = render(bwd(d=64, br=64, causal=True)).source
     assert "pack_half" not in plain and "columns(lds_t + BR, l2);" in plain
 
 
@@ -663,7 +673,7 @@ def test_cli_builds_a_wgmma_backward_variant(nvcc_required: Path, tmp_path: Path
                "--out", str(tmp_path)],
     )  # fmt: skip
     assert run.exit_code == 0, run.output
-    assert (tmp_path / "flash_bwd_wgmma_d64_br64_bc128_bf16_causal_s3.cu").exists()
+    assert (tmp_path / "flash_bwd_wgmma_d64_br128_bc128_bf16_causal_s2.cu").exists()
     assert "sm_90a" in run.output
 
 

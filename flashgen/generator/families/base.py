@@ -121,6 +121,14 @@ class Family:
         """(br, bc) for a spec that names no tiles: the family's usual tile for head dim d."""
         return self.default_br, self.default_bc
 
+    def default_bwd_tile(
+        self, d: int, features: tuple[str, ...], stages: int = 0
+    ) -> tuple[int, int]:
+        """(br, bc) for a backward spec that names no tiles: `bwd_tile`, whatever d, the
+        features and the stages named (0: none; a family whose best tile depends on them
+        overrides this)."""
+        return self.bwd_tile
+
     def default_warps(self, spec: KernelSpec) -> int:
         """The warps a spec gets when it does not name them."""
         raise NotImplementedError

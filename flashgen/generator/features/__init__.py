@@ -115,14 +115,14 @@ def check_fits(spec: KernelSpec, features: FeatureArgs) -> None:
     `window` would ignore the window and return attention over every key: wrong output)."""
     for feature, value in features.items():
         if feature.required and feature.token in spec.features and value is None:
-            plain = spec.replace(features=tuple(f for f in spec.features if f != feature.token))
+            plain = _with_features(spec, tuple(f for f in spec.features if f != feature.token))
             raise ValueError(
                 f"spec {spec.name}: compiled with {feature.token}, so it needs "
                 f"{feature.required}, or use {plain.name}"
             )
     missing = [t for t in features.tokens if t not in spec.features]
     if missing:
-        want = spec.replace(features=tuple(sorted({*spec.features, *missing})))
+        want = _with_features(spec, tuple(sorted({*spec.features, *missing})))
         raise ValueError(
             f"spec {spec.name}: the call uses {', '.join(missing)} but the variant is not "
             f"compiled with it; use {want.name} (or spec=None to let flashgen choose)"
@@ -151,3 +151,15 @@ __all__ = [
     "check_softcap",
     "check_window",
 ]
+
+
+def _with_features(spec: KernelSpec, features: tuple[str, ...]) -> KernelSpec:
+    """`spec` with other features; where its tile does not take them (the wgmma backward's
+    128-row tile refuses softcap), the tile the spec's family gives those features."""
+    try:
+        return spec.replace(features=features)
+    except ValueError:  # SpecError (this layer does not import spec.py)
+        return type(spec)(
+            family=spec.family, d=spec.d, dv=spec.dv, dtype=spec.dtype, causal=spec.causal,
+            direction=spec.direction, features=features,
+        )  # fmt: skip

@@ -61,6 +61,11 @@ class WgmmaFamily(Family):
     def dv_pad(self, spec: KernelSpec) -> int:
         return -(-spec.dv // 64) * 64
 
+    def default_bwd_tile(
+        self, d: int, features: tuple[str, ...], stages: int = 0
+    ) -> tuple[int, int]:
+        return wgmma_bwd.default_tile(d, features, stages)
+
     def default_tile(self, d: int) -> tuple[int, int]:
         # 128 x 128 (two consumers); d = 256 has registers for bc = 64 only
         return (128, 64) if d > 128 else (128, 128)

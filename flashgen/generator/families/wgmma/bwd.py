@@ -52,6 +52,7 @@ QUERY_TILES = (64, 128)
 # beside dK and dV (32 each at d = 64): d = 128's dK and dV leave no room. Two consumers (bc
 # 128) split dQ by query rows, 64 each.
 WIDE_TILE = {"br": 128, "d": 64, "bc": 128}
+WIDE_STAGES = 2  # its Q/dO ring: 3 stages take 233,576 B of shared memory, over sm_90a's limit
 KEY_TILES = (64, 128)  # bc: keys per block
 STAGES = (2, 3)  # depth of the Q/dO ring (1: no prefetch; d128 bc64 s1 also spilled 16 B)
 DEFAULT_TILE = (64, 128)  # (br, bc)
@@ -79,6 +80,18 @@ DET_INFO_BYTES = 4 * 8
 def wide(spec: KernelSpec) -> bool:
     """The 128-row query tile (WIDE_TILE): dS^T in 64-query slabs, dQ split by query rows."""
     return spec.br == WIDE_TILE["br"]
+
+
+def default_tile(d: int, features: tuple[str, ...], stages: int = 0) -> tuple[int, int]:
+    """(br, bc) of a backward spec that names no tiles: WIDE_TILE where it applies (d = 64,
+    dense, unhooked, no softcap, not deterministic, stages unnamed or 2: 1.02-1.08x the 64 x 128
+    tile on an H100, bench/results/nvidia-h100-2026-12-05-s28-bwd-d64-br128-ab.txt),
+    DEFAULT_TILE otherwise."""
+    refused = {"varlen", "softcap", "deterministic"}
+    wide_ok = d == WIDE_TILE["d"] and stages in (0, WIDE_STAGES)
+    if wide_ok and not refused & set(features) and not hook_tokens(features):
+        return WIDE_TILE["br"], WIDE_TILE["bc"]
+    return DEFAULT_TILE
 
 
 def default_stages(spec: KernelSpec) -> int:
