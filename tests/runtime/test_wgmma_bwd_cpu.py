@@ -626,17 +626,17 @@ def test_the_128_row_tile_splits_dq_by_query_rows_and_reads_d_and_lse_where_used
 
 
 @needs_template
-def test_varlen_backwards_keep_the_global_d_and_lse_loads() -> None:
+def test_varlen_backwards_bulk_copy_their_padded_rows_too() -> None:
     from flashgen.generator.families.wgmma.bwd import VARLEN_SEQ_BYTES
     from flashgen.generator.render import render
 
     spec = bwd(d=128, causal=True, features=("varlen",))
     src = render(spec).source
-    assert "bulk_load(" not in src and "LD_BYTES" not in src
-    assert "prefetch.global.L1" in src and "columns(ld_t + tqp, l2);" in src
-    # no ring rows (8 B per query row per stage), the sequence's block instead
-    dense = bwd(d=128, causal=True)
-    assert spec.smem_bytes == dense.smem_bytes - 8 * 64 * dense.stages + VARLEN_SEQ_BYTES
+    # the sequence's padded rows (q_pad: a multiple of PAD_ALIGN, 16-byte aligned)
+    assert "d_buf + ((long long)batch * n_heads + head) * 2 * tqp + q_pad + q0;" in src
+    assert "bulk_load(lds, ld, LD_BYTES, &do_full[s]);" in src
+    assert "prefetch.global.L1" not in src and "columns(lds_t + BR, l2);" in src
+    assert spec.smem_bytes == bwd(d=128, causal=True).smem_bytes + VARLEN_SEQ_BYTES
 
 
 @needs_template

@@ -137,14 +137,14 @@ def smem_bytes(spec: KernelSpec) -> int:
     """K and V of the block, a ring of `stages` Q and dO tiles (d_pad columns each), two dS^T
     buffers (bc x br each), the fp32 dQ of a query tile (br x d_pad), the alignment slack and
     the mbarriers (one for K/V, full and empty per stage for Q and for dO); a varlen variant's
-    sequence after them (VARLEN_SEQ_BYTES). Without hooks or varlen, each ring slot also holds
-    its tile's D and LSE*log2(e) rows (fp32, bulk-copied with dO and Q); the hooked and varlen
-    kernels read them from global memory (the template's `ld_smem`)."""
+    sequence after them (VARLEN_SEQ_BYTES). Without hooks, each ring slot also holds its
+    tile's D and LSE*log2(e) rows (fp32, bulk-copied with dO and Q); the hooked kernels read
+    them from global memory (the template's `ld_smem`)."""
     item = spec.dtype_info.itemsize
     d, br, bc, n = d_pad(spec), spec.br, spec.bc, spec.stages
     tiles = item * (2 * bc * d + 2 * n * br * d + 2 * bc * br)
     varlen = "varlen" in spec.features
-    rows = 0 if hook_tokens(spec.features) or varlen else 4 * 2 * n * br
+    rows = 0 if hook_tokens(spec.features) else 4 * 2 * n * br
     seq = VARLEN_SEQ_BYTES if varlen else 0
     det = DET_INFO_BYTES if is_deterministic(spec) else 0
     return SMEM_ALIGN + tiles + 4 * br * d + rows + 8 * (1 + 4 * n) + seq + det
@@ -225,7 +225,7 @@ def check(fam: WgmmaFamily, spec: KernelSpec) -> list[str]:
             )
         p += fam.smem_rule(
             spec,
-            "1024 + 2*(2*bc*dp + 2*stages*br*dp + 2*bc*br) + 4*br*dp + 8*br*stages (dense, no "
+            "1024 + 2*(2*bc*dp + 2*stages*br*dp + 2*bc*br) + 4*br*dp + 8*br*stages (no "
             "hooks) + 8*(1 + 4*stages), dp = d rounded up to 64",
             "lower stages, br or bc",
         )
