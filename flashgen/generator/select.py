@@ -20,7 +20,7 @@ from flashgen.generator.families import FAMILIES, family_of
 from flashgen.generator.policy import _with, arch_major, choose, distance, feature_variant
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.generator.tables import entry_key, load_table
+from flashgen.generator.tables import arch_table, entry_key, load_table
 
 
 def select(
@@ -155,7 +155,7 @@ def _select_plain(
         return (alignment is None or alignment % s.align_elems == 0) and s.smem_bytes <= room
 
     if gpu_name is not None and candidates is None:
-        tuned = _with(lookup(gpu_name, d, dtype, causal), dv=dv)
+        tuned = _with(lookup(gpu_name, d, dtype, causal, arch), dv=dv)
         if tuned is not None and aligned(tuned):
             return tuned
     pool = list(shipped()) if candidates is None else list(candidates)
@@ -201,9 +201,16 @@ def backward_family(
     return min(fits, key=lambda f: f.preference.rank).name
 
 
-def lookup(gpu_name: str, d: int, dtype: str, causal: bool) -> KernelSpec | None:
-    """The tuned variant for this GPU and call shape, if its table has a valid, shipped one."""
-    entry = load_table(gpu_name).get(entry_key(d, dtype, causal))
+def lookup(
+    gpu_name: str, d: int, dtype: str, causal: bool, arch: str | None = None
+) -> KernelSpec | None:
+    """The tuned variant for this GPU and call shape, if its table has a valid, shipped one.
+    With `arch` (e.g. 'sm_90'), a GPU flashgen ships no table for reads the table of a GPU of
+    the same compute capability (`tables.arch_table`)."""
+    table = load_table(gpu_name)
+    if not table and arch is not None:
+        table = arch_table(arch_major(arch))[1]
+    entry = table.get(entry_key(d, dtype, causal))
     if not isinstance(entry, dict) or "variant" not in entry:
         return None
     try:

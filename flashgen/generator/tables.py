@@ -45,6 +45,27 @@ def load_table(gpu_name: str) -> dict[str, Any]:
     return entries if isinstance(entries, dict) else {}
 
 
+@cache
+def arch_table(major: int) -> tuple[str, dict[str, Any]]:
+    """(file stem, entries) of the packaged table measured on a GPU of compute capability
+    `major` (its "arch" field; the first such file by name), or ("", {}) when there is none.
+    `select` reads it for a GPU of that architecture that flashgen ships no table for: what a
+    table decides (the tile per head dim) follows the SM -- its shared memory, registers and
+    tensor-core instructions -- more than the memory system, so a same-arch table is a better
+    prior than the families' tile preferences."""
+    for path in sorted(table_dir().glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            arch = str(data.get("arch", ""))
+        except (OSError, ValueError, AttributeError):
+            continue
+        m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
+        entries = data.get("entries", {})
+        if m and int(m.group(1)) // 10 == major and isinstance(entries, dict) and entries:
+            return path.stem, entries
+    return "", {}
+
+
 def table_variants() -> list[KernelSpec]:
     """Every variant named by a packaged tuning table (any GPU), valid specs only."""
     out: list[KernelSpec] = []

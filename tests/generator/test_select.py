@@ -131,15 +131,36 @@ def test_a_tuning_table_entry_wins_when_the_gpu_is_named(monkeypatch):
     tuned = KernelSpec(family="mma", d=64, br=64, bc=64, dtype="bf16", warps=4, stages=1)
     seen = []
 
-    def lookup(gpu: str, d: int, dtype: str, causal: bool) -> KernelSpec | None:
-        seen.append((gpu, d, dtype, causal))
+    def lookup(
+        gpu: str, d: int, dtype: str, causal: bool, arch: str | None = None
+    ) -> KernelSpec | None:
+        seen.append((gpu, d, dtype, causal, arch))
         return tuned
 
     monkeypatch.setattr("flashgen.generator.select.lookup", lookup)
     assert select(64, "bf16", True, "sm_90", gpu_name="NVIDIA H200") == tuned
-    assert seen == [("NVIDIA H200", 64, "bf16", True)]
+    assert seen == [("NVIDIA H200", 64, "bf16", True, "sm_90")]
     assert select(64, "bf16", True, "sm_90") != tuned  # no GPU name: no table
     assert select(64, "bf16", True, "sm_90", gpu_name="NVIDIA H200", alignment=1).family == "simt"
+
+
+def test_a_gpu_without_a_table_reads_the_table_of_its_architecture() -> None:
+    """An H100 (no table of its own) gets the tiles the H200's table chose (same SM: d 64 at
+    192 x 128, as FA3/FA4 tile it on Hopper); an sm_80 GPU finds no sm_8x table and gets the
+    families' default; the bundle's `--gpu` lookup (no arch) still wants the GPU's own table."""
+    from flashgen.generator.select import lookup
+    from flashgen.generator.tables import arch_table, load_table
+
+    h200 = load_table("NVIDIA H200")
+    assert arch_table(9) == ("nvidia-h200", h200) and arch_table(8) == ("", {})
+    for d, dtype, causal in ((64, "bf16", False), (64, "fp16", True), (128, "bf16", True)):
+        own = select(d, dtype, causal, "sm_90", gpu_name="NVIDIA H200")
+        assert select(d, dtype, causal, "sm_90", gpu_name="NVIDIA H100 80GB HBM3") == own
+        assert own.name == h200[f"d{d}_{dtype}_{'causal' if causal else 'noncausal'}"]["variant"]
+    assert select(64, "bf16", False, "sm_90", gpu_name="NVIDIA H100 80GB HBM3").br == 192
+    assert lookup("NVIDIA H100 80GB HBM3", 64, "bf16", False) is None
+    a100 = select(64, "bf16", False, "sm_80", gpu_name="NVIDIA A100-SXM4-80GB")
+    assert a100 == select(64, "bf16", False, "sm_80")
 
 
 def test_no_tuning_table_falls_back_to_the_default(monkeypatch):
