@@ -30,6 +30,7 @@ for t in base bits; do
   if [ $t = base ]; then ps=(); else ps=($P); fi
   echo -n "$t: "; timeout 60 bash scripts/dev/patch_run.sh $t "${ps[@]}" -- python3 /tmp/tmap_words.py 2>&1 | tail -1
 done | tee "$OUT/tmap-words.txt"
+[ "${1:-}" = words ] && exit 0  # `bash s30-tmap-bits-run.sh words`: step 1 alone (~30 s)
 K='wgmma and bf16 and s2 and not d256'
 FLASHGEN_REQUIRE_GPU=1 timeout 240 bash scripts/dev/patch_run.sh bits $P -- \
   bash scripts/dev/pytest_shards.sh 8 /tmp/tbt tests/gpu/test_property.py tests/gpu/test_backward.py -k "$K" \
