@@ -1,14 +1,15 @@
 #!/bin/bash
-# scripts/dev/bwd_check.sh PATCH: the wgmma backward's GPU proof on this tree + PATCH (oracle tests,
+# scripts/dev/bwd_check.sh [PATCH]: the wgmma backward's GPU proof on this tree + PATCH (oracle tests,
 # autograd tests, sanitizers, the wgmma backward bundle; GC_TIMEOUT: seconds for the sanitizers and
-# the bundle, default 200)
+# the bundle, default 200). PATCH is relative to the tree; none (or "-"): the tree as it is.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export FLASHGEN_CACHE_DIR=/tmp/fgc PYTHONUNBUFFERED=1 FLASHGEN_HYPOTHESIS_PROFILE=ci FLASHGEN_REQUIRE_GPU=1 \
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
-here=$PWD; l=$(basename $1 .patch); t0=$SECONDS
+here=$PWD; p=${1:--}; t0=$SECONDS
 rm -rf /tmp/c; mkdir -p /tmp/c $OUT/check; cp -r flashgen scripts tests docs pyproject.toml /tmp/c/
-cd /tmp/c && patch -s -p1 < $here/$1 || exit 1
+cd /tmp/c
+if [ "$p" != - ]; then patch -s -p1 < "$here/$p" || exit 1; fi
 export PYTHONPATH=/tmp/site:/tmp/c
 n=12
 for i in $(seq 0 $((n-1))); do
