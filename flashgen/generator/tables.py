@@ -33,16 +33,20 @@ def table_dir() -> Path:
     return Path(str(resources.files("flashgen") / TABLE_PACKAGE_DIR))
 
 
+def _read(path: Path) -> tuple[str, dict[str, Any]]:
+    """(arch, entries) of one table file; ("", {}) for a file that is missing or not a table."""
+    try:
+        data = json.loads(path.read_text())
+        arch, entries = str(data.get("arch", "")), data.get("entries", {})
+    except (OSError, ValueError, AttributeError):
+        return "", {}
+    return arch, entries if isinstance(entries, dict) else {}
+
+
 @cache
 def load_table(gpu_name: str) -> dict[str, Any]:
     """The entries of the table for `gpu_name` ({} when flashgen ships none)."""
-    path = table_dir() / f"{gpu_slug(gpu_name)}.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    entries = data.get("entries", {})
-    return entries if isinstance(entries, dict) else {}
+    return _read(table_dir() / f"{gpu_slug(gpu_name)}.json")[1]
 
 
 @cache
@@ -54,14 +58,9 @@ def arch_table(major: int) -> tuple[str, dict[str, Any]]:
     tensor-core instructions -- more than the memory system, so a same-arch table is a better
     prior than the families' tile preferences."""
     for path in sorted(table_dir().glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-            arch = str(data.get("arch", ""))
-        except (OSError, ValueError, AttributeError):
-            continue
-        m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)
-        entries = data.get("entries", {})
-        if m and int(m.group(1)) // 10 == major and isinstance(entries, dict) and entries:
+        arch, entries = _read(path)
+        m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)  # policy.arch_major's rule (a layer above)
+        if m and int(m.group(1)) // 10 == major and entries:
             return path.stem, entries
     return "", {}
 
@@ -70,11 +69,7 @@ def table_variants() -> list[KernelSpec]:
     """Every variant named by a packaged tuning table (any GPU), valid specs only."""
     out: list[KernelSpec] = []
     for path in sorted(table_dir().glob("*.json")):
-        try:
-            entries = json.loads(path.read_text()).get("entries", {})
-        except (OSError, ValueError, AttributeError):
-            continue
-        for entry in entries.values() if isinstance(entries, dict) else ():
+        for entry in _read(path)[1].values():
             try:
                 out.append(KernelSpec.from_name(str(entry["variant"])))
             except (KeyError, TypeError, ValueError):
