@@ -213,6 +213,8 @@ class Variant:
             "stages": s.stages,
             "threads": s.threads,
             "smem_bytes": s.smem_bytes,
+            # a forward that stores O with the TMA (wgmma, O_TMA_STORE): O's map, 64-row boxes
+            "o_map": s.direction == "fwd" and any(p.name == "tm_o" for p in s.fam.fwd_prefix_of(s)),
             "needs_opt_in": s.smem_bytes > STATIC_SMEM_LIMIT,
             # more than the smallest GPU of a shipped arch lets a block use (sm_86/89/120: 99
             # KiB): the launcher checks the device before it opts in
@@ -261,7 +263,7 @@ class Variant:
             "launch_grid_macro": s.fam.scheduler(s).launch_macro,
             # the kernel's parameters (generator/abi.py after the family's prefix)
             "kernel_params": abi.declarations(
-                (*s.fam.fwd_prefix, *abi.FWD), elem=info.ctype, restrict=False
+                (*s.fam.fwd_prefix_of(s), *abi.FWD), elem=info.ctype, restrict=False
             ),
             "o_bound": EXAMPLE_O_BOUND[s.dtype],
             "ex_window": EXAMPLE_WINDOW[s.causal] if "window" in s.features else (-1, -1),
@@ -291,7 +293,7 @@ class Variant:
         return {
             "hook": ctx,
             "kernel_params": abi.declarations(
-                (*s.fam.fwd_prefix, *abi.forward(s.features)),
+                (*s.fam.fwd_prefix_of(s), *abi.forward(s.features)),
                 elem=s.dtype_info.ctype,
                 restrict=False,
             ),
@@ -329,7 +331,7 @@ class Variant:
             "tma": s.fam.tensor_maps,
             "tma_enum": TMA_DTYPE_ENUM.get(s.dtype, ""),
             "kernel_params": abi.declarations(
-                (*s.fam.fwd_prefix, *abi.forward(s.features)), elem=info.ctype, restrict=False
+                (*s.fam.fwd_prefix_of(s), *abi.forward(s.features)), elem=info.ctype, restrict=False
             ),
             "problems": [
                 _varlen_problem(EXAMPLE_VARLEN_LENGTHS, **EXAMPLE_VARLEN_GIVEN),

@@ -110,7 +110,7 @@ def abi_params(spec: KernelSpec) -> list[dict[str, str]]:
     elif spec.direction == "decode":
         params = abi.DECODE
     else:
-        params = (*fam.fwd_prefix, *abi.forward(spec.features))
+        params = (*fam.fwd_prefix_of(spec), *abi.forward(spec.features))
     return [{"decl": p.declaration("elem_t"), "note": p.note} for p in params]
 
 

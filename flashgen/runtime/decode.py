@@ -214,6 +214,9 @@ class DecodeLaunch:
             c.addressof(a) for a in scalars
         ]
         self.params = (c.c_void_p * len(addrs))(*addrs)
+        # sm_90 kernels wait at griddepcontrol.wait (templates/mma_decode.cu.j2): launch them as
+        # programmatic dependents, so a block's start overlaps the previous kernel's end
+        self._dependent = int(plan.arch.removeprefix("sm_").rstrip("a")) >= 90
         self._lock = threading.Lock()
 
     def __call__(self, pointers: Sequence[int], stream: int) -> None:
@@ -221,4 +224,4 @@ class DecodeLaunch:
         with self._lock:
             for i, p in enumerate(pointers):
                 self._ptrs[i] = p
-            self.plan.launch(self.grid, self.params, stream)
+            self.plan.launch(self.grid, self.params, stream, dependent=self._dependent)

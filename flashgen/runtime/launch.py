@@ -128,6 +128,28 @@ def prefix_builder(family: str) -> tuple[PrefixArgs, tuple[int, ...]] | None:
     return _prefixes.get(family)
 
 
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id (padded to 8 bytes) and a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuLaunchKernelEx's first argument)."""
+
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("smem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("n_attrs", ctypes.c_uint),
+    ]
+
+
 class Driver:
     """The few CUDA driver entry points flashgen calls, through ctypes on libcuda."""
 
@@ -160,6 +182,12 @@ class Driver:
             fn.argtypes = argtypes
             fn.restype = c.c_int
         self.cuLaunchKernel = lib.cuLaunchKernel
+        # CUDA 12.0 and newer (programmatic dependent launches); None on older drivers
+        self.cuLaunchKernelEx = getattr(lib, "cuLaunchKernelEx", None)
+        if self.cuLaunchKernelEx is not None:
+            ex_args = [c.POINTER(LaunchConfig), vp, c.POINTER(vp), c.POINTER(vp)]
+            self.cuLaunchKernelEx.argtypes = ex_args
+            self.cuLaunchKernelEx.restype = c.c_int
         self.cuCtxGetCurrent = lib.cuCtxGetCurrent
         self.cuCtxPushCurrent = lib.cuCtxPushCurrent_v2
         self.cuCtxPopCurrent = lib.cuCtxPopCurrent_v2
@@ -313,10 +341,12 @@ def wait_for_streams(producers: Sequence[int | None], stream: int) -> None:
 
 def launch_in_context(
     context: int, function: int, grid: tuple[int, int, int], threads: int, smem: int,
-    stream: int, params: Any,
+    stream: int, params: Any, dependent: bool = False,
 ) -> int:  # fmt: skip
     """`cuLaunchKernel` of `function` (a 1-D block of `threads`) in `context`, pushed for the
-    launch when another is current; the driver's return code (0: launched)."""
+    launch when another is current; the driver's return code (0: launched). `dependent`: a
+    programmatic dependent launch (`cuLaunchKernelEx`, sm_90; the kernel must execute
+    `griddepcontrol.wait` before it reads what earlier work on the stream wrote)."""
     drv = driver()
     cur = ctypes.c_void_p()
     drv.cuCtxGetCurrent(ctypes.byref(cur))
@@ -325,6 +355,11 @@ def launch_in_context(
         drv.check(drv.cuCtxPushCurrent(context), "making the kernel's context current")
     try:
         gx, gy, gz = grid
+        if dependent and drv.cuLaunchKernelEx is not None:
+            attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1
+            cfg = LaunchConfig((gx, gy, gz), (threads, 1, 1), smem, stream, ctypes.pointer(attr), 1)
+            return int(drv.cuLaunchKernelEx(ctypes.byref(cfg), function, params, None))
         return int(
             drv.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, smem, stream, params, None)
         )
@@ -367,13 +402,15 @@ class LaunchPlan:
             problem.kv_group,
         )
 
-    def launch(self, grid: tuple[int, int, int], params: Any, stream: int) -> None:
+    def launch(
+        self, grid: tuple[int, int, int], params: Any, stream: int, dependent: bool = False
+    ) -> None:
         """`cuLaunchKernel` of this plan's function on `stream` with a `kernelParams` array, in
         the plan's context (pushed for the launch when another is current); RuntimeError
         naming the kernel when the driver refuses. (Bound inlines the same for the forward's
         per-call path.)"""
         rc = launch_in_context(
-            self.context, self.function, grid, self.block[0], self.smem, stream, params
+            self.context, self.function, grid, self.block[0], self.smem, stream, params, dependent
         )
         if rc:
             raise RuntimeError(

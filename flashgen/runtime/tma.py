@@ -11,6 +11,11 @@ The maps go ahead of the common arguments through launch.py's prefix-args hook (
 calls `cuLaunchKernel` with an array of pointers to each argument; PyCUDA's `prepared_call`
 cannot pass them: its packed parameter buffer gave "illegal instruction" on the H200).
 
+A forward that stores O with the TMA (`WgmmaFamily.o_tma_store`: the dense forwards whose
+staging fits) takes a fourth map after V's, O's, with boxes of 64 rows (one consumer
+warpgroup's) and the same 64-column, 128-byte-swizzled layout; its row extent is Tq, so the
+store clips a last partial tile's rows.
+
 The `wgmma` backward's three kernels take four maps, tm_q, tm_k, tm_v, tm_do (Q and dO with
 boxes of BR rows, K and V of BC rows, over the K/V heads), ahead of the backward's C ABI
 (`backward_tensor_maps`, through backward.py's prefix-args hook); nothing else.
@@ -156,13 +161,35 @@ def _lru_put(cache: OrderedDict[tuple[Any, ...], _T], key: tuple[Any, ...], valu
             cache.popitem(last=False)
 
 
+O_STORE_ROWS = 64  # O map's box rows: one consumer warpgroup's (templates/wgmma.cu.j2)
+_o_maps: OrderedDict[tuple[Any, ...], TensorMap] = OrderedDict()
+
+
+def o_tensor_map(spec: KernelSpec, p: Problem) -> TensorMap:
+    """O's tensor map (O_TMA_STORE: 64-row boxes, 64 columns, 128-byte swizzle), from a small
+    LRU cache keyed by all inputs."""
+    key = (spec.dtype, p.b, p.h, p.tq, p.value_dim, p.o_ptr, p.o_strides)
+    hit = _lru_get(_o_maps, key)
+    if hit is not None:
+        return hit
+    assert p.o_ptr is not None and p.o_strides is not None
+    tmap = encode(p.o_ptr, spec.dtype, p.b, p.h, p.tq, p.value_dim, p.o_strides, O_STORE_ROWS)
+    _lru_put(_o_maps, key, tmap)
+    return tmap
+
+
 def prefix_args(spec: KernelSpec, problem: Problem) -> list[Any]:
     """The `wgmma` kernels' leading arguments (launch.py's prefix-args hook): the Q, K and V
-    tensor maps, then the heads and batch (its persistent grid is one-dimensional)."""
-    return [*tensor_maps(spec, problem), ctypes.c_int(problem.h), ctypes.c_int(problem.b)]
+    tensor maps (and O's, for a forward that stores O with the TMA), then the heads and batch
+    (its persistent grid is one-dimensional)."""
+    maps: list[Any] = list(tensor_maps(spec, problem))
+    if WGMMA.o_tma_store(spec):
+        maps.append(o_tensor_map(spec, problem))
+    return [*maps, ctypes.c_int(problem.h), ctypes.c_int(problem.b)]
 
 
-register_prefix_args(WGMMA.name, prefix_args, uses=("q", "k", "v"))
+# o: O's map (O_TMA_STORE) moves with the output buffer; the others stay cached across it
+register_prefix_args(WGMMA.name, prefix_args, uses=("q", "k", "v", "o"))
 
 
 _bwd_maps: OrderedDict[tuple[Any, ...], tuple[TensorMap, TensorMap, TensorMap, TensorMap]] = (

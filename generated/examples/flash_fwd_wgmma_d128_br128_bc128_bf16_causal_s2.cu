@@ -40,6 +40,9 @@
 // columns, and the epilogue writes only columns < DV.
 // A value head dim DV other than D (DeepSeek's MLA: D = 192, DV = 128): v and o have DV
 // columns, loaded as DV_CHUNKS slabs.
+// O_TMA_STORE: the epilogue stages each consumer's normalised O rows in shared memory (stmatrix,
+// laid out as the O tensor map's 128-byte-swizzled boxes) and one thread of the warpgroup
+// stores them with the TMA (the map's row extent is tq: rows past it are never written).
 #include <stdint.h>
 #include <cuda_bf16.h>
 
@@ -62,7 +65,7 @@ constexpr bool SCORE_MOD = SOFTCAP || ALIBI;  // logits are not just scale * q.k
 constexpr int WARPS = 12;
 constexpr int THREADS = 384;
 constexpr int MIN_BLOCKS = 1;  // resident blocks per SM promised to ptxas
-constexpr int SMEM_BYTES = 164944;  // dynamic shared memory per block
+constexpr int SMEM_BYTES = 197712;  // dynamic shared memory per block
 static_assert(THREADS == WARPS * 32, "a block is whole warps");
 
 constexpr int CONSUMERS = 2;       // consumer warpgroups, 64 query rows each
@@ -88,7 +91,12 @@ static_assert(BC % 16 == 0 && BC <= 256, "S = Q K^T is one m64nBCk16 wgmma per k
 static_assert(DVP <= 256, "O += P V is one m64nDVPk16 wgmma per k-step");
 static_assert(Q_BYTES % SMEM_ALIGN == 0 && K_BYTES % SMEM_ALIGN == 0 && V_BYTES % SMEM_ALIGN == 0,
               "tiles keep swizzle atoms aligned");
-static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 8 * BARRIERS, "smem layout");
+// O_TMA_STORE: each consumer's 64 rows of O, staged for the TMA store as DV_CHUNKS [64][64]
+// 128-byte-swizzled slabs (the O map's boxes); its own buffer, as Q's slabs hold the next tile
+constexpr int O_STAGE_BYTES = BR * DVP * (int)sizeof(elem_t);
+static_assert(O_STAGE_BYTES % SMEM_ALIGN == 0, "staging slabs keep swizzle atoms aligned");
+static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + O_STAGE_BYTES + 8 * BARRIERS,
+              "smem layout");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
 // setmaxnreg only works with a register cap at entry: one block per SM, 65536 / THREADS each
 static_assert(MIN_BLOCKS == 1, "one block per SM: the warpgroups' registers are split by setmaxnreg");
@@ -373,6 +381,32 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
+// O_TMA_STORE: four 8x8 blocks of 16-bit values from the warp's registers to shared memory:
+// lane l gives the address of row l % 8 of block l / 8; register i of every lane holds its
+// pair of block i (the accumulator's layout).
+__device__ __forceinline__ void stmatrix_x4(void* row, const uint32_t (&frag)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], { %1, %2, %3, %4};\n" ::"r"(smem_addr(row)),
+               "r"(frag[0]), "r"(frag[1]), "r"(frag[2]), "r"(frag[3])
+               : "memory");
+}
+// TMA: store one box of shared memory into a 4-d tensor (d, t, head, batch), as a bulk group
+// of the issuing thread; the box's rows and columns outside the tensor are not written.
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, const void* src, int c0, int c1, int c2,
+                                             int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, { %1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Wait until this thread's bulk groups have read their shared-memory source.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Wait until this thread's bulk groups are complete (their writes done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+constexpr int O_BARRIER = TURN_BARRIER + CONSUMERS;  // consumer c's own barrier: O_BARRIER + c
+static_assert(O_BARRIER + CONSUMERS <= 16, "named barriers 0..15");
+
 // A compile-time boolean passed as a value (selects an instantiation of a generic lambda).
 template <bool B>
 struct Flag {
@@ -380,13 +414,14 @@ struct Flag {
 };
 
 // The kernel ABI: three tensor maps (Q with BR-row boxes, K and V with BC-row boxes, each box
-// 64 columns wide, 128-byte swizzle; V's innermost dimension is DV), the heads and batch of
+// 64 columns wide, 128-byte swizzle; V's innermost dimension is DV), O_TMA_STORE: a fourth, O's (64-row boxes, DV columns), the heads and batch of
 // the problem (the grid is one-dimensional: persistent blocks), then the C ABI every family
 // shares (flashgen/generator/abi.py; the family's `fwd_prefix` holds the first five).
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmma_d128_br128_bc128_bf16_causal_s2(
     const __grid_constant__ TensorMap tm_q,
     const __grid_constant__ TensorMap tm_k,
     const __grid_constant__ TensorMap tm_v,
+    const __grid_constant__ TensorMap tm_o,
     const int n_heads,
     const int n_batch,
     const elem_t* __restrict__ q,
@@ -423,7 +458,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
   elem_t* Qs = reinterpret_cast<elem_t*>(base);                   // [D_CHUNKS][BR][64]
   elem_t* Ks = reinterpret_cast<elem_t*>(base + Q_BYTES);         // [STAGES][D_CHUNKS][BC][64]
   elem_t* Vs = reinterpret_cast<elem_t*>(base + Q_BYTES + STAGES * K_BYTES);  // [STAGES][DV_CHUNKS][BC][64]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + Q_BYTES + STAGES * (K_BYTES + V_BYTES));
+  elem_t* Os = reinterpret_cast<elem_t*>(base + Q_BYTES + STAGES * (K_BYTES + V_BYTES));  // [CONSUMERS][DV_CHUNKS][64][64]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + O_STAGE_BYTES);
   uint64_t* q_full = bars;
   uint64_t* q_empty = bars + 1;
   uint64_t* k_full = bars + 2;
@@ -587,7 +623,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
       // SOFTCAP / ALIBI: the constants that turn raw scores into base-2 logits
       const ScoreMod sm = score_mod(scale_log2, softcap, alibi_slopes, head);
       const float sc_k1 = sm.pre * (2.0f * LOG2E), sc_k2 = -2.0f * sm.post;  // SOFTCAP (see softmax)
-      elem_t* ob = o + batch * o_sb + head * o_sh;
       const TileSpan span = tile_span(q0, tq, tk, window_left, window_right);
       const int n_tiles = span.end - span.first;
 #pragma unroll
@@ -766,28 +801,60 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) flash_fwd_wgmm
         steps += n_tiles;
       }
 
-      // ---- epilogue: normalise once, write O (storage dtype) and LSE (natural log) --------
-      // Straight from the registers (Q's slabs already hold the next tile): each thread writes
-      // 4-byte pairs, a quad of threads one 16-byte piece of a row.
+      // ---- epilogue: normalise once, stage O in shared memory, one TMA store per warpgroup ---
+      // (O_TMA_STORE) Rows g and g + 8 of each thread, normalised and rounded to the storage
+      // dtype, go to this warpgroup's staging slabs by stmatrix (16-byte chunk x of slab row r
+      // at x ^ (r % 8): the 128-byte swizzle of the O map's boxes, and no bank conflicts); then
+      // one thread stores the 64 rows with the TMA and the warps go on to the next item. Rows
+      // past tq lie outside the map (its row extent is tq): never written. LSE: as before.
+      elem_t* o_stage = Os + c * 64 * DVP;  // DV_CHUNKS [64][64] slabs
+      const bool o_issuer = threadIdx.x % 128 == 0;
+      // the previous item's store has read the slabs (long done: a whole item ran since)
+      if (o_issuer) bulk_wait_read();
+      bar_sync(O_BARRIER + c, 128);
+      float inv_l[2];
+      bool seen[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float l = l_run[h];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;  // a row that saw no key writes zeros
+        seen[h] = l != 0.0f;  // a row that saw no key writes zeros, even if V held inf/NaN
+        inv_l[h] = seen[h] ? 1.0f / l : 0.0f;
         const int row = q0 + row0 + h * 8;
-        if (row < tq) {
-          elem_t* orow = ob + (long long)row * o_st + (lane % 4) * 2;
-#pragma unroll
-          for (int nt = 0; nt < DV / 8; ++nt)  // no key seen: exact zeros, even if V held inf/NaN
-            *reinterpret_cast<uint32_t*>(orow + nt * 8) =
-                l == 0.0f ? 0u : pack2(o_acc[4 * nt + 2 * h] * inv_l, o_acc[4 * nt + 2 * h + 1] * inv_l);
-          if (lane % 4 == 0) {
-            const long long lse_idx = ((long long)batch * n_heads + head) * tq + row;
-            lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[h] + log2f(l)) * LN2;
-          }
+        if (row < tq && lane % 4 == 0) {
+          const long long lse_idx = ((long long)batch * n_heads + head) * tq + row;
+          lse[lse_idx] = l == 0.0f ? -INFINITY : (m_run[h] + log2f(l)) * LN2;
         }
       }
+      {
+        const int m = lane / 8;  // lane l addresses row l % 8 of 8x8 block m
+        unsigned char* row_base =
+            reinterpret_cast<unsigned char*>(o_stage) + (16 * warp + 8 * (m % 2) + lane % 8) * (CHUNK * E16);
+#pragma unroll
+        for (int k = 0; k < (DV + 15) / 16; ++k) {  // columns 16k .. 16k + 15 (past DV: clipped)
+          // block b: rows g + 8 (b % 2) of the warp's 16, columns 8 (2k + b / 2) .. + 7
+          uint32_t frag[4];
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int i = 4 * (2 * k + b / 2) + 2 * (b % 2);
+            frag[b] = seen[b % 2] ? pack2(o_acc[i] * inv_l[b % 2], o_acc[i + 1] * inv_l[b % 2]) : 0u;
+          }
+          const int x = 2 * k + m / 2;  // this lane's 16-byte chunk of its row
+          stmatrix_x4(row_base + (x / 8) * 64 * CHUNK * E16 + (((x % 8) ^ (lane % 8)) * 16), frag);
+        }
+      }
+      // the generic-proxy stores, visible to the TMA (the async proxy), and every warp's done
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      bar_sync(O_BARRIER + c, 128);
+      if (o_issuer && q0 + 64 * c < tq) {
+#pragma unroll
+        for (int ch = 0; ch < DV_CHUNKS; ++ch)
+          tma_store_4d(&tm_o, o_stage + ch * 64 * CHUNK, ch * CHUNK, q0 + 64 * c, head, batch);
+        bulk_commit();
+      }
     }
+    // O_TMA_STORE: the last stores complete before the block's shared memory goes away
+    if (threadIdx.x % 128 == 0) bulk_wait_all();
   }
 }

@@ -228,7 +228,9 @@ def _stand_in_line(s: KernelSpec) -> str:
         return f"STAND_IN_VARLEN({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
     if s.family == "wgmma":
         args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
-        return f"STAND_IN_TMA({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
+        o_map = len(s.fam.fwd_prefix_of(s)) > len(s.fam.fwd_prefix)  # O_TMA_STORE: tm_o too
+        macro = "STAND_IN_TMA_O" if o_map else "STAND_IN_TMA"
+        return f"{macro}({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
     args = f"{s.d}, {s.dv}, {s.br}, {s.threads}, {s.smem_bytes}, {flag}"
     return f"STAND_IN({s.name}, {s.dtype_info.ctype}, {args})"
 

@@ -76,6 +76,7 @@ def test_a_launcher_checks_then_launches_once_opting_in_above_48_kib(contract: s
     for s in FORWARD:
         opt_in = int(s.smem_bytes > STATIC_SMEM)
         maps = 3 if s.family == "wgmma" else 0  # Q, K and V for the tensor-map family
+        maps += len(s.fam.fwd_prefix_of(s)) > len(s.fam.fwd_prefix)  # O's (O_TMA_STORE)
         # status, launches, opt-ins, maps encoded, the kernel that ran
         assert accepted[s.name] == ["0", "1", str(opt_in), str(maps), s.name], s.name
         # refused parameters (scale 0): nothing done, not even an opt-in or a tensor map

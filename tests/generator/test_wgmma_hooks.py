@@ -91,7 +91,9 @@ def test_only_hooked_wgmma_variants_take_the_aux_block_after_the_prefix():
     assert names[: len(prefix)] == prefix == ["tm_q", "tm_k", "tm_v", "n_heads", "n_batch"]
     assert names[len(prefix) :] == [p.name for p in (*abi.FWD, *abi.HOOK_PARAMS)]
     plain = [p["decl"] for p in rd.abi_params(WG)]
-    assert len(plain) == len(prefix) + len(abi.FWD) and "hook" not in repr(plain)
+    # a plain dense forward stores O with the TMA (O_TMA_STORE): O's map after V's
+    assert len(plain) == len(prefix) + 1 + len(abi.FWD) and "hook" not in repr(plain)
+    assert "tm_o" in plain[3]
     src = rd.render(spec).source
     sig = src[src.index(f" {spec.name}(") :]
     assert sig[: sig.index("{")].rstrip().endswith("const int hook_i3)")

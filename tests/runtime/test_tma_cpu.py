@@ -47,7 +47,7 @@ def problem(q_ptr: int) -> Problem:
     strides = (4 * 128 * 64, 128 * 64, 64)
     return Problem(
         1, 4, 128, 128, 64, "bf16", strides, strides, strides,
-        q_ptr=q_ptr, k_ptr=0x2000_0000, v_ptr=0x3000_0000,
+        strides, q_ptr=q_ptr, k_ptr=0x2000_0000, v_ptr=0x3000_0000, o_ptr=0x4000_0000,
     )  # fmt: skip
 
 
@@ -80,6 +80,7 @@ def small_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tma, "_CACHE_SIZE", 2)
     monkeypatch.setattr(tma, "_maps", YieldingLru())
     monkeypatch.setattr(tma, "_bwd_maps", YieldingLru())
+    monkeypatch.setattr(tma, "_o_maps", YieldingLru())
 
 
 def test_forward_maps_survive_threads_evicting_each_others_keys(small_caches: None) -> None:
@@ -87,7 +88,7 @@ def test_forward_maps_survive_threads_evicting_each_others_keys(small_caches: No
         # a miss (inserting, evicting another thread's key) then a hit, per thread and round
         for _ in range(2):
             maps = tma.prefix_args(WGMMA, problem(0x1000_0000 + (i * ROUNDS + r) * 0x10_0000))
-            assert len(maps) == 5
+            assert len(maps) == 6  # Q, K, V and O (O_TMA_STORE) maps, heads, batch
 
     assert hammer(work) == []
     assert len(tma._maps) <= 2

@@ -174,6 +174,11 @@ class Family:
         """Family-specific values handed to the template (all derived in Python)."""
         return {}
 
+    def fwd_prefix_of(self, spec: KernelSpec) -> tuple[Param, ...]:
+        """The leading by-value parameters of `spec`'s forward kernel: `fwd_prefix`, unless
+        the variant takes more (wgmma's O tensor map, O_TMA_STORE)."""
+        return self.fwd_prefix
+
     def bwd_dq_regions(self, spec: KernelSpec) -> int:
         """With `bwd_ordered_dq`: the column ranges of a query tile's dQ whose adds are ordered
         separately (a semaphore each per query tile)."""

@@ -390,6 +390,26 @@ static void check_map(const TensorMap& tm, const void* ptr, int d, int t, int h,
         (const T*)tm_v.opaque[0], o, lse, tq, tk, sq[0], sq[1], sq[2], sk[0], sk[1], sk[2],      \
         sv[0], sv[1], sv[2], j, k2, l, s, group, wl, wr, cap, slopes, H, B, true);              \
   }
+// A wgmma kernel that stores O with the TMA (O_TMA_STORE): a fourth map, O's (64-row boxes,
+// DV columns, over (d, tq, heads, batch)), checked as the others and O written through it.
+#define STAND_IN_TMA_O(NAME, T, D, DV, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                    \
+  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, TensorMap tm_o, int H,  \
+                       int B, const T* q, const T* k, const T* v, T* o, float* lse, int tq,    \
+                       int tk, long long a, long long b, long long c, long long d,             \
+                       long long e, long long f, long long g, long long h, long long i,        \
+                       long long j, long long k2, long long l,                                \
+                       float s, int group, int wl, int wr, float cap, const float* slopes) {    \
+    long long sq[3], sk[3], sv[3], so[3];                                                        \
+    check_map(tm_q, q, D, tq, H, B, BR, DTYPE, a, b, c, sizeof(T), sq);                          \
+    check_map(tm_k, k, D, tk, H / group, B, BC, DTYPE, d, e, f, sizeof(T), sk);                  \
+    check_map(tm_v, v, DV, tk, H / group, B, BC, DTYPE, g, h, i, sizeof(T), sv);                 \
+    check_map(tm_o, o, DV, tq, H, B, 64, DTYPE, j, k2, l, sizeof(T), so);                        \
+    attend<T, D, DV, BR, THREADS, SMEM, CAUSAL>(                                                 \
+        #NAME, (const void*)&NAME, (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0],                  \
+        (const T*)tm_v.opaque[0], (T*)tm_o.opaque[0], lse, tq, tk, sq[0], sq[1], sq[2], sk[0],   \
+        sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2], s, group, wl, wr, cap, slopes, H, \
+        B, true);                                                                                \
+  }
 // ---- the backward's three kernels (templates/mma_bwd.cu.j2, wgmma_bwd.cu.j2), in fp32 on the
 // CPU. They check the launch contract (the order _pre, main, _post on one stream with one
 // argument list; each grid, block and dynamic shared memory; the opt-in above 48 KiB; a

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,10 @@ WGMMA_SMEM_ALIGN = 1024
 # varlen: at most this many sequences are ordered longest first in shared memory (a rank per
 # sequence, quadratic in their number); more are walked in the order given.
 VARLEN_SORT_MAX = 256
+# The forward's O through shared memory and TMA stores (templates/wgmma.cu.j2, O_TMA_STORE) for
+# the dense forwards (no varlen, no hooks) whose staging fits; "0" in this variable keeps the
+# register-to-global epilogue everywhere (the renders of the tree without it).
+O_TMA_STORE_ENV = "FLASHGEN_WGMMA_O_TMA"
 
 
 @dataclass(frozen=True)
@@ -79,15 +84,43 @@ class WgmmaFamily(Family):
         WGMMA_INDEX_REGS; the zero-spill compile test guards it."""
         return self.dv_pad(spec) // 2 + spec.bc // 2 + spec.bc // 4 + WGMMA_INDEX_REGS
 
-    def smem_bytes(self, spec: KernelSpec) -> int:
-        if spec.direction == "bwd":
-            return wgmma_bwd.smem_bytes(spec)
+    def _fwd_smem(self, spec: KernelSpec) -> int:
+        """The forward's shared memory without O's staging (O_TMA_STORE)."""
         dp, dvp = self.d_pad(spec), self.dv_pad(spec)
         tiles = spec.dtype_info.itemsize * (
             dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
         )
         order = 4 * VARLEN_SORT_MAX if "varlen" in spec.features else 0  # the sequences' order
         return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages) + order
+
+    def o_stage_bytes(self, spec: KernelSpec) -> int:
+        """O's staging for the TMA store: BR rows of DVP columns (each consumer's 64 rows)."""
+        return spec.dtype_info.itemsize * spec.br * self.dv_pad(spec)
+
+    def o_tma_store(self, spec: KernelSpec) -> bool:
+        """Whether the forward writes O through shared memory and TMA stores (a fourth tensor
+        map, tm_o): dense forwards only (a varlen sequence's rows must not run past its end;
+        hooked variants keep their renders), and only where the staging fits the block's
+        shared memory (not d 128 at 3 stages or bc 176, nor d 256)."""
+        if os.environ.get(O_TMA_STORE_ENV, "1") == "0" or spec.direction != "fwd":
+            return False
+        if not isinstance(spec.features, (tuple, list)):
+            return False
+        if "varlen" in spec.features or hook_tokens(spec.features):
+            return False
+        return self._fwd_smem(spec) + self.o_stage_bytes(spec) <= self.smem_limit()
+
+    def fwd_prefix_of(self, spec: KernelSpec) -> tuple[Param, ...]:
+        # O_TMA_STORE: O's tensor map after V's, ahead of the heads and batch
+        if self.o_tma_store(spec):
+            return (*self.fwd_prefix[:3], tensor_map("tm_o"), *self.fwd_prefix[3:])
+        return self.fwd_prefix
+
+    def smem_bytes(self, spec: KernelSpec) -> int:
+        if spec.direction == "bwd":
+            return wgmma_bwd.smem_bytes(spec)
+        stage = self.o_stage_bytes(spec) if self.o_tma_store(spec) else 0
+        return self._fwd_smem(spec) + stage
 
     def scheduler(self, spec: KernelSpec) -> Scheduler:
         # persistent blocks over a one-dimensional grid (the kernel takes the heads and batch);
@@ -204,6 +237,7 @@ class WgmmaFamily(Family):
             "consumer_regs": consumer,
             "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
             "varlen_sort_max": VARLEN_SORT_MAX,
+            "o_tma_store": self.o_tma_store(spec),
             "qk_fn": qk.fn,
             "pv_fn": pv.fn,
             "wgmma_wrappers": wrappers([qk, pv]),
