@@ -11,14 +11,24 @@ o=${1:?usage: decode_ncu.sh OUT_DIR}
 mkdir -p "$o"
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
   --section WarpStateStats --section LaunchStats --section SchedulerStats"
+# L2 traffic by outcome: the long row's 34% L2 hits on a pure stream (SDPA: 2%; session 30) --
+# which reads hit, and do DRAM bytes exceed K + V?
+want="dram__bytes_read lts__t_requests_srcunit_tex_op_read lts__t_sectors_srcunit_tex_op_read
+  lts__t_sectors_srcunit_tex_op_read_lookup_hit lts__t_sectors_srcunit_tex_op_read_lookup_miss
+  lts__t_sectors_srcunit_tex_op_write l1tex__m_xbar2l1tex_read_sectors"
+ncu --query-metrics --chip gh100 > "$o/metrics.txt" 2>&1 || ncu --query-metrics > "$o/metrics.txt" 2>&1
+m=""
+for x in $want; do grep -q "^$x " "$o/metrics.txt" && m="$m,$x.sum"; done
+m=${m#,}
 prof() {  # tag impl b tk h h_kv tq
-  ncu $sections --nvtx --nvtx-include "timed/" -o "$o/$1" \
+  ncu $sections ${m:+--metrics $m} --nvtx --nvtx-include "timed/" -o "$o/$1" \
     python3 scripts/dev/profile_decode.py "$2" "$3" "$4" "$5" "$6" "$7" > "$o/$1.log" 2>&1
   ncu --import "$o/$1.ncu-rep" --page details > "$o/$1.txt" 2>&1
   ncu --import "$o/$1.ncu-rep" --page raw --csv --metrics \
     gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__block_size \
     > "$o/$1.csv" 2>&1
   echo "== $1"; cut -c1-400 "$o/$1.csv" | sed -n '1p;3,$p'
+  grep -E "^ +(dram__|lts__|l1tex__)" "$o/$1.txt"
   rm -f "$o/$1.ncu-rep"
 }
 for r in "b32tk32k-32-8 32 32768 32 8 1" "b1tk4k-8-1 1 4096 8 1 1" \
