@@ -227,6 +227,21 @@ class FakeLibcuda:
         return self.launch_rc
 
 
+    def _cuLaunchKernelEx(self, config: Any, f: int, params: Any, extra: Any) -> int:
+        """cuLaunchKernelEx: the CUlaunchConfig read back by its C layout (grid, block, shared
+        memory, stream, then the attribute array), its attributes logged as (id, first int of
+        the value union), then the launch decoded as cuLaunchKernel's."""
+        raw = ctypes.string_at(ctypes.addressof(config._obj), ctypes.sizeof(config._obj))
+        gx, gy, gz, bx, by, bz, smem = struct.unpack_from("<7I", raw, 0)
+        stream, attrs, n_attrs = struct.unpack_from("<QQI", raw, 32)  # 7 x 4 B, padded to 8
+        got = []
+        for i in range(n_attrs):  # CUlaunchAttribute: id, 4 pad bytes, a 64-byte value union
+            a_id, value = struct.unpack("<i4xi", ctypes.string_at(attrs + 72 * i, 12))
+            got.append((a_id, value))
+        self.log.append(("launch_attributes", tuple(got)))
+        return self._cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
+
+
 def install_libcuda(monkeypatch: pytest.MonkeyPatch) -> FakeLibcuda:
     """Route flashgen's driver calls to a fresh FakeLibcuda; forget cached plans."""
     fake = FakeLibcuda()

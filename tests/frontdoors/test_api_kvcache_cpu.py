@@ -179,6 +179,34 @@ def test_a_contiguous_call_passes_its_pointers_sizes_and_strides(fake_gpu: Any) 
     assert len(zeroed) == 1 and zeroed[0][1] == a["counters"] and zeroed[0][2] == 0
 
 
+def test_on_sm_90_decode_launches_as_a_programmatic_dependent(fake_gpu: Any) -> None:
+    # the kernel waits at griddepcontrol.wait (templates/mma_decode.cu.j2), so the host launches
+    # it with PROGRAMMATIC_STREAM_SERIALIZATION (id 6) allowed (1) through cuLaunchKernelEx
+    q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
+    flashgen.attention_with_kvcache(q, k, v, 4096)
+    attributes = [e[1] for e in fake_gpu.log if e[0] == "launch_attributes"]
+    assert attributes == [((6, 1),)]
+    (a,) = fake_gpu.decode_launches  # the same arguments as a plain launch
+    assert a["grid"][0] > 1 and a["tk"] == 4096
+
+
+def test_before_sm_90_decode_launches_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _fakecuda import install_libcuda, install_pycuda
+
+    import flashgen.api
+    from flashgen import api_kvcache
+
+    install_pycuda(monkeypatch, cc=(8, 0))
+    cuda = install_libcuda(monkeypatch)
+    cuda.decode_params = True
+    monkeypatch.setattr(api_kvcache, "_entries", {})
+    monkeypatch.setattr(flashgen.api, "_entries", {})
+    q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
+    flashgen.attention_with_kvcache(q, k, v, 4096)
+    assert len(cuda.decode_launches) == 1
+    assert not [e for e in cuda.log if e[0] == "launch_attributes"]
+
+
 def test_a_paged_call_passes_the_table_and_page_geometry(fake_gpu: Any) -> None:
     b, n_pages, page, per_seq = 3, 40, 16, 8
     q = device((b, 1, 4, 64))
