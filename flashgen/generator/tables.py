@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from flashgen.generator.arch import arch_number
 from flashgen.generator.spec import KernelSpec
 
 TABLE_PACKAGE_DIR = "tuning"
@@ -59,8 +60,11 @@ def arch_table(major: int) -> tuple[str, dict[str, Any]]:
     prior than the families' tile preferences."""
     for path in sorted(table_dir().glob("*.json")):
         arch, entries = _read(path)
-        m = re.fullmatch(r"sm_(\d+)[a-z]?", arch)  # policy.arch_major's rule (a layer above)
-        if m and int(m.group(1)) // 10 == major and entries:
+        try:
+            same = arch_number(arch) // 10 == major
+        except ValueError:  # no or a malformed "arch" field
+            same = False
+        if same and entries:
             return path.stem, entries
     return "", {}
 

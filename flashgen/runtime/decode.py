@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashgen.generator import abi
+from flashgen.generator.arch import arch_number
 from flashgen.generator.families.mma.decode import (
     DECODE_MERGE_MAX,
     DECODE_REG_BUDGET,
@@ -216,7 +217,7 @@ class DecodeLaunch:
         self.params = (c.c_void_p * len(addrs))(*addrs)
         # sm_90 kernels wait at griddepcontrol.wait (templates/mma_decode.cu.j2): launch them as
         # programmatic dependents, so a block's start overlaps the previous kernel's end
-        self._dependent = int(plan.arch.removeprefix("sm_").rstrip("a")) >= 90
+        self._dependent = arch_number(plan.arch) >= 90
         self._lock = threading.Lock()
 
     def __call__(self, pointers: Sequence[int], stream: int) -> None:

@@ -137,6 +137,11 @@ class LaunchAttribute(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
 
 
+# the one attribute of a programmatic dependent launch, built once (launches only point at it)
+_DEPENDENT = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+_DEPENDENT.value[0] = 1
+
+
 class LaunchConfig(ctypes.Structure):
     """CUlaunchConfig (cuLaunchKernelEx's first argument)."""
 
@@ -356,9 +361,8 @@ def launch_in_context(
     try:
         gx, gy, gz = grid
         if dependent and drv.cuLaunchKernelEx is not None:
-            attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            attr.value[0] = 1
-            cfg = LaunchConfig((gx, gy, gz), (threads, 1, 1), smem, stream, ctypes.pointer(attr), 1)
+            dep = ctypes.pointer(_DEPENDENT)
+            cfg = LaunchConfig((gx, gy, gz), (threads, 1, 1), smem, stream, dep, 1)
             return int(drv.cuLaunchKernelEx(ctypes.byref(cfg), function, params, None))
         return int(
             drv.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, smem, stream, params, None)

@@ -178,12 +178,21 @@ def o_tensor_map(spec: KernelSpec, p: Problem) -> TensorMap:
     return tmap
 
 
+@cache
+def _stores_o(spec: KernelSpec) -> bool:
+    """`WgmmaFamily.o_tma_store`, once per variant: it reads the environment and sizes shared
+    memory (~2.5 us), and the prefix is rebuilt whenever O moves, so on the per-call path. The
+    variant's plan was rendered with the same answer (FLASHGEN_WGMMA_O_TMA is set before a
+    process's first call)."""
+    return WGMMA.o_tma_store(spec)
+
+
 def prefix_args(spec: KernelSpec, problem: Problem) -> list[Any]:
     """The `wgmma` kernels' leading arguments (launch.py's prefix-args hook): the Q, K and V
     tensor maps (and O's, for a forward that stores O with the TMA), then the heads and batch
     (its persistent grid is one-dimensional)."""
     maps: list[Any] = list(tensor_maps(spec, problem))
-    if WGMMA.o_tma_store(spec):
+    if _stores_o(spec):
         maps.append(o_tensor_map(spec, problem))
     return [*maps, ctypes.c_int(problem.h), ctypes.c_int(problem.b)]
 
