@@ -24,7 +24,6 @@ Why: issue 26's small rows run 0.69-0.94x SDPA at a fixed ~10 us (bench/NOTES.md
 
 from __future__ import annotations
 
-import ctypes
 import json
 import statistics
 import sys
@@ -33,9 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from kernel_globals import libcuda, recorded_call  # scripts/dev, beside this file
 
 from flashgen.kvcache import attention_with_kvcache
-from flashgen.runtime import launch
 
 TL_BLOCKS, TL_POINTS = 4096, 12  # the patch's fg_timeline[TL_BLOCKS][TL_POINTS][2]
 STAGES = [("wait", 0, 1), ("issue", 1, 2), ("q", 2, 3), ("tile0", 3, 4), ("tiles", 4, 5),
@@ -43,52 +42,6 @@ STAGES = [("wait", 0, 1), ("issue", 1, 2), ("q", 2, 3), ("tile0", 3, 4), ("tiles
           ("fmerge", 9, 10), ("store1", 5, 11)]  # fmt: skip
 ROWS = [(1, 4096, 8, 1), (1, 32768, 8, 1), (1, 4096, 32, 8), (8, 4096, 32, 8), (32, 32768, 32, 8)]
 CALLS = 5
-
-
-def _cuda() -> Any:
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
-                                         ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
-                                         ctypes.c_char_p]  # fmt: skip
-    lib.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
-    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    return lib
-
-
-def _timelines(lib: Any) -> list[tuple[int, int, str]]:
-    """(device pointer, bytes, kernel name) of every loaded decode module's fg_timeline."""
-    found = []
-    for plan in launch._plans.values():
-        if plan.spec.name.startswith("flash_decode"):
-            ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
-            rc = lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size),
-                                          ctypes.c_void_p(plan.module), b"fg_timeline")  # fmt: skip
-            if rc == 0:
-                found.append((ptr.value, size.value, plan.spec.name))
-    if not found:
-        raise SystemExit("no decode module holds fg_timeline: is decode-timeline.patch applied?")
-    return found
-
-
-def _recorded_call(lib: Any, call: Any, host: np.ndarray) -> str:
-    """Zero every decode module's timeline, run `call` once, and read back the one it wrote
-    into `host`; returns that kernel's name."""
-    tls = _timelines(lib)
-    for ptr, size, _ in tls:
-        assert size == host.nbytes and lib.cuMemsetD8_v2(ptr, 0, size) == 0
-    torch.cuda.synchronize()
-    call()
-    torch.cuda.synchronize()
-    written = []
-    for ptr, size, name in tls:
-        assert lib.cuMemcpyDtoH_v2(host.ctypes.data, ptr, size) == 0
-        if host[:, 0, 0].any():
-            written.append(name)
-            kept = host.copy()
-    if len(written) != 1:
-        raise SystemExit(f"expected one decode kernel to record, got {written}")
-    host[...] = kept
-    return written[0]
 
 
 def _per_call(raw: np.ndarray) -> dict[str, Any]:
@@ -125,7 +78,7 @@ def _event_us(call: Any, n: int = 50) -> float:
 def main() -> None:
     out_path = sys.argv[1]
     rows = [tuple(int(x) for x in a.split(",")) for a in sys.argv[2:]] or ROWS
-    lib = _cuda()
+    lib = libcuda()
     results = []
     for b, tk, h, h_kv in rows:
         d, dt = 128, torch.bfloat16
@@ -148,7 +101,7 @@ def main() -> None:
         host = np.zeros((TL_BLOCKS, TL_POINTS, 2), dtype=np.uint64)
         calls, name = [], ""
         for _ in range(CALLS):
-            name = _recorded_call(lib, call, host)
+            name = recorded_call(lib, call, host, "flash_decode", b"fg_timeline")
             calls.append(_per_call(host))
         row: dict[str, Any] = {
             "row": [b, tk, h, h_kv], "kernel": name, "calls": calls,

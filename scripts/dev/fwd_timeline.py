@@ -23,7 +23,6 @@ Why: the causal window runs 0.885-0.908x the plain causal kernel (issue 28's bar
 
 from __future__ import annotations
 
-import ctypes
 import json
 import statistics
 import sys
@@ -31,9 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from kernel_globals import libcuda, recorded_call  # scripts/dev, beside this file
 
 from flashgen import torch as fg
-from flashgen.runtime import launch
 
 FTL_ITEMS = 16384  # the patch's fg_ftl[FTL_ITEMS][8][2]
 ROWS: list[dict[str, Any]] = [
@@ -44,46 +43,6 @@ ROWS: list[dict[str, Any]] = [
     {"name": "d64 causal T4k", "b": 4, "h": 32, "t": 4096, "d": 64, "causal": True},
 ]  # fmt: skip
 CALLS = 3
-
-
-def _cuda() -> Any:
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64),
-                                         ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p,
-                                         ctypes.c_char_p]  # fmt: skip
-    lib.cuMemsetD8_v2.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t]
-    lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
-    return lib
-
-
-def _recorded_call(lib: Any, call: Any, host: np.ndarray) -> str:
-    """Zero every loaded wgmma forward module's fg_ftl, run `call` once, read back the one it
-    wrote into `host`; returns that kernel's name."""
-    tls: list[tuple[int, int, str]] = []
-    for plan in launch._plans.values():
-        if plan.spec.name.startswith("flash_fwd_wgmma"):
-            ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
-            rc = lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size),
-                                          ctypes.c_void_p(plan.module), b"fg_ftl")  # fmt: skip
-            if rc == 0:
-                tls.append((ptr.value, size.value, plan.spec.name))
-    if not tls:
-        raise SystemExit("no wgmma module holds fg_ftl: is wgmma-fwd-timeline.patch applied?")
-    for dptr, nbytes, _ in tls:
-        assert nbytes == host.nbytes and lib.cuMemsetD8_v2(dptr, 0, nbytes) == 0
-    torch.cuda.synchronize()
-    call()
-    torch.cuda.synchronize()
-    written, kept = [], host.copy()
-    for dptr, nbytes, name in tls:
-        assert lib.cuMemcpyDtoH_v2(host.ctypes.data, dptr, nbytes) == 0
-        if host[:, 0, 0].any():
-            written.append(name)
-            kept = host.copy()
-    if len(written) != 1:
-        raise SystemExit(f"expected one wgmma kernel to record, got {written}")
-    host[...] = kept
-    return written[0]
 
 
 def _med(xs: list[float]) -> float:
@@ -129,7 +88,7 @@ def _per_call(raw: np.ndarray) -> dict[str, Any]:
 
 def main() -> None:
     out_path = sys.argv[1]
-    lib = _cuda()
+    lib = libcuda()
     host = np.zeros((FTL_ITEMS, 8, 2), dtype=np.uint64)
     results = []
     for row in ROWS:
@@ -147,7 +106,7 @@ def main() -> None:
             call()
         calls, name = [], ""
         for _ in range(CALLS):
-            name = _recorded_call(lib, call, host)
+            name = recorded_call(lib, call, host, "flash_fwd_wgmma", b"fg_ftl")
             calls.append(_per_call(host))
         results.append({"row": row["name"], "kernel": name, "calls": calls})
         mid = calls[len(calls) // 2]
