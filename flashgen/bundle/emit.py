@@ -214,7 +214,9 @@ class Variant:
             "threads": s.threads,
             "smem_bytes": s.smem_bytes,
             # a forward that stores O with the TMA (wgmma, O_TMA_STORE): O's map, 64-row boxes
+            # (varlen: over the packed rows, as Q's; its stride check names the packed layout)
             "o_map": s.direction == "fwd" and any(p.name == "tm_o" for p in s.fam.fwd_prefix_of(s)),
+            "varlen": "varlen" in s.features,
             "needs_opt_in": s.smem_bytes > STATIC_SMEM_LIMIT,
             # more than the smallest GPU of a shipped arch lets a block use (sm_86/89/120: 99
             # KiB): the launcher checks the device before it opts in

@@ -11,10 +11,12 @@ The maps go ahead of the common arguments through launch.py's prefix-args hook (
 calls `cuLaunchKernel` with an array of pointers to each argument; PyCUDA's `prepared_call`
 cannot pass them: its packed parameter buffer gave "illegal instruction" on the H200).
 
-A forward that stores O with the TMA (`WgmmaFamily.o_tma_store`: the dense forwards whose
+A forward that stores O with the TMA (`WgmmaFamily.o_tma_store`: the unhooked forwards whose
 staging fits) takes a fourth map after V's, O's, with boxes of 64 rows (one consumer
 warpgroup's) and the same 64-column, 128-byte-swizzled layout; its row extent is Tq, so the
-store clips a last partial tile's rows.
+store clips a last partial tile's rows. A varlen problem is the packed tensors as one batch
+(B = 1, Tq the total query rows, O's own strides), so O's map is over the packed rows as Q's
+is; the kernel stores with it only the 64-row blocks wholly inside their sequence.
 
 The `wgmma` backward's three kernels take four maps, tm_q, tm_k, tm_v, tm_do (Q and dO with
 boxes of BR rows, K and V of BC rows, over the K/V heads), ahead of the backward's C ABI

@@ -225,7 +225,9 @@ def _stand_in_line(s: KernelSpec) -> str:
         return f"STAND_IN_DECODE({s.name}, {s.dtype_info.ctype}, {args})"
     if "varlen" in s.features:
         args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
-        return f"STAND_IN_VARLEN({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
+        o_map = len(s.fam.fwd_prefix_of(s)) > len(s.fam.fwd_prefix)  # O_TMA_STORE: tm_o too
+        macro = "STAND_IN_VARLEN_O" if o_map else "STAND_IN_VARLEN"
+        return f"{macro}({s.name}, {s.dtype_info.ctype}, {args}, {TMA_DTYPE[s.dtype]})"
     if s.family == "wgmma":
         args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
         o_map = len(s.fam.fwd_prefix_of(s)) > len(s.fam.fwd_prefix)  # O_TMA_STORE: tm_o too

@@ -131,6 +131,13 @@ def test_the_launcher_builds_varlen_maps_over_the_packed_totals_and_passes_the_s
     assert q_map + "p->total_q, 64," in launcher
     assert "p->cu_seqlens_q, p->cu_seqlens_k, p->n_seqs);" in launcher
     assert "window_side(p->use_window, p->window_left, p->total_k)" in launcher
+    # VARLEN stores O with the TMA (O_TMA_STORE): O's map over the packed rows as Q's, 64-row
+    # boxes, passed after V's; O's strides checked as a map's, the fix naming the packed layout
+    assert VARLEN.fam.o_tma_store(VARLEN)
+    o_map = "encode_map(encode, &maps[3], p->o, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 1, p->H, "
+    assert o_map + "p->total_q, 64, 0, p->o_head_stride, p->o_token_stride, 2, 64);" in launcher
+    assert "maps[0], maps[1], maps[2], maps[3], p->H, n_batch= 1," in launcher
+    assert '"varlen kernel stores o with TMA): pass a packed (total_q, H, dv) o, as "' in launcher
 
 
 def test_a_decode_launcher_zeroes_its_counters_on_the_stream_and_never_synchronises() -> None:

@@ -185,3 +185,70 @@ def test_a_chosen_spec_must_be_a_varlen_variant(fake_gpu: Any) -> None:
         flashgen.attention_varlen(q, k, v, cu, cu, spec=plain)
     with pytest.raises(ValueError, match=r"max_seqlen_q=501: longer than the 500 packed tokens"):
         flashgen.attention_varlen(q, k, v, cu, cu, 501, 10)
+
+
+# ---- the real tensor-map prefix: O's map over the packed rows (O_TMA_STORE) --------------------
+class RecordingEncoder:
+    """libcuda's cuTensorMapEncodeTiled as tma.encode calls it: it writes what it was given into
+    the map's opaque words (0: base, 1-4: dims, 5-7: byte strides, 8-11: box, 12: data type),
+    so a launch's tensor-map arguments read back as the maps encoded."""
+
+    @staticmethod
+    def cuTensorMapEncodeTiled(tmap: Any, dtype: int, rank: int, ptr: Any, dims: Any,
+                               strides: Any, box: Any, *rest: Any) -> int:  # fmt: skip
+        words = tmap._obj.opaque
+        words[0] = ptr.value
+        for i in range(4):
+            words[1 + i], words[8 + i] = dims[i], box[i]
+        for i in range(3):
+            words[5 + i] = strides[i]
+        words[12] = dtype
+        return 0
+
+
+def test_a_varlen_o_tma_launch_passes_o_map_over_the_packed_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from collections import OrderedDict
+
+    from _fakecuda import install_libcuda, install_pycuda
+
+    from flashgen import api_varlen
+    from flashgen.generator.families.wgmma import WGMMA
+    from flashgen.generator.spec import KernelSpec
+    from flashgen.runtime import launch, tma
+    from flashgen.runtime.prefix import PrefixRegistry
+
+    calls = install_pycuda(monkeypatch, cc=(9, 0))
+    cuda = install_libcuda(monkeypatch)
+    cuda.prefix_sizes = [128, 128, 128, 128, 4, 4]  # tm_q, tm_k, tm_v, tm_o, heads, batch
+    monkeypatch.setattr(api_varlen, "_entries", {})
+    monkeypatch.setattr(tma, "_libcuda", lambda: RecordingEncoder)
+    monkeypatch.setattr(tma, "_maps", OrderedDict())
+    monkeypatch.setattr(tma, "_o_maps", OrderedDict())
+    monkeypatch.setattr(
+        launch, "_prefixes", PrefixRegistry(launch.POINTERS, launch.PREFIX_PROVIDERS, "kernels")
+    )
+    launch.register_prefix_args("wgmma", tma.prefix_args, uses=("q", "k", "v", "o"))
+    tq, tk, h, h_kv, d = 1000, 3000, 8, 2, 128
+    q = device((tq, h, d), at=0x1000_0000)
+    k, v = device((tk, h_kv, d), at=0x2000_0000), device((tk, h_kv, d), at=0x3000_0000)
+    cu_q = device((4,), np.int32, at=0x4000_0000)
+    cu_k = device((4,), np.int32, at=0x5000_0000)
+    o = flashgen.attention_varlen(q, k, v, cu_q, cu_k, 600, 2000, causal=True)
+    (name,) = [c[1] for c in calls.log if c[0] == "compile"]
+    assert "_varlen_" in name and WGMMA.o_tma_store(KernelSpec.from_name(name))
+    (a,) = cuda.launches
+    q_map, _, _, o_map = (np.frombuffer(blob, np.uint64).tolist() for blob in a.prefix[:4])
+    heads, batch = (int.from_bytes(blob, "little", signed=True) for blob in a.prefix[4:])
+    assert (heads, batch) == (h, 1)  # the packed tensors are one batch
+    # O's map: the output's base, (d, total_q, H, 1) as Q's, O's own byte strides (token H*d,
+    # head d; the batch axis of extent 1 takes the packed stride), boxes of 64 rows by 64
+    itemsize = 2
+    assert o_map[0] == o.gpudata == a.ptrs[3]
+    assert o_map[1:5] == q_map[1:5] == [d, tq, h, 1]
+    assert o_map[5:8] == [h * d * itemsize, d * itemsize, h * d * itemsize]
+    assert o_map[8:12] == [64, 64, 1, 1] and q_map[8:12] == [64, 128, 1, 1]
+    assert o_map[12] == q_map[12] == tma.TMA_DTYPE["fp16"]
+    # the kernel's own o strides are the same (batch, head, token) view
+    assert a.strides[10:12] == (d, h * d)

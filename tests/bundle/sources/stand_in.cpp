@@ -818,6 +818,27 @@ static void varlen(const char* name, const void* self, int H, int n_batch, const
         (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0], (const T*)tm_v.opaque[0], o, lse,  \
         tq, tk, s, sc, group, wl, wr, cap, slopes, cu_q, cu_k, n_seqs);                       \
   }
+// A varlen kernel that stores O with the TMA (O_TMA_STORE): a fourth map, O's, over the packed
+// rows as Q's (64-row boxes, DV columns, one batch), checked as the others and O written
+// through it.
+#define STAND_IN_VARLEN_O(NAME, T, D, DV, BR, BC, THREADS, SMEM, CAUSAL, DTYPE)                \
+  extern "C" void NAME(TensorMap tm_q, TensorMap tm_k, TensorMap tm_v, TensorMap tm_o, int H, \
+                       int B, const T* q, const T* k, const T* v, T* o, float* lse, int tq,   \
+                       int tk, long long a, long long b, long long c, long long d,            \
+                       long long e, long long f, long long g, long long h, long long i,       \
+                       long long j, long long k2, long long l, float sc, int group, int wl,   \
+                       int wr, float cap, const float* slopes, const int* cu_q,               \
+                       const int* cu_k, int n_seqs) {                                         \
+    long long s[12] = {a, b, c, d, e, f, g, h, i, j, k2, l};                                  \
+    check_map(tm_q, q, D, tq, H, 1, BR, DTYPE, a, b, c, sizeof(T), s);                        \
+    check_map(tm_k, k, D, tk, H / group, 1, BC, DTYPE, d, e, f, sizeof(T), s + 3);            \
+    check_map(tm_v, v, DV, tk, H / group, 1, BC, DTYPE, g, h, i, sizeof(T), s + 6);           \
+    check_map(tm_o, o, DV, tq, H, 1, 64, DTYPE, j, k2, l, sizeof(T), s + 9);                  \
+    varlen<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, H, B,              \
+        (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0], (const T*)tm_v.opaque[0],         \
+        (T*)tm_o.opaque[0], lse, tq, tk, s, sc, group, wl, wr, cap, slopes, cu_q, cu_k,       \
+        n_seqs);                                                                              \
+  }
 
 template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
 static void decode(const char* name, const void* self, const T* q, const T* k, const T* v, T* o,

@@ -28,7 +28,7 @@ WGMMA_SMEM_ALIGN = 1024
 # sequence, quadratic in their number); more are walked in the order given.
 VARLEN_SORT_MAX = 256
 # The forward's O through shared memory and TMA stores (templates/wgmma.cu.j2, O_TMA_STORE) for
-# the dense forwards (no varlen, no hooks) whose staging fits; "0" in this variable keeps the
+# the unhooked forwards (dense and varlen) whose staging fits; "0" in this variable keeps the
 # register-to-global epilogue everywhere (the renders of the tree without it).
 O_TMA_STORE_ENV = "FLASHGEN_WGMMA_O_TMA"
 
@@ -99,14 +99,16 @@ class WgmmaFamily(Family):
 
     def o_tma_store(self, spec: KernelSpec) -> bool:
         """Whether the forward writes O through shared memory and TMA stores (a fourth tensor
-        map, tm_o): dense forwards only (a varlen sequence's rows must not run past its end;
-        hooked variants keep their renders), and only where the staging fits the block's
-        shared memory (not d 128 at 3 stages or bc 176, nor d 256)."""
+        map, tm_o): unhooked forwards (hooked variants keep their renders), and only where the
+        staging fits the block's shared memory (not d 128 at 3 stages or bc 176, nor d 256;
+        varlen: the same, its sequences' order included in `_fwd_smem`). A varlen kernel
+        stores only the 64-row blocks wholly inside their sequence so (a box must not run
+        into the next sequence's rows) and writes the others from the registers."""
         if os.environ.get(O_TMA_STORE_ENV, "1") == "0" or spec.direction != "fwd":
             return False
         if not isinstance(spec.features, (tuple, list)):
             return False
-        if "varlen" in spec.features or hook_tokens(spec.features):
+        if hook_tokens(spec.features):
             return False
         return self._fwd_smem(spec) + self.o_stage_bytes(spec) <= self.smem_limit()
 
