@@ -15,8 +15,10 @@ item (a query tile of a head), in consumer 0's SM cycles:
   drain   -> the last O += P V done
   epi     -> the epilogue done (O stored)
 and `fixed` = load + first + drain + epi in units of one steady step: what an item pays beyond
-its steps. Also the kernel span, the consumers' busy share (item time over span x SMs used) and
-the gaps between consecutive items on one SM (block start and end, in ns).
+its steps. Rows marked persistent force the persistent grid (PERSISTENT_MAX_KEY_TILES raised
+for the row: the scheduler reads it at each call). Also the kernel span, the consumers' busy
+share (item time over span x SMs used) and the gaps between consecutive items on one SM (block
+start and end, in ns).
 Why: the causal window runs 0.885-0.908x the plain causal kernel (issue 28's bar: 0.95), with
 33 steps an item against 64.5: the fixed cost per item is the suspect (bench/NOTES.md).
 """
@@ -33,6 +35,7 @@ import torch
 from kernel_globals import libcuda, recorded_call  # scripts/dev, beside this file
 
 from flashgen import torch as fg
+from flashgen.generator import schedulers
 
 FTL_ITEMS = 16384  # the patch's fg_ftl[FTL_ITEMS][8][2]
 ROWS: list[dict[str, Any]] = [
@@ -41,6 +44,12 @@ ROWS: list[dict[str, Any]] = [
      "window": (4096, 0)},
     {"name": "d128 noncausal T16k", "b": 1, "h": 16, "t": 16384, "d": 128, "causal": False},
     {"name": "d64 causal T4k", "b": 4, "h": 32, "t": 4096, "d": 64, "causal": True},
+    # the window and plain causal rows again on the persistent grid (forced): where its 7-10%
+    # loss on the window (bench/NOTES.md, "Window cost (issue 12)") goes, stage by stage
+    {"name": "d128 window4096 T16k persistent", "b": 1, "h": 16, "t": 16384, "d": 128,
+     "causal": True, "window": (4096, 0), "persistent": True},
+    {"name": "d128 causal T16k persistent", "b": 1, "h": 16, "t": 16384, "d": 128,
+     "causal": True, "persistent": True},
 ]  # fmt: skip
 CALLS = 3
 
@@ -91,7 +100,9 @@ def main() -> None:
     lib = libcuda()
     host = np.zeros((FTL_ITEMS, 8, 2), dtype=np.uint64)
     results = []
+    shipped_max = schedulers.PERSISTENT_MAX_KEY_TILES
     for row in ROWS:
+        schedulers.PERSISTENT_MAX_KEY_TILES = 1 << 30 if row.get("persistent") else shipped_max
         b, h, t, d = row["b"], row["h"], row["t"], row["d"]
         x = [torch.randn(b, t, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
              for _ in range(3)]  # fmt: skip
