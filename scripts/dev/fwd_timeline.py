@@ -45,10 +45,12 @@ ROWS: list[dict[str, Any]] = [
     {"name": "d128 noncausal T16k", "b": 1, "h": 16, "t": 16384, "d": 128, "causal": False},
     {"name": "d64 causal T4k", "b": 4, "h": 32, "t": 4096, "d": 64, "causal": True},
     # the window and plain causal rows again on the persistent grid (forced): where its 7-10%
-    # loss on the window (bench/NOTES.md, "Window cost (issue 12)") goes, stage by stage
-    {"name": "d128 window4096 T16k persistent", "b": 1, "h": 16, "t": 16384, "d": 128,
+    # loss on the window (bench/NOTES.md, "Window cost (issue 12)") goes, stage by stage. B 2 x
+    # H 8 (the same 2048 items): a launch plan is cached per shape, so the rows above' shapes
+    # would keep their block-per-tile grid (session 31's first try did exactly that)
+    {"name": "d128 window4096 T16k persistent", "b": 2, "h": 8, "t": 16384, "d": 128,
      "causal": True, "window": (4096, 0), "persistent": True},
-    {"name": "d128 causal T16k persistent", "b": 1, "h": 16, "t": 16384, "d": 128,
+    {"name": "d128 causal T16k persistent", "b": 2, "h": 8, "t": 16384, "d": 128,
      "causal": True, "persistent": True},
 ]  # fmt: skip
 CALLS = 3
