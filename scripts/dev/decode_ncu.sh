@@ -16,10 +16,10 @@ sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occu
 want="dram__bytes_read lts__t_requests_srcunit_tex_op_read lts__t_sectors_srcunit_tex_op_read
   lts__t_sectors_srcunit_tex_op_read_lookup_hit lts__t_sectors_srcunit_tex_op_read_lookup_miss
   lts__t_sectors_srcunit_tex_op_write l1tex__m_xbar2l1tex_read_sectors"
-ncu --query-metrics --chip gh100 > "$o/metrics.txt" 2>&1 || ncu --query-metrics > "$o/metrics.txt" 2>&1
-m=""
-for x in $want; do grep -q "^$x " "$o/metrics.txt" && m="$m,$x.sum"; done
-m=${m#,}
+# shellcheck source=scripts/dev/ncu_metrics.sh
+source "$(dirname "$0")/ncu_metrics.sh"
+# shellcheck disable=SC2086  # $want: one metric name a word
+m=$(known_metrics "$o" $want)
 prof() {  # tag impl b tk h h_kv tq
   ncu $sections ${m:+--metrics $m} --nvtx --nvtx-include "timed/" -o "$o/$1" \
     python3 scripts/dev/profile_decode.py "$2" "$3" "$4" "$5" "$6" "$7" > "$o/$1.log" 2>&1

@@ -15,10 +15,10 @@ want="lts__t_sectors lts__t_requests lts__t_sectors_srcunit_tex lts__t_sectors_s
   lts__t_sectors_srcunit_tex_op_write smsp__inst_executed l1tex__t_requests l1tex__t_sectors
   l1tex__t_sectors_pipe_lsu_mem_global_op_ld l1tex__t_sectors_pipe_lsu_mem_global_op_st
   l1tex__m_xbar2l1tex_read_sectors l1tex__m_l1tex2xbar_write_sectors"
-ncu --query-metrics --chip gh100 > "$o/metrics.txt" 2>&1 || ncu --query-metrics > "$o/metrics.txt" 2>&1
-m=""
-for x in $want; do grep -q "^$x " "$o/metrics.txt" && m="$m,$x.sum"; done
-m=${m#,}
+# shellcheck source=scripts/dev/ncu_metrics.sh
+source "$(dirname "$0")/ncu_metrics.sh"
+# shellcheck disable=SC2086  # $want: one metric name a word
+m=$(known_metrics "$o" $want)
 prof() {  # tag impl kernel-regex d causal t
   ncu $sections ${m:+--metrics $m} -k regex:"$3" -s 1 -c 1 -o "$o/$1" \
     python3 scripts/dev/profile_impl.py "$2" "$4" "$5" "$6" > "$o/$1.log" 2>&1
