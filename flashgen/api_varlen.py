@@ -265,7 +265,11 @@ def _on_device(
         streams = array_args.producer_streams(list(zip(_NAMES, arrays, strict=True)), values)
         launch.wait_for_streams(streams, 0)
     ptr = array_args.device_ptr
-    e.bound(ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse), 0, ptr(cu_q), ptr(cu_k))
+    # the tile scheduler's two counter words: the runtime's kernel-restored zeros (every call
+    # here runs on the legacy default stream, which orders them); held through the launch
+    counter = runtime.decode_counters(2)
+    e.bound(ptr(q), ptr(k), ptr(v), ptr(o), ptr(lse), 0, ptr(cu_q), ptr(cu_k),
+            counter=int(counter.gpudata))  # fmt: skip
     return o, lse
 
 

@@ -14,9 +14,11 @@ the sequences' tokens one after another.
 Each sequence is attended on its own, every mask per sequence: causal is aligned to its
 bottom-right corner (query i sees keys j <= i + len_k - len_q), and the window and ALiBi
 positions are its own. The kernel is family wgmma's forward compiled with `varlen` (Hopper;
-runtime.launch binds its sequences): the persistent blocks walk each sequence's own query
-tiles, reading the lengths on the GPU, so a call never waits for the GPU and is safe inside
-CUDA-graph capture once a first call of its signature compiled and loaded the kernel.
+runtime.launch binds its sequences): the persistent blocks take each sequence's own query
+tiles from a global counter, reading the lengths on the GPU, so a call never waits for the GPU
+and is safe inside CUDA-graph capture once a first call of its signature compiled and loaded
+the kernel (the counter's two words: one kernel-restored pair per stream, fresh zeroed words
+per call under capture; `_work_counter`).
 
 cu_seqlens cannot be checked without a synchronization. A sequence whose key rows fall outside
 k gets NaN rows (O and LSE); one whose query rows are out of order or outside q gets nothing
@@ -85,7 +87,32 @@ class _Entry:
 
 _entries: dict[tuple[Any, ...], _Entry] = {}
 _plans: dict[tuple[Any, ...], launch.LaunchPlan] = {}
+_counters: dict[tuple[int, int], Any] = {}  # (device, stream) -> 2 int32 zeros (kernel-restored)
 _lock = threading.Lock()
+
+
+def _work_counter(dev: int, stream: int) -> Any:
+    """The two int32 words a varlen forward's tile scheduler counts in (abi.VARLEN_FWD): zero
+    when the launch starts, and used by no launch that may run at the same time.
+
+    Eager calls share one pair per (device, stream): the stream orders its launches, and each
+    launch leaves the words zero (its last block resets them), so a call costs nothing more
+    than a dict lookup, and launches on other streams never touch the pair. Under CUDA-graph
+    capture each call gets fresh words zeroed by a node of the graph instead: a replay may run
+    on any stream, beside eager calls or other graphs, and must share its words with none of
+    them. (Capture is asked of the current device's stream, which is q's in any capture that
+    torch.cuda.graph sets up.) Neither path reads anything back from the GPU."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=f"cuda:{dev}")
+    key = (dev, stream)
+    buf = _counters.get(key)
+    if buf is None:
+        with _lock:
+            buf = _counters.get(key)
+            if buf is None:  # zeroed on that stream (the device's current one), before any use
+                buf = torch.zeros(2, dtype=torch.int32, device=f"cuda:{dev}")
+                _counters[key] = buf
+    return buf
 
 
 def _as_batch(x: Any) -> Any:
@@ -214,9 +241,12 @@ def _run(
         e = _prepare(key, q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variant, values)
     o = torch.empty(e.o_shape, dtype=e.dtype, device=e.device)
     lse = torch.empty(e.lse_shape, dtype=torch.float32, device=e.device)
+    dev = e.device.index
+    stream = raw_stream(dev)
+    counter = _work_counter(dev, stream)  # held through the launch
     e.bound(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-        raw_stream(e.device.index), cu_q.data_ptr(), cu_k.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), stream,
+        cu_q.data_ptr(), cu_k.data_ptr(), counter=counter.data_ptr(),
     )  # fmt: skip
     return o, lse
 
@@ -555,6 +585,7 @@ def clear_cache() -> None:
         _plans.clear()
         _bwd_entries.clear()
         _bwd_plans.clear()
+        _counters.clear()
 
 
 __all__ = [

@@ -67,7 +67,8 @@ class Launch:
     softcap: float = 0.0
     alibi: int = 0
     hook_block: tuple[int | float, ...] = ()  # a hooked launch's aux block (HOOK_PARAMS order)
-    varlen: tuple[int, int, int] | None = None  # a varlen launch's (cu_seqlens_q, _k, n_seqs)
+    # a varlen launch's (cu_seqlens_q, cu_seqlens_k, n_seqs, work_counter)
+    varlen: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -191,7 +192,7 @@ class FakeLibcuda:
             self.log.append(("launch",))
             return self.launch_rc
         hooked = len(addrs) == n + launch.N_COMMON_ARGS + len(HOOK_PARAMS)
-        varlen = len(addrs) == n + launch.N_COMMON_ARGS + len(abi.VARLEN)
+        varlen = len(addrs) == n + launch.N_COMMON_ARGS + len(abi.VARLEN_FWD)
         assert len(addrs) == n + launch.N_COMMON_ARGS or hooked or varlen
         readers = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
         block = tuple(
@@ -220,7 +221,8 @@ class FakeLibcuda:
                 block,
                 (int(ctypes.c_void_p.from_address(common[25]).value or 0),
                  int(ctypes.c_void_p.from_address(common[26]).value or 0),
-                 ctypes.c_int.from_address(common[27]).value) if varlen else None,
+                 ctypes.c_int.from_address(common[27]).value,
+                 int(ctypes.c_void_p.from_address(common[28]).value or 0)) if varlen else None,
             )
         )  # fmt: skip
         self.log.append(("launch",))

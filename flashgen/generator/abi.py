@@ -107,12 +107,25 @@ tq = total query and tk = total key tokens (the strides' batch entries unused) a
 (H, tq); each sequence is attended on its own (causal bottom-right per sequence)."""
 
 
+VARLEN_FWD: tuple[Param, ...] = (
+    *VARLEN,
+    Param(
+        "work_counter", "int*", "P", "tensor",
+        "VARLEN: the dynamic scheduler's 2 ints, zero at launch (the kernel leaves them zero)",
+    ),
+)
+"""A varlen forward's block: `VARLEN`, then the dynamic tile scheduler's counter
+(templates/_scheduler.cuh.j2, varlen_persistent): two int32 words that are zero when the
+launch starts and that no launch running at the same time uses; the kernel's last block puts
+them back to zero, so a host may keep one pair per stream (or zero fresh words per call)."""
+
+
 def forward(features: Sequence[str]) -> tuple[Param, ...]:
-    """The forward's parameters for a variant with `features`: `FWD`, then the `VARLEN` block
-    for a variant compiled with `varlen`, then the hooks' aux block
+    """The forward's parameters for a variant with `features`: `FWD`, then the `VARLEN_FWD`
+    block for a variant compiled with `varlen`, then the hooks' aux block
     (`features.hook.HOOK_PARAMS`) when the variant compiles in a hook. Only those variants
     take the blocks, so every other kernel's ABI is `FWD` unchanged."""
-    params = (*FWD, *VARLEN) if "varlen" in features else FWD
+    params = (*FWD, *VARLEN_FWD) if "varlen" in features else FWD
     return (*params, *HOOK_PARAMS) if hook_tokens(features) else params
 
 
@@ -147,6 +160,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "Param", "backward",
+    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "VARLEN_FWD", "Param", "backward",
     "declarations", "forward", "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip

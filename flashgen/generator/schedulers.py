@@ -24,16 +24,22 @@ The schedulers:
   most `PERSISTENT_MAX_KEY_TILES` key tiles on average. Family wgmma (its kernel loops over
   `WorkList::next`; the heads and batch are its kernel arguments).
 
-Adding one (a dynamic persistent scheduler, where blocks take the next item from a global
-counter, or a variable-length one): a `Scheduler` subclass here with its `grid` (and
-`launch_constants`), the `<name>` macro in `_scheduler.cuh.j2` defining `Work`, a `WorkList`
-whose constructor takes what it needs and whose `next(round, w)` fills the block's next item,
-and `<name>_launch_grid` for the bundle; then the family's `scheduler(spec)` names it. A
-dynamic scheduler needs state the kernel does not take today (the counter, zeroed before each
-launch): a by-value or pointer argument in the family's `fwd_prefix` (or `abi.FWD`) that the
-launchers (runtime.launch, the bundle's) allocate and pass, and the kernel hands to `WorkList`.
-The next item must then be broadcast to the producer and the consumers (shared memory and a
-barrier), where the static schedulers let every thread compute it alone.
+- `VARLEN_PERSISTENT`: packed sequences (`varlen` variants of family wgmma): the (sequence,
+  query tile last-first, head) list, longest sequences first; a block's first item is item
+  blockIdx.x, then it takes the next item of the list from a global counter when it needs one
+  (dynamic: the SMs that finish early take more). One thread per block draws and hands the
+  item to the others through shared memory (templates/wgmma.cu.j2's work ring). The counter is
+  the kernel's `work_counter` argument (abi.VARLEN_FWD): two int32 words zero at launch and
+  used by no concurrent launch; the launch's last block puts them back to zero, so the hosts
+  keep one pair per stream (flashgen.varlen, the NumPy/GPUArray path's runtime zeros) or take
+  fresh zeroed words per call (under CUDA-graph capture; the bundle's launcher).
+
+Adding one: a `Scheduler` subclass here with its `grid` (and `launch_constants`), the `<name>`
+macro in `_scheduler.cuh.j2` defining `Work`, a `WorkList` whose constructor takes what it
+needs and whose `next(round, w)` fills the block's next item, and `<name>_launch_grid` for the
+bundle; then the family's `scheduler(spec)` names it. State the kernel does not take today is
+an argument in the family's `fwd_prefix` or the ABI (as varlen's counter) that the launchers
+allocate and pass, and the kernel hands to `WorkList`.
 """
 
 from __future__ import annotations
@@ -144,7 +150,8 @@ class VarlenPersistent(StaticPersistent):
     from an upper bound of the items, ceil(total_q / BR) + n_seqs query tiles per head (each
     sequence wastes at most one partial tile): persistent blocks, one per SM, when that is
     more than the SMs and the longest sequences see few key tiles; else a block per item of
-    the bound (blocks past the last item end at once)."""
+    the bound (blocks past the last item end at once). Persistent blocks take their items
+    from a global counter (dynamic; module docstring), a block per item its own."""
 
     def grid(
         self, spec: KernelSpec, batch: int, heads: int, tq: int, tk: int, sms: int,

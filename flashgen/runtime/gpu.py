@@ -453,10 +453,11 @@ def empty(shape: tuple[int, ...], dtype: str | npt.DTypeLike, *, pooled: bool = 
 
 
 def decode_counters(n: int) -> Any:
-    """A GPUArray of at least n int32 zeros for the decode kernel's split merge (it leaves them
-    zeroed; the legacy default stream orders every call that uses them). The caller holds it
-    through its launch: a bigger one may replace it here meanwhile, and the old one is freed
-    when its last holder lets go."""
+    """A GPUArray of at least n int32 zeros for the decode kernel's split merge and the varlen
+    forward's tile scheduler (each kernel leaves the words it uses zeroed; the legacy default
+    stream, on which every call of this runtime that uses them launches, orders those calls).
+    The caller holds it through its launch: a bigger one may replace it here meanwhile, and the
+    old one is freed when its last holder lets go."""
     with _lock:
         if not _counters or _counters[0].shape[0] < n:
             buf = empty((max(n, 1024),), np.int32)

@@ -600,11 +600,12 @@ class Bound:
         scalars.append(c.c_float(scale_log2))
         scalars.append(c.c_int(problem.kv_group))
         scalars += [c.c_int(left), c.c_int(right), c.c_float(cap), c.c_void_p(slopes)]
-        # a varlen variant: cu_seqlens_q, cu_seqlens_k (set per call) and n_seqs (abi.VARLEN)
-        self._cu: tuple[ctypes.c_void_p, ctypes.c_void_p] | None = None
+        # a varlen variant: cu_seqlens_q, cu_seqlens_k (set per call), n_seqs, and the dynamic
+        # scheduler's two counter words (set per call) (abi.VARLEN_FWD)
+        self._cu: tuple[ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p] | None = None
         if varlen is not None:
-            self._cu = (c.c_void_p(0), c.c_void_p(0))
-            scalars += [*self._cu, c.c_int(varlen.n_seqs)]
+            self._cu = (c.c_void_p(0), c.c_void_p(0), c.c_void_p(0))
+            scalars += [self._cu[0], self._cu[1], c.c_int(varlen.n_seqs), self._cu[2]]
         # a hooked variant: the aux block after the features; its pointer slots may be set per
         # call (`hook_ptrs`), the rest is bound
         self._hook_ptrs: list[ctypes.c_void_p] = []
@@ -649,24 +650,28 @@ class Bound:
 
     def __call__(
         self, q: int, k: int, v: int, o: int, lse: int, stream: int = 0, cu_q: int = 0,
-        cu_k: int = 0, hook_ptrs: Sequence[int] | None = None,
+        cu_k: int = 0, hook_ptrs: Sequence[int] | None = None, counter: int = 0,
     ) -> None:  # fmt: skip
         """Launch on `stream` (a CUstream handle; 0 is the legacy default stream); a varlen
-        variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k; a hooked
-        variant with this call's aux pointers (`hook_ptrs`: the aux block's pointer slots,
-        `HookArgs.pointers()` of values laid out as the bound ones; None: those bound)."""
+        variant with the device pointers of its int32 cu_seqlens_q and cu_seqlens_k and of
+        two int32 words for its tile scheduler (`counter`: zero at launch, and used by no
+        launch that may run at the same time -- the kernel leaves them zero, so one pair per
+        stream serves every launch on it; abi.VARLEN_FWD); a hooked variant with this call's
+        aux pointers (`hook_ptrs`: the aux block's pointer slots, `HookArgs.pointers()` of
+        values laid out as the bound ones; None: those bound)."""
         with self._lock:
             p = self._ptrs
             p[0], p[1], p[2], p[3], p[4] = q, k, v, o, lse
             if hook_ptrs is not None:
                 set_pointers(self._hook_ptrs, hook_ptrs, self.plan.spec.name)
             if self._cu is not None:
-                if not (cu_q and cu_k):
+                if not (cu_q and cu_k and counter) or counter % 4:
                     raise ValueError(
                         f"kernel {self.plan.spec.name}: a varlen launch needs the cu_seqlens_q "
-                        "and cu_seqlens_k device pointers (cu_q=, cu_k=)"
+                        "and cu_seqlens_k device pointers (cu_q=, cu_k=) and two zeroed int32 "
+                        f"words for its scheduler (counter=; got {counter:#x})"
                     )
-                self._cu[0].value, self._cu[1].value = cu_q, cu_k
+                self._cu[0].value, self._cu[1].value, self._cu[2].value = cu_q, cu_k, counter
             if self.plan.prefix is not None:
                 ptrs = (q, k, v, o, lse)
                 key = tuple([ptrs[i] for i in self.plan.prefix_uses])

@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export FLASHGEN_CACHE_DIR=/tmp/fgc PYTHONUNBUFFERED=1
 rows=${ROWS:-"1,4096,8,1,1;1,65536,32,8,1;8,8192,32,8,1;32,4096,32,8,1;8,32768,8,1,4;32,32768,32,8,1"}
 here=$PWD; trees="base"
-rm -rf /tmp/d; mkdir -p /tmp/d/base; cp -r flashgen scripts tests pyproject.toml /tmp/d/base/  # tests: patches may touch them
+mkdir -p "$OUT"; rm -rf /tmp/d; mkdir -p /tmp/d/base; cp -r flashgen scripts tests docs pyproject.toml /tmp/d/base/  # tests, docs: patches may touch them
 for p in "$@"; do
   l=$(basename $p .patch); trees="$trees $l"; cp -r /tmp/d/base /tmp/d/$l
   (cd /tmp/d/$l && patch -s -p1 < $here/$p) || { echo "patch $p failed"; exit 1; }

@@ -129,7 +129,7 @@ def test_the_launcher_builds_varlen_maps_over_the_packed_totals_and_passes_the_s
     # maps of one batch over the totals (flashgen.varlen's (1, H, total, d) views)
     q_map = "encode_map(encode, &maps[0], p->q, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 1, p->H, "
     assert q_map + "p->total_q, 64," in launcher
-    assert "p->cu_seqlens_q, p->cu_seqlens_k, p->n_seqs);" in launcher
+    assert "p->cu_seqlens_q, p->cu_seqlens_k, p->n_seqs, counter);" in launcher
     assert "window_side(p->use_window, p->window_left, p->total_k)" in launcher
     # VARLEN stores O with the TMA (O_TMA_STORE): O's map over the packed rows as Q's, 64-row
     # boxes, passed after V's; O's strides checked as a map's, the fix naming the packed layout
@@ -138,6 +138,25 @@ def test_the_launcher_builds_varlen_maps_over_the_packed_totals_and_passes_the_s
     assert o_map + "p->total_q, 64, 0, p->o_head_stride, p->o_token_stride, 2, 64);" in launcher
     assert "maps[0], maps[1], maps[2], maps[3], p->H, n_batch= 1," in launcher
     assert '"varlen kernel stores o with TMA): pass a packed (total_q, H, dv) o, as "' in launcher
+
+
+def test_a_varlen_launcher_gives_each_call_zeroed_counters_of_its_own_on_the_stream() -> None:
+    """The dynamic tile scheduler's two words: per call from the stream-ordered pool (calls on
+    other streams may run at the same time), zeroed on the stream before the kernel, freed on
+    it after; nothing synchronises (a CUDA graph captures the three as nodes)."""
+    launcher = prose(bundle_files([VARLEN])[LAUNCHER])
+    steps = [
+        "cudaMallocAsync(reinterpret_cast<void**>(&counter), 2 * sizeof(int), stream);",
+        "cudaMemsetAsync(counter, 0, 2 * sizeof(int), stream);",
+        "p->n_seqs, counter);",
+        "cudaFreeAsync(counter, stream);",
+    ]
+    at = [launcher.rfind(step) for step in steps]  # the free's last: after the launch
+    assert -1 not in at and at == sorted(at), at
+    # the memset's failure gives the words back too, before returning
+    assert launcher.count("cudaFreeAsync(counter, stream);") == 2
+    for sync in ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaMemcpy("):
+        assert sync not in launcher
 
 
 def test_a_decode_launcher_zeroes_its_counters_on_the_stream_and_never_synchronises() -> None:
@@ -305,6 +324,9 @@ def test_launch_grids_splits_and_workspaces_are_the_python_runtimes(seq: SeqBuil
     launches = [ln.split("|") for ln in log.read_text().splitlines()]
     printed = [ln.split("|") for ln in out.stdout.splitlines()]
     assert [p[-1] for p in printed] == ["0"] * (len(varlen) + len(decode))  # all launched
+    # each varlen call freed the scheduler counter it took (and the stand-in kernel found it
+    # zeroed: it dies otherwise)
+    assert [p[1] for p in printed[: len(varlen)]] == ["0"] * len(varlen)
     for (spec, n, tq, tk, mq, mk, h, use, left, right), got in zip(
         varlen, launches[: len(varlen)], strict=True
     ):

@@ -137,7 +137,10 @@ def test_a_gpuarray_call_launches_the_varlen_forward_with_its_sequences(fake_gpu
                                        return_lse=True)  # fmt: skip
     (a,) = fake_gpu.launches
     assert a.ptrs == (0x1000_0000, 0x2000_0000, 0x3000_0000, o.gpudata, lse.gpudata)
-    assert a.varlen == (0x4000_0000, 0x5000_0000, 3)
+    from flashgen.runtime import gpu as runtime
+
+    counter = int(runtime.decode_counters(2).gpudata)  # the tile scheduler's zeroed words
+    assert a.varlen == (0x4000_0000, 0x5000_0000, 3, counter)
     assert (a.tq, a.tk, a.kv_group, a.stream) == (tq, tk, 4, 0)
     # (batch, head, token) element strides of the (1, H, total, d) views; batch never stepped
     q_st, k_st = h * d, h_kv * d
@@ -163,6 +166,41 @@ def test_a_signature_is_prepared_once(fake_gpu: Any, monkeypatch: pytest.MonkeyP
         flashgen.attention_varlen(q, k, v, cu, cu, 300, 300)
     assert len(prepared) == 1
     assert [c.varlen[0] for c in fake_gpu.launches] == [0x4000_0000, 0x4000_0100, 0x4000_0200]
+
+
+def test_the_scheduler_counter_is_zeroed_once_and_reused_without_a_per_call_step(
+    fake_gpu: Any,
+) -> None:
+    """The varlen kernel counts its dynamic items in two words that must be zero at launch: the
+    runtime's kernel-restored zeros (memset once, when first allocated), the same words every
+    call on the legacy stream, no memset nor synchronization per call."""
+    for i in range(3):
+        q, k, v = (device((500, 4, 64), at=0x1000_0000 * (j + 1) + 0x100 * i) for j in range(3))
+        cu = device((3,), np.int32, at=0x4000_0000 + 0x100 * i)
+        flashgen.attention_varlen(q, k, v, cu, cu, 300, 300)
+    counters = {a.varlen[3] for a in fake_gpu.launches}
+    assert len(counters) == 1 and counters != {0}
+    (counter,) = counters
+    # zeroed once, where the words lie (1024 of them: the decode kernel shares the buffer)
+    memsets = [c for c in fake_gpu.calls.log if c[0] == "memset_d32"]
+    assert memsets == [("memset_d32", counter, 0, 1024)]
+    assert ("synchronize",) not in fake_gpu.calls.log
+
+
+def test_a_varlen_bound_launch_refuses_to_run_without_its_counter(fake_gpu: Any) -> None:
+    from flashgen import api_varlen
+
+    q, k, v = (device((500, 4, 64)) for _ in "qkv")
+    cu = device((3,), np.int32)
+    flashgen.attention_varlen(q, k, v, cu, cu, 300, 300)
+    (entry,) = api_varlen._entries.values()
+    words = r"two zeroed int32 words for its scheduler \(counter=; got 0x0\)"
+    with pytest.raises(ValueError, match=words):
+        entry.bound(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 0, 1 << 20, 1 << 20)
+    with pytest.raises(ValueError, match=r"counter=; got 0x100002"):
+        entry.bound(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 0, 1 << 20, 1 << 20,
+                    counter=0x100002)  # fmt: skip
+    assert len(fake_gpu.launches) == 1  # neither reached the driver
 
 
 def test_numpy_inputs_are_copied_and_run_the_same_launch(fake_gpu: Any) -> None:

@@ -180,6 +180,63 @@ def test_rows_after_the_last_sequence_get_zeros() -> None:
     assert (o[500:] == 0).all() and (lse[:, 500:] == float("-inf")).all()
 
 
+def test_more_sequences_than_the_sort_takes_are_walked_as_given() -> None:
+    """Past VARLEN_SORT_MAX sequences the kernel walks them in the order given (no ranking):
+    300 short ones, some empty, every one against the oracle."""
+    from flashgen.generator.families.wgmma import VARLEN_SORT_MAX
+
+    rng = np.random.default_rng(7)
+    lens = [int(x) for x in rng.integers(0, 41, size=VARLEN_SORT_MAX + 44)]
+    c = make_batch(lens, lens, 2, 1, 64, "bf16", seed=7, slack=9)
+    o, lse = flash_attn_varlen_func(c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"], 40, 40,
+                                    causal=True, return_lse=True)  # fmt: skip
+    assert_matches_oracle(o, lse, c, True, "bf16")
+    n = sum(lens)  # the slack rows after the last sequence: zeros, LSE -inf
+    assert (o[n:] == 0).all() and (lse[:, n:] == float("-inf")).all()
+
+
+def test_launches_on_two_streams_at_once_match_one_stream() -> None:
+    """The dynamic tile scheduler counts in two words per stream (flashgen.varlen._work_counter):
+    launches running at once on two streams (as 3 SMs, FLASHGEN_SM_LIMIT=3, their persistent
+    blocks surely share the GPU) each do every item of their own batch -- bit for bit what one
+    stream gives -- and every stream's words are back at zero afterwards."""
+    from flashgen import varlen as fv
+
+    a = make_batch([700, 1, 64, 300, 0, 129], [700, 1, 64, 300, 0, 129], 4, 2, 128, "bf16", 11)
+    b = make_batch([2000, 5, 77], [1500, 5, 900], 4, 2, 128, "bf16", 12)
+
+    def run(c: dict[str, Any]) -> Any:
+        return flash_attn_varlen_func(c["q"], c["k"], c["v"], c["cu_q"], c["cu_k"],
+                                      max(c["lens_q"]), max(c["lens_k"]), causal=True)  # fmt: skip
+
+    want_a, want_b = run(a), run(b)
+    torch.cuda.synchronize()
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    got = []
+    for _ in range(6):
+        with torch.cuda.stream(s1):
+            oa = run(a)
+        with torch.cuda.stream(s2):
+            ob = run(b)
+        got.append((oa, ob))
+    torch.cuda.synchronize()
+    for oa, ob in got:
+        assert torch.equal(oa, want_a) and torch.equal(ob, want_b)
+    assert len(fv._counters) >= 3 and all(int(w.abs().sum()) == 0 for w in fv._counters.values())
+
+
+def test_a_batch_with_no_item_ends_and_leaves_the_counter_zero() -> None:
+    """Every sequence's query rows out of range (cu_seqlens_q past q, the rows after them
+    too): no block gets an item, each ends at once, and the last puts the counter back."""
+    from flashgen import varlen as fv
+
+    q = torch.randn(300, 2, 64, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 301, 302], dtype=torch.int32, device="cuda")
+    flash_attn_varlen_func(q, q, q, cu, cu, 300, 300, causal=True)
+    torch.cuda.synchronize()
+    assert all(int(w.abs().sum()) == 0 for w in fv._counters.values())
+
+
 def test_graph_replay_with_new_lengths() -> None:
     total = 3000
     h, d = 8, 128

@@ -377,9 +377,10 @@ def test_varlen_rows_forward_uses_graph_timing_and_no_peers_leaves_fa4_out(
     assert rows[0]["pairs"] == 128 and rows[0]["tflops"] == pytest.approx(4 * 8 * 128 / 4 / 1e6)
 
 
-def test_graph_timing_replays_a_graph_of_reps_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    elapsed = iter([9.0, 1.0, 2.0, 3.0])  # ms per replay: the first is the warm-up's
+def _fake_graph_torch(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
+    """torch.cuda faked for graph_timing: calls records "call" per fn() and "replay N" per
+    replay of a graph of N captured calls; each timed replay's event says 1, 2, 3, ... ms."""
+    elapsed = itertools.count(1.0)
 
     class Graph:
         captured = 0
@@ -416,10 +417,32 @@ def test_graph_timing_replays_a_graph_of_reps_calls(monkeypatch: pytest.MonkeyPa
         CUDAGraph=Graph, graph=Capture, stream=lambda s: Capture(Graph()), Event=Event,
     )  # fmt: skip
     monkeypatch.setattr(bench, "_torch", lambda: types.SimpleNamespace(cuda=cuda))
-    us = graph_timing.timed(lambda: calls.append("call"), reps=4, times=3)
+
+
+def test_graph_timing_replays_a_graph_of_reps_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    _fake_graph_torch(monkeypatch, calls)
+    us = graph_timing.timed(lambda: calls.append("call"), reps=4, times=3, warmup_s=0.0)
     assert calls.count("call") == 1 + 4  # one eager call, then four captured
-    assert calls.count("replay 4") == 1 + 3  # the warm-up replay and three timed
+    assert calls.count("replay 4") == 1 + 3  # one warm-up replay and three timed
     assert us == pytest.approx(2.0 * 1000 / 4)  # the median of 1, 2, 3 ms over 4 calls
+
+
+def test_graph_timing_warms_the_clock_for_warmup_s_before_it_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the protocol's warm-up (bench.WARMUP_S by default): replays until that much time passed
+    calls: list[str] = []
+    _fake_graph_torch(monkeypatch, calls)
+    clock = itertools.count(0.0, 0.25)  # each look at the host clock: 0.25 s later
+    monkeypatch.setattr(graph_timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(bench, "WARMUP_S", 1.0)
+    graph_timing.timed(lambda: calls.append("call"), reps=4, times=3)
+    warm = calls.count("replay 4") - 3
+    assert warm == 3  # the first replay (0.25 s), then one a batch until the clock passes 1 s
+    calls.clear()
+    graph_timing.timed(lambda: calls.append("call"), reps=4, times=3, warmup_s=0.0)
+    assert calls.count("replay 4") == 1 + 3  # warmup_s 0: the one replay, then the timed
 
 
 # ---- the CLI -----------------------------------------------------------------------------------

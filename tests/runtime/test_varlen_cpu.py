@@ -37,14 +37,76 @@ def test_families_and_directions_without_varlen_refuse_it(name: str, rule: str):
 
 def test_only_varlen_variants_take_the_sequences_block():
     assert abi.forward(("window",)) == abi.FWD
-    assert abi.forward(("varlen",)) == (*abi.FWD, *abi.VARLEN)
+    assert abi.forward(("varlen",)) == (*abi.FWD, *abi.VARLEN_FWD)
     names = [p.name for p in abi.VARLEN]
     assert names == ["cu_seqlens_q", "cu_seqlens_k", "n_seqs"]
+    # the forward's block adds the dynamic scheduler's counter; the backward takes VARLEN only
+    assert [p.name for p in abi.VARLEN_FWD] == [*names, "work_counter"]
+    assert abi.backward(("varlen",)) == (*abi.BWD, *abi.VARLEN)
     src = render(KernelSpec.from_name(NAME)).source
     assert "const int* __restrict__ cu_seqlens_q" in src or "const int* cu_seqlens_q" in src
-    assert "WorkList work(cu_seqlens_q, cu_seqlens_k, n_seqs, n_heads, tq, tk);" in src
+    assert "int* __restrict__ work_counter" in src
+    made = "WorkList work(cu_seqlens_q, cu_seqlens_k, work_counter, n_seqs, n_heads, tq, tk);"
+    assert made in src
     plain = render(KernelSpec.from_name(NAME.replace("_varlen", ""))).source
     assert "cu_seqlens" not in plain and "varlen_persistent" not in plain
+
+
+def test_the_work_ring_sits_between_the_barriers_and_the_order_in_shared_memory():
+    """The varlen forward's shared memory: the dense layout, then the work ring (a full and an
+    empty mbarrier and WORK_INTS words per slot), then the sequences' order; the template's
+    static_assert checks the same sum, so a drift fails its compile too."""
+    from flashgen.generator.families import wgmma
+
+    slots, ints = wgmma.VARLEN_WORK_SLOTS, wgmma.VARLEN_WORK_INTS
+
+    s = KernelSpec.from_name(NAME)
+    dense = KernelSpec.from_name(NAME.replace("_varlen", ""))
+    work = wgmma.VARLEN_WORK_BYTES
+    assert work == slots * (16 + 4 * ints)
+    assert work % 16 == 0 and ints >= 7  # a Work's 7 ints, 8-B barriers
+    order = 4 * wgmma.VARLEN_SORT_MAX
+    assert s.smem_bytes == dense.smem_bytes + work + order
+    src = render(s).source
+    assert f"constexpr int WORK_SLOTS = {slots};" in src
+    assert f"constexpr int WORK_INTS = {ints};" in src
+    assert "WORK_BYTES + 4 * VARLEN_SORT_MAX" in src
+    # only the scheduler thread draws (WorkList: the draw and finish's count); the load issuer
+    # and the consumers take their items from the ring through objects shadowing the WorkList
+    assert src.count("atomicAdd(counter") == 2 and src.count("work.finish();") == 1
+    assert "const IssuerWork work{issuer};" in src and "const ConsumerWork work;" in src
+
+
+def test_the_torch_counter_is_one_pair_per_stream_and_fresh_words_under_capture(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """flashgen.varlen's scheduler words: eager calls on one (device, stream) share a pair (the
+    kernel leaves it zero; zeroed once, when made), other streams get their own, and a call
+    under CUDA-graph capture gets fresh zeroed words (a replay shares them with nothing)."""
+    torch = pytest.importorskip("torch")
+    from flashgen import varlen
+
+    made: list[tuple[object, ...]] = []
+
+    def zeros(*shape: int, dtype: object, device: str) -> object:
+        made.append((shape, dtype, device))
+        return object()
+
+    capturing = [False]
+    monkeypatch.setattr(varlen, "_counters", {})
+    monkeypatch.setattr(varlen.torch, "zeros", zeros)
+    monkeypatch.setattr(varlen.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    a = varlen._work_counter(0, 0x10)
+    assert varlen._work_counter(0, 0x10) is a and len(made) == 1
+    assert made[0] == ((2,), torch.int32, "cuda:0")
+    b = varlen._work_counter(0, 0x20)
+    c = varlen._work_counter(1, 0x10)
+    assert len({id(a), id(b), id(c)}) == 3 and len(made) == 3
+    capturing[0] = True
+    g1, g2 = varlen._work_counter(0, 0x10), varlen._work_counter(0, 0x10)
+    assert g1 is not g2 and a not in (g1, g2) and len(made) == 5
+    capturing[0] = False
+    assert varlen._work_counter(0, 0x10) is a and len(made) == 5
 
 
 def test_the_grid_bounds_the_items_by_the_totals():

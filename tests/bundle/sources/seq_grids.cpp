@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+extern "C" int stand_in_async_live(void);  // stream-ordered allocations not freed yet
+
 struct VarlenProblem {
   int d, dv;
   flashgen_dtype dtype;
@@ -46,7 +48,7 @@ int main() {
     p.use_window = c.use_window, p.window_left = c.left, p.window_right = c.right;
     p.softcap = c.softcap;
     const cudaError_t err = flashgen_varlen_fwd(&p, c.dtype, c.causal, nullptr);
-    std::printf("varlen|%d\n", static_cast<int>(err));
+    std::printf("varlen|%d|%d\n", stand_in_async_live(), static_cast<int>(err));
   }
   for (const DecodeProblem& c : kDecode) {
     const int d = @DECODE_D@;

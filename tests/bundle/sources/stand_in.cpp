@@ -118,6 +118,25 @@ cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
   std::memcpy(d, s, n);
   return cudaSuccess;
 }
+// stream-ordered allocations (the varlen launcher's scheduler counters): filled with garbage, so
+// a launcher that does not zero them makes the kernel stand-in fail; g_async_live counts those
+// not freed yet (a call must free what it took)
+static std::map<uintptr_t, size_t> g_async;
+static int g_async_allocs;
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) {
+  *p = std::malloc(n);
+  std::memset(*p, 0xab, n);
+  g_async[reinterpret_cast<uintptr_t>(*p)] = n;
+  ++g_async_allocs;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  if (g_async.erase(reinterpret_cast<uintptr_t>(p)) != 1) die("cudaFreeAsync of memory cudaMallocAsync did not give");
+  std::free(p);
+  return cudaSuccess;
+}
+extern "C" int stand_in_async_allocs(void) { return g_async_allocs; }
+extern "C" int stand_in_async_live(void) { return static_cast<int>(g_async.size()); }
 cudaError_t cudaMemset(void* d, int v, size_t n) { std::memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
   ++g_memsets_async;
@@ -757,11 +776,15 @@ template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
 static void varlen(const char* name, const void* self, int H, int n_batch, const T* q, const T* k,
                    const T* v, T* o, float* lse, int tq, int tk, const long long* s, float scale_log2,
                    int group, int wl, int wr, float cap, const float* slopes, const int* cu_q,
-                   const int* cu_k, int n_seqs) {
+                   const int* cu_k, int n_seqs, int* counter) {
   if (!g_configured) die("varlen kernel called without a launch configuration");
   g_last_kernel = name;
   if (n_batch != 1) die("varlen: n_batch is not 1");
   if (!cu_q || !cu_k || n_seqs < 0) die("varlen: no sequences");
+  // the tile scheduler's two words: the launch's own (a stream-ordered allocation), zeroed
+  const auto held = g_async.find(reinterpret_cast<uintptr_t>(counter));
+  if (held == g_async.end() || held->second < 2 * sizeof(int)) die("varlen: the counter is not the launch's own");
+  if (counter[0] != 0 || counter[1] != 0) die("varlen: the counter is not zero at launch");
   const long long tiles = ((long long)(tq + BR - 1) / BR + n_seqs + 1) * H;
   const unsigned want = tiles > 132 && g_grid.x == 132 ? 132u : (unsigned)tiles;
   if (g_grid.x != want || g_grid.y != 1 || g_grid.z != 1 || g_block.x != THREADS) die("varlen grid or block");
@@ -809,14 +832,14 @@ static void varlen(const char* name, const void* self, int H, int n_batch, const
                        long long f, long long g, long long h, long long i, long long j,       \
                        long long k2, long long l, float sc, int group, int wl, int wr,        \
                        float cap, const float* slopes, const int* cu_q, const int* cu_k,      \
-                       int n_seqs) {                                                          \
+                       int n_seqs, int* counter) {                                            \
     long long s[12] = {a, b, c, d, e, f, g, h, i, j, k2, l};                                  \
     check_map(tm_q, q, D, tq, H, 1, BR, DTYPE, a, b, c, sizeof(T), s);                        \
     check_map(tm_k, k, D, tk, H / group, 1, BC, DTYPE, d, e, f, sizeof(T), s + 3);            \
     check_map(tm_v, v, DV, tk, H / group, 1, BC, DTYPE, g, h, i, sizeof(T), s + 6);           \
     varlen<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, H, B,              \
         (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0], (const T*)tm_v.opaque[0], o, lse,  \
-        tq, tk, s, sc, group, wl, wr, cap, slopes, cu_q, cu_k, n_seqs);                       \
+        tq, tk, s, sc, group, wl, wr, cap, slopes, cu_q, cu_k, n_seqs, counter);              \
   }
 // A varlen kernel that stores O with the TMA (O_TMA_STORE): a fourth map, O's, over the packed
 // rows as Q's (64-row boxes, DV columns, one batch), checked as the others and O written
@@ -828,7 +851,7 @@ static void varlen(const char* name, const void* self, int H, int n_batch, const
                        long long e, long long f, long long g, long long h, long long i,       \
                        long long j, long long k2, long long l, float sc, int group, int wl,   \
                        int wr, float cap, const float* slopes, const int* cu_q,               \
-                       const int* cu_k, int n_seqs) {                                         \
+                       const int* cu_k, int n_seqs, int* counter) {                           \
     long long s[12] = {a, b, c, d, e, f, g, h, i, j, k2, l};                                  \
     check_map(tm_q, q, D, tq, H, 1, BR, DTYPE, a, b, c, sizeof(T), s);                        \
     check_map(tm_k, k, D, tk, H / group, 1, BC, DTYPE, d, e, f, sizeof(T), s + 3);            \
@@ -837,7 +860,7 @@ static void varlen(const char* name, const void* self, int H, int n_batch, const
     varlen<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, H, B,              \
         (const T*)tm_q.opaque[0], (const T*)tm_k.opaque[0], (const T*)tm_v.opaque[0],         \
         (T*)tm_o.opaque[0], lse, tq, tk, s, sc, group, wl, wr, cap, slopes, cu_q, cu_k,       \
-        n_seqs);                                                                              \
+        n_seqs, counter);                                                                     \
   }
 
 template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>

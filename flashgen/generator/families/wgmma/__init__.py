@@ -27,6 +27,17 @@ WGMMA_SMEM_ALIGN = 1024
 # varlen: at most this many sequences are ordered longest first in shared memory (a rank per
 # sequence, quadratic in their number); more are walked in the order given.
 VARLEN_SORT_MAX = 256
+# varlen: the work ring through which the scheduler thread hands each item it draws to the load
+# issuer and the consumers (templates/wgmma.cu.j2): slots, words per slot (a Work's 7 ints,
+# padded to 16 bytes), and
+# the bytes of shared memory it takes beside the sequences' order (the slots and a full and an
+# empty mbarrier per slot). One slot: an item is drawn once the issuer has issued the last
+# one's loads (about two key tiles before the block needs it) and the consumers have read it;
+# two would draw a whole item earlier (hiding the atomic's latency behind more work, but
+# committing items to blocks earlier, which is what a dynamic scheduler avoids at the end).
+VARLEN_WORK_SLOTS = 1
+VARLEN_WORK_INTS = 8
+VARLEN_WORK_BYTES = VARLEN_WORK_SLOTS * (2 * 8 + 4 * VARLEN_WORK_INTS)
 # The forward's O through shared memory and TMA stores (templates/wgmma.cu.j2, O_TMA_STORE) for
 # the unhooked forwards (dense and varlen) whose staging fits; "0" in this variable keeps the
 # register-to-global epilogue everywhere (the renders of the tree without it).
@@ -90,7 +101,8 @@ class WgmmaFamily(Family):
         tiles = spec.dtype_info.itemsize * (
             dp * (spec.br + spec.stages * spec.bc) + dvp * spec.stages * spec.bc
         )
-        order = 4 * VARLEN_SORT_MAX if "varlen" in spec.features else 0  # the sequences' order
+        # varlen: the sequences' order and the work ring
+        order = 4 * VARLEN_SORT_MAX + VARLEN_WORK_BYTES if "varlen" in spec.features else 0
         return WGMMA_SMEM_ALIGN + tiles + 8 * (2 + 4 * spec.stages) + order
 
     def o_stage_bytes(self, spec: KernelSpec) -> int:
@@ -239,6 +251,8 @@ class WgmmaFamily(Family):
             "consumer_regs": consumer,
             "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
             "varlen_sort_max": VARLEN_SORT_MAX,
+            "varlen_work_slots": VARLEN_WORK_SLOTS,
+            "varlen_work_ints": VARLEN_WORK_INTS,
             "o_tma_store": self.o_tma_store(spec),
             "qk_fn": qk.fn,
             "pv_fn": pv.fn,
