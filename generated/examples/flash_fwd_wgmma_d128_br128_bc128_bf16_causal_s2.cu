@@ -95,7 +95,10 @@ static_assert(Q_BYTES % SMEM_ALIGN == 0 && K_BYTES % SMEM_ALIGN == 0 && V_BYTES 
 // 128-byte-swizzled slabs (the O map's boxes); its own buffer, as Q's slabs hold the next tile
 constexpr int O_STAGE_BYTES = BR * DVP * (int)sizeof(elem_t);
 static_assert(O_STAGE_BYTES % SMEM_ALIGN == 0, "staging slabs keep swizzle atoms aligned");
-static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + O_STAGE_BYTES + 8 * BARRIERS,
+constexpr int VARLEN_BYTES = 0;
+// Q, the K/V ring, the O staging, the barriers, then the varlen scheduler's words
+static_assert(SMEM_BYTES == SMEM_ALIGN + Q_BYTES + STAGES * (K_BYTES + V_BYTES) + O_STAGE_BYTES + 8 * BARRIERS +
+                                VARLEN_BYTES,
               "smem layout");
 static_assert(sizeof(elem_t) == 2, "tensor-core operands are 16-bit");
 // setmaxnreg only works with a register cap at entry: one block per SM, 65536 / THREADS each
