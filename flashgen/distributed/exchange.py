@@ -34,6 +34,10 @@ class Pending:
         """Wait for the transfer; the received tensors."""
         for w in self._works:
             w.wait()
+        # the finished work and the sent copies are dropped now, not whenever this object
+        # goes: a gloo work still alive after destroy_process_group can abort the process
+        # at exit
+        self._works, self._sent = [], []
         return [
             r if r.device == d else r.to(d, non_blocking=False)
             for r, d in zip(self._received, self._devices, strict=True)
