@@ -30,10 +30,11 @@ VARLEN_SORT_MAX = 256
 # varlen: the work ring through which the scheduler thread hands each item it draws to the load
 # issuer and the consumers (templates/wgmma.cu.j2): slots, words per slot (a Work's 7 ints,
 # padded to 16 bytes), and the bytes of shared memory it takes beside the sequences' order
-# (the slots and a full and an empty mbarrier per slot). One slot: an item is drawn once the issuer has issued the last
-# one's loads (about two key tiles before the block needs it) and the consumers have read it;
-# two would draw a whole item earlier (hiding the atomic's latency behind more work, but
-# committing items to blocks earlier, which is what a dynamic scheduler avoids at the end).
+# (the slots and a full and an empty mbarrier per slot). One slot: an item is drawn once the
+# issuer has issued the last one's loads (about two key tiles before the block needs it) and
+# the consumers have read it; two would draw a whole item earlier (hiding the atomic's latency
+# behind more work, but committing items to blocks earlier, which is what a dynamic scheduler
+# avoids at the end).
 VARLEN_WORK_SLOTS = 1
 VARLEN_WORK_INTS = 8
 VARLEN_WORK_BYTES = VARLEN_WORK_SLOTS * (2 * 8 + 4 * VARLEN_WORK_INTS)
