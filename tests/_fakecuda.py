@@ -80,6 +80,8 @@ class FakeLibcuda:
     prefix_sizes: list[int] = field(default_factory=list)  # byte sizes of leading arguments
     decode_params: bool = False  # read launches as the decode kernel's (abi.DECODE) instead
     decode_launches: list[dict[str, Any]] = field(default_factory=list)  # name -> value
+    # with decode_params: the split merge's launches (abi.DECODE_COMBINE), name -> value
+    combine_launches: list[dict[str, Any]] = field(default_factory=list)
     stack: list[int] = field(default_factory=list)  # this (single) thread's context stack
 
     def __post_init__(self) -> None:
@@ -182,13 +184,15 @@ class FakeLibcuda:
         n = len(self.prefix_sizes)
         addrs = [int(a) for a in params]
         if self.decode_params:
-            assert len(addrs) == len(abi.DECODE)
+            table = abi.DECODE if len(addrs) == len(abi.DECODE) else abi.DECODE_COMBINE
+            assert len(addrs) == len(table)
             read = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float,
                     "q": ctypes.c_longlong}  # fmt: skip
             args = {p.name: read[p.code].from_address(a).value or 0
-                    for p, a in zip(abi.DECODE, addrs, strict=True)}  # fmt: skip
-            args.update(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=stream)
-            self.decode_launches.append(args)
+                    for p, a in zip(table, addrs, strict=True)}  # fmt: skip
+            args.update(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=stream,
+                        function=f)  # fmt: skip
+            (self.decode_launches if table is abi.DECODE else self.combine_launches).append(args)
             self.log.append(("launch",))
             return self.launch_rc
         hooked = len(addrs) == n + launch.N_COMMON_ARGS + len(HOOK_PARAMS)

@@ -96,6 +96,22 @@ lengths and page table (either may be NULL); sizes; strides of q, k, v, o; then 
 forward."""
 
 
+DECODE_COMBINE: tuple[Param, ...] = (
+    Param("o", "T*", "P", "tensor"),
+    Param("lse", "float*", "P", "tensor"),
+    Param("o_part", "const float*", "P", "tensor", "the decode launch's per-split O (fp32)"),
+    Param("lse_part", "const float*", "P", "tensor", "... and base-2 LSE"),
+    Param("tq", "int", "i", "size"),
+    Param("n_splits", "int", "i", "size", "splits per row tile of the decode launch (> 1)"),
+    *_strides("o"),
+    Param("kv_group", "int", "i", "scalar", "query heads per K/V head (GQA/MQA)"),
+)
+"""The decode variant's split merge, `<name>_combine` in the same source (sm_90: launched as a
+programmatic dependent right after a decode launch given counters = NULL; runtime/decode.py):
+o and lse as the decode kernel's; the split scratch it wrote; tq, its split count, o's strides
+and kv_group. Grid (tq x kv_group, H_kv, B): one block per packed row."""
+
+
 VARLEN: tuple[Param, ...] = (
     Param("cu_seqlens_q", "const int*", "P", "tensor", "VARLEN: q, o row starts (n_seqs + 1)"),
     Param("cu_seqlens_k", "const int*", "P", "tensor", "VARLEN: k, v row starts (n_seqs + 1)"),
@@ -160,6 +176,6 @@ def pointers(params: Sequence[Param]) -> tuple[str, ...]:
 
 
 __all__ = [
-    "BWD", "DECODE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "VARLEN_FWD", "Param", "backward",
-    "declarations", "forward", "pointers", "struct_format", "tensor_map",
+    "BWD", "DECODE", "DECODE_COMBINE", "FWD", "HOOK_PARAMS", "ROLES", "VARLEN", "VARLEN_FWD",
+    "Param", "backward", "declarations", "forward", "pointers", "struct_format", "tensor_map",
 ]  # fmt: skip

@@ -11,16 +11,22 @@ Splits: the keys each row tile sees are cut into `n_splits` runs of whole tiles,
 each, so that B x H_kv x row tiles blocks become enough to fill the GPU
 (`DECODE_WAVES` waves of the blocks it holds at once). A run is at least
 `DECODE_MIN_TILES_PER_WARP` tiles per warp, so that short caches are not cut finer than
-their loads can hide. The splits are merged inside the same launch: the block finishing a row
-tile's last split adds them by their LSE -- with many splits in two levels, groups of splits
-and then the groups (counters zeroed once at allocation and put back to zero by the blocks
-that finish them).
+their loads can hide. Before sm_90 (and with FLASHGEN_DECODE_COMBINE=0) the splits are merged
+inside the same launch: the block finishing a row tile's last split adds them by their LSE --
+with many splits in two levels, groups of splits and then the groups (counters zeroed once at
+allocation and put back to zero by the blocks that finish them). On sm_90 a call with splits
+launches the decode kernel with counters = NULL (its blocks store their splits and leave) and
+then the variant's merge kernel, `<name>_combine` (`abi.DECODE_COMBINE`: a block per packed
+row), both as programmatic dependents: the merge's blocks wait at griddepcontrol.wait for the
+decode grid, so a short call's tail is a parallel merge instead of one block's fence, counter
+and serial merge. The scratch (and the counters, unused then) is the same either way.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +37,7 @@ from flashgen.generator.arch import arch_number
 from flashgen.generator.families.mma.decode import (
     DECODE_MERGE_MAX,
     DECODE_REG_BUDGET,
+    combine_name,
     merge_group_size,
     register_estimate,
 )
@@ -66,6 +73,17 @@ POINTER_ARGS = (
 )
 """The decode kernel's pointer arguments, in order (abi.DECODE's `tensor` rows)."""
 assert abi.pointers(abi.DECODE) == POINTER_ARGS
+COMBINE_THREADS = 128
+"""The merge kernel's block (templates/mma_decode.cu.j2, COMBINE_THREADS)."""
+COMBINE_ENV = "FLASHGEN_DECODE_COMBINE"
+"""`0`: merge the splits inside the decode launch on sm_90 too (the rule before sm_90)."""
+
+
+def combine_enabled(arch: str) -> bool:
+    """True when a decode call with splits on `arch` merges them in the variant's own merge
+    kernel (`<name>_combine`, launched as a programmatic dependent): sm_90 and newer, unless
+    FLASHGEN_DECODE_COMBINE=0 (read when a call signature is first prepared)."""
+    return arch_number(arch) >= 90 and os.environ.get(COMBINE_ENV, "1") != "0"
 
 
 DECODE_ROUTE_MAX_TQ = 16
@@ -218,11 +236,50 @@ class DecodeLaunch:
         # sm_90 kernels wait at griddepcontrol.wait (templates/mma_decode.cu.j2): launch them as
         # programmatic dependents, so a block's start overlaps the previous kernel's end
         self._dependent = arch_number(plan.arch) >= 90
+        # the split merge as a kernel of its own (module docstring), a block per packed row:
+        # its arguments (abi.DECODE_COMBINE) are o, lse, o_part, lse_part (stored per call),
+        # then tq, the split count, o's strides and kv_group
+        self.combine = combine_name(spec) if splits > 1 and combine_enabled(plan.arch) else None
+        self.combine_grid = (shape.tq * shape.kv_group, shape.h_kv, shape.b)
+        self._cptrs = (c.c_void_p * 4)()
+        cscalars: list[Any] = [
+            c.c_int(shape.tq), c.c_int(splits), *(c.c_longlong(s) for s in shape.strides[9:12]),
+            c.c_int(shape.kv_group),
+        ]  # fmt: skip
+        if len(cscalars) + len(self._cptrs) != len(abi.DECODE_COMBINE):
+            raise AssertionError("merge arguments out of step with abi.DECODE_COMBINE")
+        self._cargs = cscalars
+        cbase = c.addressof(self._cptrs)
+        self.combine_params = (c.c_void_p * len(abi.DECODE_COMBINE))(
+            *(cbase + width * i for i in range(len(self._cptrs))),
+            *(c.addressof(a) for a in cscalars),
+        )
+        # both launches built once (a call only stores pointers and the stream): the decode
+        # kernel, then with splits on sm_90 the merge kernel (module docstring)
+        self._launches = [plan.prepare(self.grid, self.params, dependent=self._dependent)]
+        if self.combine is not None:
+            self._launches.append(plan.prepare(
+                self.combine_grid, self.combine_params, dependent=True, sibling=self.combine,
+                threads=COMBINE_THREADS,
+            ))  # fmt: skip
         self._lock = threading.Lock()
 
     def __call__(self, pointers: Sequence[int], stream: int) -> None:
-        """Launch on `stream` with `pointers` in POINTER_ARGS order (0 for NULL)."""
+        """Launch on `stream` with `pointers` in POINTER_ARGS order (0 for NULL); with a
+        merge kernel (`combine`), the decode kernel gets counters = NULL and the merge kernel
+        follows it on `stream`."""
         with self._lock:
+            ptrs = self._ptrs
             for i, p in enumerate(pointers):
-                self._ptrs[i] = p
-            self.plan.launch(self.grid, self.params, stream, dependent=self._dependent)
+                ptrs[i] = p
+            if self.combine is not None:
+                ptrs[_COUNTERS] = None  # NULL: the blocks store their splits and leave
+                cp = self._cptrs  # o, lse, o_part, lse_part (_COMBINE_POINTERS)
+                cp[0], cp[1], cp[2], cp[3] = pointers[3], pointers[4], pointers[5], pointers[6]
+            self.plan.run(self._launches, stream)
+
+
+_COUNTERS = POINTER_ARGS.index("counters")
+# the merge kernel's pointers (abi.DECODE_COMBINE's tensors) in the decode kernel's order
+_COMBINE_POINTERS = tuple(POINTER_ARGS.index(n) for n in abi.pointers(abi.DECODE_COMBINE))
+assert _COMBINE_POINTERS == (3, 4, 5, 6)  # DecodeLaunch.__call__ stores them by these indices

@@ -273,6 +273,20 @@ class Driver:
         limit = os.environ.get(SM_LIMIT_ENV, "")
         return min(n, int(limit)) if limit.isdigit() and int(limit) > 0 else n
 
+    def function(self, context: int, module: int, name: str) -> int:
+        """The CUfunction `name` of a loaded `module` (looked up in `context`, pushed for it)."""
+        lib = self.lib
+        self.check(lib.cuCtxPushCurrent_v2(context), "making the module's context current")
+        try:
+            func = ctypes.c_void_p()
+            self.check(
+                lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
+                f"finding {name} in the cubin",
+            )
+        finally:
+            lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+        return int(func.value or 0)
+
     def load(self, device: int, cubin: bytes, name: str, smem: int) -> tuple[int, int]:
         """(CUmodule, CUfunction) of kernel `name` from `cubin`, in `device`'s primary context."""
         lib = self.lib
@@ -373,6 +387,34 @@ def launch_in_context(
 
 
 @dataclass(eq=False)
+class PreparedLaunch:
+    """One kernel launch built once and issued call after call (`LaunchPlan.prepare`/`run`):
+    its CUlaunchConfig (grid, block, shared memory, the programmatic-dependent attribute or
+    none) with only the stream set per call, and the kernelParams array the caller fills in
+    place -- a launch's ctypes structures cost microseconds to build, a call's whole budget
+    for a short decode."""
+
+    name: str  # the kernel's, for errors
+    function: int  # CUfunction
+    config: LaunchConfig
+    params: Any  # kernelParams: addresses of the argument slots
+    attrs: Any = None  # keeps the attribute pointer `config` holds alive
+
+    def issue(self, drv: Driver, stream: int) -> int:
+        """cuLaunchKernelEx on `stream` in the current context (cuLaunchKernel when the driver
+        lacks it: a plain stream-ordered launch, where griddepcontrol.wait returns at once);
+        the driver's return code."""
+        cfg = self.config
+        if drv.cuLaunchKernelEx is None:
+            gx, gy, gz = cfg.grid
+            return int(drv.cuLaunchKernel(
+                self.function, gx, gy, gz, cfg.block[0], 1, 1, cfg.smem, stream, self.params, None
+            ))  # fmt: skip
+        cfg.stream = stream
+        return int(drv.cuLaunchKernelEx(ctypes.byref(cfg), self.function, self.params, None))
+
+
+@dataclass(eq=False)
 class LaunchPlan:
     """A loaded kernel ready to launch on one device: function, block, shared memory."""
 
@@ -388,6 +430,61 @@ class LaunchPlan:
     prefix_uses: tuple[int, ...] = tuple(range(len(POINTERS)))  # the pointers prefix reads
 
     sms: int = 0  # the device's SM count (persistent families size their grid by it)
+    # other kernels of the module, by name (sibling()): looked up once each
+    siblings: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+
+    def sibling(self, name: str) -> int:
+        """The CUfunction of another kernel in this plan's module (the same rendered source:
+        the decode variant's split merge, `<name>_combine`), looked up on first use."""
+        func = self.siblings.get(name)
+        if func is None:
+            with _lock:
+                func = self.siblings.get(name)
+                if func is None:
+                    try:
+                        func = driver().function(self.context, self.module, name)
+                    except RuntimeError as exc:
+                        raise RuntimeError(f"kernel {self.spec.name} ({self.arch}): {exc}") from exc
+                    self.siblings[name] = func
+        return func
+
+    def prepare(
+        self, grid: tuple[int, int, int], params: Any, dependent: bool = False,
+        sibling: str | None = None, threads: int = 0,
+    ) -> PreparedLaunch:  # fmt: skip
+        """A launch of this plan's kernel (or of the module's kernel `sibling`, a 1-D block of
+        `threads` and static shared memory only) with its CUlaunchConfig built now, for
+        `run` to issue call after call (its `params` array filled in place)."""
+        if sibling is None:
+            name, func, threads, smem = self.spec.name, self.function, self.block[0], self.smem
+        else:
+            name, func, smem = sibling, self.sibling(sibling), 0
+        attrs = ctypes.pointer(_DEPENDENT) if dependent else None
+        config = LaunchConfig(grid, (threads, 1, 1), smem, None, attrs, 1 if dependent else 0)
+        return PreparedLaunch(name, func, config, params, attrs)
+
+    def run(self, launches: Sequence[PreparedLaunch], stream: int) -> None:
+        """Issue `launches` in order on `stream` in the plan's context (pushed once, when
+        another is current); RuntimeError naming the kernel the driver refuses (the ones
+        after it are not issued)."""
+        drv = driver()
+        cur = ctypes.c_void_p()
+        drv.cuCtxGetCurrent(ctypes.byref(cur))
+        pushed = cur.value != self.context
+        if pushed:
+            drv.check(drv.cuCtxPushCurrent(self.context), "making the kernel's context current")
+        try:
+            for launch in launches:
+                rc = launch.issue(drv, stream)
+                if rc:
+                    cfg = launch.config
+                    raise RuntimeError(
+                        f"kernel {launch.name} failed (grid {tuple(cfg.grid)}, block "
+                        f"{cfg.block[0]}, {cfg.smem} B shared memory): {drv.error(rc)}"
+                    )
+        finally:
+            if pushed:
+                drv.cuCtxPopCurrent(ctypes.byref(cur))
 
     def grid(
         self, problem: Problem, window: tuple[int, int] = (-1, -1), varlen: Varlen | None = None

@@ -173,10 +173,20 @@ def test_a_contiguous_call_passes_its_pointers_sizes_and_strides(fake_gpu: Any) 
     splits, rows, _ = a["grid"]
     assert rows == h_kv * -(-(tq * h // h_kv) // spec.br) and a["grid"][2] == b
     assert splits > 1  # 2 x 2 row tiles on a 132-SM GPU: the keys are split
-    assert a["o_part"] and a["lse_part"] and a["counters"]
+    # sm_90: no in-kernel merge (counters NULL); the variant's merge kernel follows on the stream
+    assert a["o_part"] and a["lse_part"] and a["counters"] == 0
     assert a["stream"] == 0  # the legacy default stream, in order with PyCUDA's work
-    zeroed = [c for c in fake_gpu.calls.log if c[0] == "memset_d32"]
-    assert len(zeroed) == 1 and zeroed[0][1] == a["counters"] and zeroed[0][2] == 0
+    (m,) = fake_gpu.combine_launches
+    assert (m["o"], m["lse"], m["o_part"], m["lse_part"]) == (
+        a["o"], a["lse"], a["o_part"], a["lse_part"])  # fmt: skip
+    assert (m["tq"], m["n_splits"], m["kv_group"]) == (tq, splits, 4)
+    assert (m["o_sb"], m["o_sh"], m["o_st"]) == (a["o_sb"], a["o_sh"], a["o_st"])
+    assert m["grid"] == (tq * h // h_kv, h_kv, b) and m["block"] == (128, 1, 1)
+    assert (m["smem"], m["stream"]) == (0, 0) and m["function"] != a["function"]
+    found = [e[1] for e in fake_gpu.log if e[0] == "function"]  # the variant, then its merge
+    assert found[-1] == found[-2] + "_combine"
+    zeroed = [c for c in fake_gpu.calls.log if c[0] == "memset_d32"]  # still allocated once
+    assert len(zeroed) == 1 and zeroed[0][2] == 0
 
 
 def test_on_sm_90_decode_launches_as_a_programmatic_dependent(fake_gpu: Any) -> None:
@@ -185,9 +195,29 @@ def test_on_sm_90_decode_launches_as_a_programmatic_dependent(fake_gpu: Any) -> 
     q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
     flashgen.attention_with_kvcache(q, k, v, 4096)
     attributes = [e[1] for e in fake_gpu.log if e[0] == "launch_attributes"]
-    assert attributes == [((6, 1),)]
+    assert attributes == [((6, 1),), ((6, 1),)]  # the decode kernel, then its merge kernel
     (a,) = fake_gpu.decode_launches  # the same arguments as a plain launch
-    assert a["grid"][0] > 1 and a["tk"] == 4096
+    assert a["grid"][0] > 1 and a["tk"] == 4096 and a["counters"] == 0
+    (m,) = fake_gpu.combine_launches
+    assert m["n_splits"] == a["grid"][0] and m["grid"] == (8, 1, 1)
+
+
+def test_on_sm_90_the_in_kernel_merge_stays_one_switch_away(
+    fake_gpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FLASHGEN_DECODE_COMBINE=0: one launch that merges its splits itself (counters passed);
+    # one split: nothing to merge, one launch either way
+    monkeypatch.setenv("FLASHGEN_DECODE_COMBINE", "0")
+    q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
+    flashgen.attention_with_kvcache(q, k, v, 4096)
+    (a,) = fake_gpu.decode_launches
+    assert a["grid"][0] > 1 and a["counters"] and not fake_gpu.combine_launches
+    monkeypatch.delenv("FLASHGEN_DECODE_COMBINE")
+    flashgen.attention_with_kvcache(q, k, v, 4096, num_splits=1)
+    assert fake_gpu.decode_launches[-1]["grid"][0] == 1 and not fake_gpu.combine_launches
+    flashgen.attention_with_kvcache(q, k, v, 4096, num_splits=3)
+    (m,) = fake_gpu.combine_launches
+    assert fake_gpu.decode_launches[-1]["counters"] == 0 and m["n_splits"] == 3
 
 
 def test_before_sm_90_decode_launches_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,8 +233,9 @@ def test_before_sm_90_decode_launches_plainly(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(flashgen.api, "_entries", {})
     q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
     flashgen.attention_with_kvcache(q, k, v, 4096)
-    assert len(cuda.decode_launches) == 1
-    assert not [e for e in cuda.log if e[0] == "launch_attributes"]
+    assert len(cuda.decode_launches) == 1 and not cuda.combine_launches  # merged in-kernel
+    assert cuda.decode_launches[0]["counters"] and cuda.decode_launches[0]["grid"][0] > 1
+    assert not [e for e in cuda.log if e[0] == "launch_attributes" and e[1]]  # no PDL
 
 
 def test_a_paged_call_passes_the_table_and_page_geometry(fake_gpu: Any) -> None:

@@ -1,7 +1,8 @@
 """`flashgen.torch.attention_with_kvcache` on the GPU: contiguous and paged caches against the
 float64 oracle (per sequence), ragged and zero lengths, every page size class, GQA packing,
 forced and chosen splits, features; NaN for out-of-range lengths and pages; CUDA-graph replay
-with new lengths; no host synchronization."""
+with new lengths; no host synchronization; on sm_90 the split merge kernel against the
+in-kernel merge (FLASHGEN_DECODE_COMBINE)."""
 
 from __future__ import annotations
 
@@ -262,3 +263,91 @@ def test_dense_attention_with_few_query_rows_runs_the_decode_kernel(
         err = (q.grad.float() - qf.grad).norm() / qf.grad.norm()
         assert err < 2e-2, err
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def _both_merges(call: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """`call()` with the splits merged by the merge kernel (FLASHGEN_DECODE_COMBINE=1, sm_90's
+    default), then inside the decode launch (=0): each on freshly prepared signatures."""
+    from flashgen import kvcache
+
+    out = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("FLASHGEN_DECODE_COMBINE", flag)
+        kvcache.clear_cache()
+        out.append(call())
+    kvcache.clear_cache()
+    return out[0], out[1]
+
+
+def _assert_same_answer(a: tuple[Any, Any], b: tuple[Any, Any], dtype: str) -> None:
+    """O and LSE of the two merges: NaN, -inf and zero rows in the same places, the rest equal
+    up to the storage dtype's rounding (the merges add the splits in other orders)."""
+    torch.cuda.synchronize()
+    (o1, l1), (o0, l0) = a, b
+    assert torch.equal(torch.isnan(o1), torch.isnan(o0)) and torch.equal(l1.isnan(), l0.isnan())
+    assert torch.equal(l1 == float("-inf"), l0 == float("-inf"))
+    rtol = 2**-7 if dtype == "bf16" else 2**-9
+    torch.testing.assert_close(o1, o0, rtol=rtol, atol=1e-4, equal_nan=True)
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("splits", [2, 7, 16, 17, 64, 256])
+@pytest.mark.parametrize("d, dtype, page", [(128, "bf16", 32), (64, "fp16", 0)])
+def test_the_combine_kernel_gives_the_in_kernel_merges_answer(
+    splits: int, d: int, dtype: str, page: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sm_90: the merge kernel against the in-kernel merge (before sm_90 both runs merge
+    # in-kernel). Sequences: long; empty (O 0, LSE -inf); a length past the capacity (NaN);
+    # a bad page at key 160 (NaN from one split only: the merge spreads it over the row) or,
+    # contiguous, an ordinary one; one key with 3 causal rows (rows 0 and 1 see no key). 3 query
+    # heads per K/V head x 3 tokens = 9 packed rows of a 16-row tile: 7 pad rows.
+    c = make_cache(5, 3, 6, 2, d, [5000, 0, 3000, 700, 1], dtype, seed=splits + d, page=page)
+    lens = c["seqlens"].clone()
+    lens[2] = 10**6
+    table = c["table"]
+    if table is not None:
+        table = table.clone()
+        table[3, 5] = 10**6
+
+    def call() -> Any:
+        return attention_with_kvcache(
+            c["q"], c["k"], c["v"], lens, block_table=table, causal=True, num_splits=splits,
+            return_lse=True,
+        )  # fmt: skip
+
+    merged, in_kernel = _both_merges(call, monkeypatch)
+    _assert_same_answer(merged, in_kernel, dtype)
+    o, lse = merged
+    assert torch.isnan(o[2]).all() and torch.isnan(lse[2]).all()
+    if table is not None:
+        assert torch.isnan(o[3]).all() and torch.isnan(lse[3]).all()
+    assert (o[1] == 0).all() and (lse[1] == float("-inf")).all()
+    assert (o[4, :2] == 0).all() and (lse[4, :, :2] == float("-inf")).all()
+    assert torch.isfinite(o[4, 2]).all() and torch.isfinite(lse[4, :, 2]).all()
+    for s in [0] if table is not None else [0, 3]:
+        sub = {key: c[key][s : s + 1] for key in ("q", "k_dense", "v_dense")}
+        assert_matches_oracle(o[s : s + 1], lse[s : s + 1], dict(sub, lens=[c["lens"][s]]),
+                              True, dtype)  # fmt: skip
+
+
+def test_the_combine_kernel_replays_in_a_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    # two captured launches (decode, then its merge kernel), replayed with new lengths: the
+    # answers of eager calls that merge in-kernel
+    c = make_cache(2, 1, 8, 1, 128, [4096, 4096], "bf16", seed=13)
+    lens = c["seqlens"]
+    args = (c["q"], c["k"], c["v"], lens)
+    monkeypatch.setenv("FLASHGEN_DECODE_COMBINE", "1")
+    from flashgen import kvcache
+
+    kvcache.clear_cache()
+    attention_with_kvcache(*args, num_splits=16)  # compiles and loads
+    assert_no_sync(lambda: attention_with_kvcache(*args, num_splits=16))
+    graph, out = capture(lambda: attention_with_kvcache(*args, num_splits=16, return_lse=True))
+    monkeypatch.setenv("FLASHGEN_DECODE_COMBINE", "0")
+    kvcache.clear_cache()
+    for new in ([1, 4096], [0, 3000], [4096, 17]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        want = attention_with_kvcache(*args, num_splits=16, return_lse=True)
+        _assert_same_answer(out, want, "bf16")
+    kvcache.clear_cache()

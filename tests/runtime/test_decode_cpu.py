@@ -19,9 +19,12 @@ from flashgen.generator.families.mma.decode import (
 from flashgen.generator.render import render
 from flashgen.generator.spec import KernelSpec, SpecError
 from flashgen.runtime.decode import (
+    COMBINE_ENV,
+    COMBINE_THREADS,
     DECODE_MAX_SPLITS,
     POINTER_ARGS,
     choose_splits,
+    combine_enabled,
     decode_spec,
     routes_to_decode,
     row_tiles,
@@ -105,6 +108,19 @@ def test_the_argument_table_names_every_pointer_the_launcher_passes():
     src = render(decode_spec(128, 128, "bf16", True, 4)).source
     for p in abi.DECODE:
         assert re.search(rf"\b{p.name}\b", src), p.name
+
+
+def test_the_merge_kernel_sits_in_the_variants_source_with_its_argument_table(monkeypatch):
+    s = decode_spec(128, 128, "bf16", True, 4)
+    src = render(s).source
+    assert f"__launch_bounds__(COMBINE_THREADS) {s.name}_combine(" in src
+    assert f"constexpr int COMBINE_THREADS = {COMBINE_THREADS};" in src  # the host's block
+    for p in abi.DECODE_COMBINE:
+        assert p.declaration("elem_t") in src, p.name
+    # where it runs: sm_90 and newer unless switched off (the in-kernel merge everywhere else)
+    assert combine_enabled("sm_90") and not combine_enabled("sm_80")
+    monkeypatch.setenv(COMBINE_ENV, "0")
+    assert not combine_enabled("sm_90")
 
 
 @pytest.mark.compile_all  # twelve nvcc runs: the compile-everything check's, not the default's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from flashgen.generator import abi
 from flashgen.generator.families.base import _pick
 
 if TYPE_CHECKING:
@@ -134,11 +135,20 @@ def check(fam: Family, spec: KernelSpec) -> list[str]:
     return p
 
 
+def combine_name(spec: KernelSpec) -> str:
+    """The decode variant's split-merge kernel (`abi.DECODE_COMBINE`), in the same source."""
+    return f"{spec.name}_combine"
+
+
 def context(spec: KernelSpec) -> dict[str, Any]:
     """The template values of templates/mma_decode.cu.j2."""
     return {
         "row_pad": DECODE_ROW_PAD,
         "merge_max": DECODE_MERGE_MAX,
+        "combine_name": combine_name(spec),
+        "combine_params": [
+            {"decl": p.declaration("elem_t"), "note": p.note} for p in abi.DECODE_COMBINE
+        ],
         "mma_type": "bf16" if spec.dtype == "bf16" else "f16",
         "pack_type": "bf16x2" if spec.dtype == "bf16" else "f16x2",
     }
