@@ -220,6 +220,28 @@ def test_on_sm_90_the_in_kernel_merge_stays_one_switch_away(
     assert fake_gpu.decode_launches[-1]["counters"] == 0 and m["n_splits"] == 3
 
 
+def test_the_decode_kernel_and_its_merge_share_one_context_push(fake_gpu: Any) -> None:
+    # another context current on the thread: the plan's is pushed once for both launches and
+    # popped after them, so the caller's stays current
+    q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
+    flashgen.attention_with_kvcache(q, k, v, 4096)  # prepared (loads, lookups) first
+    fake_gpu.stack.append(0xF00)
+    start = len(fake_gpu.log)
+    flashgen.attention_with_kvcache(q, k, v, 4096)
+    seen = [e[0] for e in fake_gpu.log[start:] if e[0] in ("push", "pop", "launch")]
+    assert seen == ["push", "launch", "launch", "pop"] and fake_gpu.stack == [0xF00]
+    assert len(fake_gpu.decode_launches) == len(fake_gpu.combine_launches) == 2
+
+
+def test_a_refused_decode_launch_names_the_kernel_and_skips_its_merge(fake_gpu: Any) -> None:
+    q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
+    fake_gpu.launch_rc = 1  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(RuntimeError, match=r"kernel \S+ failed \(grid \(\d+, 1, 1\), block \d+"):
+        flashgen.attention_with_kvcache(q, k, v, 4096)
+    assert len(fake_gpu.decode_launches) == 1 and not fake_gpu.combine_launches
+    assert not fake_gpu.stack  # nothing left pushed
+
+
 def test_before_sm_90_decode_launches_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
     from _fakecuda import install_libcuda, install_pycuda
 
