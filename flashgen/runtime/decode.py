@@ -50,12 +50,17 @@ DECODE_WAVES = 1
 `Driver.resident_blocks`): every block of a launch resident at once, no tail wave."""
 DECODE_MIN_TILES_PER_WARP = 4
 """A split gives each warp at least this many key tiles (else it is not worth a block)."""
+DECODE_MIN_TILES_PER_WARP_MERGED = 2
+"""The same with the merge kernel (sm_90: a split costs little more than its blocks), used when
+every block of the launch still has an SM to itself (B 1, Tk 4k, 8/1 heads: 32 splits instead
+of 16, x1.17; bench/NOTES.md, session 33)."""
 DECODE_FEW_BLOCKS: tuple[tuple[int, int, int], ...] = ((8, 2, 2),)
 """(warps, stages, min tiles per warp) tried in order for a call whose blocks all fit one per SM
 (B x H_kv x row tiles x splits <= SMs): with every block alone on its SM, shared memory is free,
 so eight warps of two tiles each halve every warp's serial chain of tile loads and math (the
 split count stays that of four warps of four tiles). The first that is a valid spec and still
-fits one per SM wins."""
+fits one per SM wins. Not with the merge kernel (sm_90, splits): there the four-warp blocks won
+on every short row measured (bench/NOTES.md, session 33)."""
 DECODE_MAX_SPLITS = 256
 """At most this many splits (each adds a row tile's O to the scratch the merge reads)."""
 assert DECODE_MAX_SPLITS <= DECODE_MERGE_MAX**2  # the merge's two levels take this many

@@ -19,7 +19,13 @@ import numpy as np
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime import launch
-from flashgen.runtime.decode import DecodeShape, choose_splits, few_blocks_specs
+from flashgen.runtime.decode import (
+    DECODE_MIN_TILES_PER_WARP_MERGED,
+    DecodeShape,
+    choose_splits,
+    combine_enabled,
+    few_blocks_specs,
+)
 from flashgen.runtime.launch import LaunchPlan
 from flashgen.runtime.validate import ArrayInfo
 
@@ -166,15 +172,25 @@ def choose_launch(
     blocks: int, tk: int, splits: int,
 ) -> tuple[KernelSpec, LaunchPlan, int]:  # fmt: skip
     """(variant, its plan, split count) for `blocks` (B x H_kv x row tiles) row tiles over
-    `tk` keys: `spec` with `choose_splits`' count (`splits` > 0 forces it); when every block
-    of that launch has an SM to itself and the caller did not choose the variant (`chosen`
-    False), the first DECODE_FEW_BLOCKS variant whose blocks still fit one per SM (more bytes
-    in flight per SM). `plan_for` loads a variant on the call's device."""
+    `tk` keys: `spec` with `choose_splits`' count (`splits` > 0 forces it). With the merge
+    kernel (sm_90, more than one split) an automatic count takes DECODE_MIN_TILES_PER_WARP_MERGED
+    tiles per warp when every block still has an SM to itself, and the variant stays `spec`;
+    otherwise, when every block of the launch has an SM to itself and the caller did not choose
+    the variant (`chosen` False), the first DECODE_FEW_BLOCKS variant whose blocks still fit one
+    per SM (more bytes in flight per SM). `plan_for` loads a variant on the call's device."""
     plan = plan_for(spec)
     drv = launch.driver()
     slots = plan.sms * drv.resident_blocks(plan.function, spec.threads, plan.smem)
     n_splits = choose_splits(spec, blocks, tk, slots, splits)
-    if not chosen and blocks * n_splits <= plan.sms:
+    # with the merge kernel (sm_90) a split costs little more than its blocks, and the default
+    # variant's blocks beat the few-blocks ones on every short row measured (bench/NOTES.md,
+    # session 33: x1.06-1.19)
+    merged_apart = n_splits > 1 and combine_enabled(plan.arch)
+    if merged_apart and not splits:
+        finer = choose_splits(spec, blocks, tk, slots, 0, DECODE_MIN_TILES_PER_WARP_MERGED)
+        if blocks * finer <= plan.sms:
+            n_splits = finer
+    if not chosen and not merged_apart and blocks * n_splits <= plan.sms:
         for few, min_tiles in few_blocks_specs(spec):
             few_plan = plan_for(few)
             resident = drv.resident_blocks(few_plan.function, few.threads, few_plan.smem)

@@ -6,10 +6,11 @@
     python3 scripts/dev/decode_sweep.py OUT.json    # GPU host (repo root): the sweep
     python3 scripts/dev/decode_sweep.py OUT.json small   # the short caches: split counts
 
-`small`: the latency-bound rows (B1 Tk4k / Tk32k 8/1, B1 and B8 Tk4k 32/8), where the split count
-decides how many SMs share the bytes (ours 16 blocks on B1 Tk4k, cuDNN 32 + a reduction kernel,
-bench/NOTES.md session 18): num_splits auto / 8 / 16 / 32 / 64 / 128 for the default variant, the
-4-warp one and the few-blocks 8-warp one, SDPA beside, graph-timed, 2 rounds.
+`small`: the latency-bound rows (B1 Tk4k / Tk32k 8/1, B1 and B8 Tk4k 32/8, B8 Tk4k 8/1), where
+the split count decides how many SMs share the bytes (ours 16 blocks on B1 Tk4k, cuDNN 32 + a
+reduction kernel, bench/NOTES.md session 18): num_splits auto / 8 / 16 / 32 / 64 / 128 for the
+default variant, the 4-warp one and the few-blocks 8-warp one, SDPA beside, graph-timed, 2
+rounds. DSWEEP_WARMUP_S=S: each timing's warm-up (default the protocol's 1 s).
 
 `DSWEEP_MIN_BLOCKS=N` (environment): every br 16 decode variant is built for N resident blocks
 (`__launch_bounds__(threads, N)`; 3 caps d 128 at 168 registers, 0 spills with ptxas 13.0), its
@@ -102,7 +103,9 @@ def sweep_row(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> N
                     q, k, v, lens, spec=sp, num_splits=ns))  # fmt: skip
 
 
-SMALL_ROWS = [(1, 4096, 8, 1), (1, 32768, 8, 1), (1, 4096, 32, 8), (8, 4096, 32, 8)]
+SMALL_ROWS = [
+    (1, 4096, 8, 1), (1, 32768, 8, 1), (1, 4096, 32, 8), (8, 4096, 32, 8), (8, 4096, 8, 1),
+]
 
 
 def sweep_small(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) -> None:
@@ -133,6 +136,10 @@ def sweep_small(b: int, tk: int, h: int, hkv: int, res: list[dict[str, Any]]) ->
 
 
 def main() -> None:
+    if os.environ.get("DSWEEP_WARMUP_S"):  # shorter warm-ups: the sweep keeps the GPU busy
+        from flashgen.perf import bench
+
+        bench.WARMUP_S = float(os.environ["DSWEEP_WARMUP_S"])
     if len(sys.argv) > 2 and sys.argv[2] == "small":
         res_small: list[dict[str, Any]] = []
         for b, tk, h, hkv in SMALL_ROWS:

@@ -242,6 +242,26 @@ def test_a_refused_decode_launch_names_the_kernel_and_skips_its_merge(fake_gpu: 
     assert not fake_gpu.stack  # nothing left pushed
 
 
+def test_with_the_merge_kernel_short_caches_split_finer_in_four_warp_blocks(
+    fake_gpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # B 1, Tk 4096, one K/V head of 8: 256 key tiles. With the merge kernel: the 4-warp variant
+    # at 2 tiles a warp (32 splits: 32 blocks, each alone on one of 132 SMs); 32/8 heads (8
+    # row tiles) would need 256 blocks at that rate, so they keep 4 tiles a warp (16 splits)
+    q, k, v = device((1, 1, 8, 128)), device((1, 4096, 1, 128)), device((1, 4096, 1, 128))
+    flashgen.attention_with_kvcache(q, k, v, 4096)
+    (a,) = fake_gpu.decode_launches
+    assert a["grid"] == (32, 1, 1) and a["block"] == (128, 1, 1)
+    q8, k8 = device((1, 1, 32, 128)), device((1, 4096, 8, 128))
+    flashgen.attention_with_kvcache(q8, k8, k8, 4096)
+    assert fake_gpu.decode_launches[-1]["grid"] == (16, 8, 1)
+    # the in-kernel merge: the 8-warp few-blocks variant at 4 tiles per 4 warps (16 splits)
+    monkeypatch.setenv("FLASHGEN_DECODE_COMBINE", "0")
+    flashgen.attention_with_kvcache(q, k, v, 2048)  # a fresh signature (the env is read once)
+    b = fake_gpu.decode_launches[-1]
+    assert b["grid"] == (8, 1, 1) and b["block"] == (256, 1, 1)
+
+
 def test_before_sm_90_decode_launches_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
     from _fakecuda import install_libcuda, install_pycuda
 
