@@ -57,6 +57,7 @@ from flashgen.torch_support import (
     feature_args_key,
     function_modes,
     raw_stream,
+    stream_zeros,
 )
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class _Entry:
     launch: DecodeLaunch
     o_shape: tuple[int, ...]
     lse_shape: tuple[int, int, int]
-    scratch: tuple[int, int, int]
+    scratch: tuple[int, int, int]  # o_part, lse_part, counters (0: none; the merge kernel's)
     device: Any
     dtype: Any
 
@@ -197,10 +198,11 @@ def _prepare(
     shape = DecodeShape(
         b, h, h_kv, tq, tk, page_size, bt_stride, n_pages, strides, scale_value * LOG2E
     )
+    call = DecodeLaunch(plan, shape, n_splits, features)
+    n_o, n_l, n_c = scratch_sizes(spec, b, h_kv, tiles, n_splits)
     entry = _Entry(
-        DecodeLaunch(plan, shape, n_splits, features), (b, tq, h, dv), (b, h, tq),
-        scratch_sizes(spec, b, h_kv, tiles, n_splits), dev, q.dtype,
-    )  # fmt: skip
+        call, (b, tq, h, dv), (b, h, tq), (n_o, n_l, 0 if call.combine else n_c), dev, q.dtype
+    )  # the merge kernel counts nothing: no counters
     launch.remember(_entries, key, entry)
     return entry
 
@@ -224,8 +226,9 @@ def _launch(e: _Entry, qkvol: tuple[int, ...], lens: int, table: int, stream: in
     # call's host time); o_part's float4 rows start at the allocator's aligned base
     part = torch.empty(n_o + n_l, dtype=torch.float32, device=e.device) if n_o else None
     p = _ptr(part)
-    counters = _counter_buffer(e.device.index, stream, n_c)
-    scratch = (p, p + 4 * n_o if p else 0, counters.data_ptr())
+    # no counters (n_c 0) when the splits merge in a kernel of their own (DecodeLaunch.combine)
+    counters = _counter_buffer(e.device.index, stream, n_c) if n_c else None
+    scratch = (p, p + 4 * n_o if p else 0, _ptr(counters))
     e.launch((*qkvol, *scratch, lens, table), stream)
 
 
@@ -252,16 +255,10 @@ def dense_decode(
 
 
 def _counter_buffer(dev: int, stream: int, n: int) -> Any:
-    """An int32 buffer of at least n zeros for (device, stream): the kernel leaves it zeroed."""
-    key = (dev, stream)
-    buf = _counters.get(key)
-    if buf is None or buf.numel() < n:
-        with _lock:
-            buf = _counters.get(key)
-            if buf is None or buf.numel() < n:
-                buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=f"cuda:{dev}")
-                _counters[key] = buf
-    return buf
+    """At least n int32 zeros for the decode merge's counters on (device, stream), which the
+    kernel leaves zeroed: one buffer per (device, stream) for eager calls, fresh ones under
+    graph capture (`stream_zeros`)."""
+    return stream_zeros(_counters, _lock, dev, stream, n, minimum=1024)
 
 
 def attention_with_kvcache(

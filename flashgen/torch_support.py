@@ -6,6 +6,7 @@ and the dense backward's launch with its fp32 scratch from torch's allocator."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -164,6 +165,34 @@ def _raw_stream_fn() -> Callable[[int], int]:
 raw_stream: Callable[[int], int] = _raw_stream_fn()
 """The current CUDA stream of a device as a CUstream handle (torch's C entry point when it has
 one: a call per launch, so the cheapest)."""
+
+
+def stream_zeros(
+    table: dict[tuple[int, int], Any], lock: threading.Lock, dev: int, stream: int, n: int,
+    minimum: int = 1,
+) -> Any:  # fmt: skip
+    """At least `n` int32 zeros for a launch on (`dev`, `stream`) of a kernel that counts in
+    them and leaves them zero (the varlen tile scheduler's words, the decode merge's counters).
+
+    Eager calls share one buffer per (device, stream), kept in `table` (`minimum` words at
+    least, grown when a call needs more): the stream orders its launches, each launch puts the
+    words back to zero, so a call costs a dict lookup, and launches on other streams never touch
+    them. Under CUDA-graph capture each call gets fresh words zeroed by a node of the graph
+    instead: a replay may run on any stream, beside eager calls or other graphs, and must share
+    its words with none of them -- and a buffer first made under capture would hold zeros only
+    once the graph ran. (Capture is asked of the current device's stream, which is q's in any
+    capture that torch.cuda.graph sets up.) Neither path reads anything back from the GPU."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(max(n, 1), dtype=torch.int32, device=f"cuda:{dev}")
+    key = (dev, stream)
+    buf = table.get(key)
+    if buf is None or buf.numel() < n:
+        with lock:
+            buf = table.get(key)
+            if buf is None or buf.numel() < n:  # zeroed on that stream (the current one)
+                buf = torch.zeros(max(n, minimum), dtype=torch.int32, device=f"cuda:{dev}")
+                table[key] = buf
+    return buf
 
 
 def out_strides(shape: tuple[Any, ...], stride: tuple[Any, ...]) -> tuple[Any, ...]:

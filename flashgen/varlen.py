@@ -68,6 +68,7 @@ from flashgen.torch_support import (
     feature_args_key,
     function_modes,
     raw_stream,
+    stream_zeros,
 )
 
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -93,26 +94,9 @@ _lock = threading.Lock()
 
 def _work_counter(dev: int, stream: int) -> Any:
     """The two int32 words a varlen forward's tile scheduler counts in (abi.VARLEN_FWD): zero
-    when the launch starts, and used by no launch that may run at the same time.
-
-    Eager calls share one pair per (device, stream): the stream orders its launches, and each
-    launch leaves the words zero (its last block resets them), so a call costs nothing more
-    than a dict lookup, and launches on other streams never touch the pair. Under CUDA-graph
-    capture each call gets fresh words zeroed by a node of the graph instead: a replay may run
-    on any stream, beside eager calls or other graphs, and must share its words with none of
-    them. (Capture is asked of the current device's stream, which is q's in any capture that
-    torch.cuda.graph sets up.) Neither path reads anything back from the GPU."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(2, dtype=torch.int32, device=f"cuda:{dev}")
-    key = (dev, stream)
-    buf = _counters.get(key)
-    if buf is None:
-        with _lock:
-            buf = _counters.get(key)
-            if buf is None:  # zeroed on that stream (the device's current one), before any use
-                buf = torch.zeros(2, dtype=torch.int32, device=f"cuda:{dev}")
-                _counters[key] = buf
-    return buf
+    when the launch starts, and used by no launch that may run at the same time -- one pair
+    per (device, stream) for eager calls, fresh ones under graph capture (`stream_zeros`)."""
+    return stream_zeros(_counters, _lock, dev, stream, 2)
 
 
 def _as_batch(x: Any) -> Any:

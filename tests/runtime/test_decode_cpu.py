@@ -239,3 +239,35 @@ def test_a_remembered_decode_call_decodes_no_feature_value(monkeypatch):
     monkeypatch.setattr(op_args, "values_of", no_decoding)
     kvcache._run(q, k, k, lens, None, None, True, None, 0, None, *feats)
     assert len(launched) == 1 and launched[0][:3] == (q.data_ptr(), k.data_ptr(), k.data_ptr())
+
+
+def test_the_merge_counters_are_one_buffer_per_stream_grown_and_fresh_under_capture(monkeypatch):
+    """flashgen.kvcache's merge counters: eager calls on one (device, stream) share a buffer of
+    at least 1024 words (made once; a call needing more gets a larger one), other streams get
+    their own, and a call under CUDA-graph capture gets fresh zeros -- a buffer first made in a
+    capture would hold zeros only once the graph ran, and a replay on another stream would share
+    it with eager calls."""
+    torch = pytest.importorskip("torch")
+    from flashgen import kvcache
+
+    made: list[tuple[int, ...]] = []
+
+    def zeros(n: int, dtype: object, device: str) -> object:
+        assert dtype is torch.int32 and device == "cuda:0"
+        made.append((n,))
+        return torch.empty(n, dtype=torch.int32)
+
+    capturing = [False]
+    monkeypatch.setattr(kvcache, "_counters", {})
+    monkeypatch.setattr(kvcache.torch, "zeros", zeros)
+    monkeypatch.setattr(kvcache.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    a = kvcache._counter_buffer(0, 0x10, 40)
+    assert kvcache._counter_buffer(0, 0x10, 1024) is a and made == [(1024,)]
+    b = kvcache._counter_buffer(0, 0x20, 8)
+    assert b is not a and len(made) == 2
+    capturing[0] = True
+    g1, g2 = kvcache._counter_buffer(0, 0x10, 40), kvcache._counter_buffer(0, 0x10, 40)
+    assert g1 is not g2 and a is not g1 and a is not g2 and made[2:] == [(40,), (40,)]
+    capturing[0] = False
+    big = kvcache._counter_buffer(0, 0x10, 5000)
+    assert big is not a and made[-1] == (5000,) and kvcache._counter_buffer(0, 0x10, 9) is big
