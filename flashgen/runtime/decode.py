@@ -19,7 +19,8 @@ launches the decode kernel with counters = NULL (its blocks store their splits a
 then the variant's merge kernel, `<name>_combine` (`abi.DECODE_COMBINE`: a block per packed
 row), both as programmatic dependents: the merge's blocks wait at griddepcontrol.wait for the
 decode grid, so a short call's tail is a parallel merge instead of one block's fence, counter
-and serial merge. The scratch (and the counters, unused then) is the same either way.
+and serial merge. o_part and lse_part are the same either way; the counters go unused (the
+torch front door allocates none then).
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ NumPy arrays (copied), PyCUDA GPUArrays and torch tensors all reach the GPU here
   `cuLaunchKernel(f, grid, block, smem, stream, kernelParams, NULL)` on the given stream handle:
   no validation, no allocation, no synchronization. Hosts keep a `Bound` per signature, so a
   repeated call costs a dict lookup, five pointer stores and one driver call.
+- `PreparedLaunch` (`LaunchPlan.prepare`, issued by `LaunchPlan.run`): a launch whose
+  CUlaunchConfig (grid, block, shared memory, the programmatic-dependent attribute) is built
+  once, for hosts that fill their own `kernelParams` (the decode kernel and its merge kernel,
+  a sibling in the same module: `LaunchPlan.sibling`); `run` issues several in one context push.
 
 The kernel arguments are the C ABI of templates/_common.cuh.j2: q, k, v, o, lse pointers; int
 tq, tk; twelve long long strides (q, k, v, o x batch, head, token); float scale_log2; int
@@ -360,12 +364,11 @@ def wait_for_streams(producers: Sequence[int | None], stream: int) -> None:
 
 def launch_in_context(
     context: int, function: int, grid: tuple[int, int, int], threads: int, smem: int,
-    stream: int, params: Any, dependent: bool = False,
+    stream: int, params: Any,
 ) -> int:  # fmt: skip
     """`cuLaunchKernel` of `function` (a 1-D block of `threads`) in `context`, pushed for the
-    launch when another is current; the driver's return code (0: launched). `dependent`: a
-    programmatic dependent launch (`cuLaunchKernelEx`, sm_90; the kernel must execute
-    `griddepcontrol.wait` before it reads what earlier work on the stream wrote)."""
+    launch when another is current; the driver's return code (0: launched). (Launches made
+    call after call are prepared once instead: `LaunchPlan.prepare`/`run`.)"""
     drv = driver()
     cur = ctypes.c_void_p()
     drv.cuCtxGetCurrent(ctypes.byref(cur))
@@ -374,10 +377,6 @@ def launch_in_context(
         drv.check(drv.cuCtxPushCurrent(context), "making the kernel's context current")
     try:
         gx, gy, gz = grid
-        if dependent and drv.cuLaunchKernelEx is not None:
-            dep = ctypes.pointer(_DEPENDENT)
-            cfg = LaunchConfig((gx, gy, gz), (threads, 1, 1), smem, stream, dep, 1)
-            return int(drv.cuLaunchKernelEx(ctypes.byref(cfg), function, params, None))
         return int(
             drv.cuLaunchKernel(function, gx, gy, gz, threads, 1, 1, smem, stream, params, None)
         )
@@ -502,22 +501,6 @@ class LaunchPlan:
             self.spec, problem.b, problem.h, problem.tq, problem.tk, self.sms, window,
             problem.kv_group,
         )
-
-    def launch(
-        self, grid: tuple[int, int, int], params: Any, stream: int, dependent: bool = False
-    ) -> None:
-        """`cuLaunchKernel` of this plan's function on `stream` with a `kernelParams` array, in
-        the plan's context (pushed for the launch when another is current); RuntimeError
-        naming the kernel when the driver refuses. (Bound inlines the same for the forward's
-        per-call path.)"""
-        rc = launch_in_context(
-            self.context, self.function, grid, self.block[0], self.smem, stream, params, dependent
-        )
-        if rc:
-            raise RuntimeError(
-                f"kernel {self.spec.name} failed (grid {grid}, block {self.block[0]}, "
-                f"{self.smem} B shared memory): {driver().error(rc)}"
-            )
 
     def bind(
         self,
