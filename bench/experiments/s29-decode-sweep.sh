@@ -5,12 +5,12 @@
 # 2/3/4 x bc 16/32, the valid specs, x splits auto/2, SDPA beside, 2 rounds, graph-timed) never
 # ran: read it for a knob that beats the default on all four rows. Precompile here first:
 #   FLASHGEN_CACHE_DIR=$PWD/.fgcx/dsweep python3 scripts/dev/decode_sweep.py compile
-# and carry .fgcx/dsweep (rebuilt in session 30 after the PDL change). -> $OUT/dsweep.json, $OUT/dsweep.txt (a per-row table last)
+# and carry .fgcx/dsweep (rebuilt in session 33 after the merge kernel; 0.25 s warm-ups). -> $OUT/dsweep.json, $OUT/dsweep.txt (a per-row table last)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD FLASHGEN_CACHE_DIR=$PWD/.fgcx/dsweep FLASHGEN_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 250 python3 scripts/dev/decode_sweep.py "$OUT/dsweep.json" > "$OUT/dsweep.txt" 2>&1
+DSWEEP_WARMUP_S=0.25 timeout 250 python3 scripts/dev/decode_sweep.py "$OUT/dsweep.json" > "$OUT/dsweep.txt" 2>&1
 echo "sweep rc=$?"
 # (the DSWEEP_MIN_BLOCKS=3 half was dropped: 3 blocks per SM measured 0.97-1.01x in session 29)
 python3 - "$OUT/dsweep.json" "$OUT/dsweep-mb3.json" <<'PY' | tee -a "$OUT/dsweep.txt"
