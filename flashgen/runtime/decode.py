@@ -36,6 +36,7 @@ from typing import Any
 from flashgen.generator import abi
 from flashgen.generator.arch import arch_number
 from flashgen.generator.families.mma.decode import (
+    DECODE_COMBINE_THREADS,
     DECODE_MERGE_MAX,
     DECODE_REG_BUDGET,
     combine_name,
@@ -79,8 +80,8 @@ POINTER_ARGS = (
 )
 """The decode kernel's pointer arguments, in order (abi.DECODE's `tensor` rows)."""
 assert abi.pointers(abi.DECODE) == POINTER_ARGS
-COMBINE_THREADS = 128
-"""The merge kernel's block (templates/mma_decode.cu.j2, COMBINE_THREADS)."""
+COMBINE_THREADS = DECODE_COMBINE_THREADS
+"""The merge kernel's block (the template's COMBINE_THREADS)."""
 COMBINE_ENV = "FLASHGEN_DECODE_COMBINE"
 """`0`: merge the splits inside the decode launch on sm_90 too (the rule before sm_90)."""
 

@@ -32,6 +32,9 @@ DECODE_MERGE_MAX = 16
 """Split results one block merges at most: a row tile's splits merge in one level when there
 are at most this many, else in groups of about sqrt(splits) and then the groups (so at most
 DECODE_MERGE_MAX**2 splits)."""
+DECODE_COMBINE_THREADS = 128
+"""The block of the variant's split-merge kernel (`<name>_combine`, sm_90): threads over a
+row's 8-column chunks, the rest taking every C_SUB-th split (templates/mma_decode.cu.j2)."""
 
 
 def merge_group_size(splits: int) -> int:
@@ -146,6 +149,7 @@ def context(spec: KernelSpec) -> dict[str, Any]:
         "row_pad": DECODE_ROW_PAD,
         "merge_max": DECODE_MERGE_MAX,
         "combine_name": combine_name(spec),
+        "combine_threads": DECODE_COMBINE_THREADS,
         "combine_params": [
             {"decl": p.declaration("elem_t"), "note": p.note} for p in abi.DECODE_COMBINE
         ],
