@@ -102,7 +102,7 @@ Examples:
               show_default=True, help="Folder for the JSON (and PNG).")  # fmt: skip
 @click.option("--plot", is_flag=True,
               help="Also write a PNG of TFLOP/s against T (backward panels after the "
-                   "forward's).")  # fmt: skip
+                   "forward's), and one of the serving rows (<name>-serving.png).")  # fmt: skip
 @friendly
 def bench(
     dtypes: tuple[str, ...], head_dims: tuple[int, ...], seq_lens: tuple[int, ...],
@@ -237,6 +237,11 @@ def bench(
         png = path.with_suffix(".png")
         bench_mod.plot(result.rows, png)
         click.echo(f"wrote {png}")
+        from flashgen.perf import serving_plot
+
+        serving_png = path.with_name(f"{path.stem}-serving.png")
+        if serving_plot.plot(result.serving, serving_png, str(result.env.get("gpu", ""))):
+            click.echo(f"wrote {serving_png}")
 
 
 def summary_lines(rows: list[bench_mod.Row], direction: str) -> list[str]:
