@@ -220,7 +220,8 @@ class DenseDecode:
 
 def _launch(e: _Entry, qkvol: tuple[int, ...], lens: int, table: int, stream: int) -> None:
     """Launch an entry: its split scratch allocated (none with one split), the counters of
-    (device, stream); `qkvol` the pointers of q, k, v, O and LSE, `lens`/`table` 0 for NULL."""
+    (device, stream) when its splits merge in the decode launch (none with the merge kernel);
+    `qkvol` the pointers of q, k, v, O and LSE, `lens`/`table` 0 for NULL."""
     n_o, n_l, n_c = e.scratch
     # o_part then lse_part in one allocation (each torch.empty is microseconds of a short
     # call's host time); o_part's float4 rows start at the allocator's aligned base
