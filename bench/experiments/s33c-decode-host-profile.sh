@@ -1,7 +1,8 @@
 #!/bin/bash
 # bench/experiments/s33c-decode-host-profile.sh (carry .whl; ~1 min): where an eager decode call's
 # ~30 us of host time goes (cProfile, B=1 Tk=4096 8/1 heads), and why it grew ~17 us after torch
-# SDPA ran in s33b: ours, then after eager SDPA calls, then after an SDPA graph capture.
+# SDPA ran in session 33's host check: ours, then after eager SDPA calls, then after an SDPA
+# graph capture.
 set -u
 export FLASHGEN_CACHE_DIR=/tmp/fgc PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
