@@ -45,7 +45,7 @@ from flashgen.generator.families.mma.decode import (
 )
 from flashgen.generator.features import NO_FEATURES, FeatureArgs, check_fits
 from flashgen.generator.spec import KernelSpec, SpecError
-from flashgen.runtime.launch import LaunchPlan
+from flashgen.runtime.launch import LaunchPlan, PreparedLaunch
 
 DECODE_WAVES = 1
 """The split count aims for this many waves of blocks (the SMs times the blocks one SM holds,
@@ -243,33 +243,35 @@ class DecodeLaunch:
         # sm_90 kernels wait at griddepcontrol.wait (templates/mma_decode.cu.j2): launch them as
         # programmatic dependents, so a block's start overlaps the previous kernel's end
         self._dependent = arch_number(plan.arch) >= 90
-        # the split merge as a kernel of its own (module docstring), a block per packed row:
-        # its arguments (abi.DECODE_COMBINE) are o, lse, o_part, lse_part (stored per call),
-        # then tq, the split count, o's strides and kv_group
-        self.combine = combine_name(spec) if splits > 1 and combine_enabled(plan.arch) else None
-        self.combine_grid = (shape.tq * shape.kv_group, shape.h_kv, shape.b)
-        self._cptrs = (c.c_void_p * 4)()
-        cscalars: list[Any] = [
-            c.c_int(shape.tq), c.c_int(splits), *(c.c_longlong(s) for s in shape.strides[9:12]),
-            c.c_int(shape.kv_group),
-        ]  # fmt: skip
-        if len(cscalars) + len(self._cptrs) != len(abi.DECODE_COMBINE):
-            raise AssertionError("merge arguments out of step with abi.DECODE_COMBINE")
-        self._cargs = cscalars
-        cbase = c.addressof(self._cptrs)
-        self.combine_params = (c.c_void_p * len(abi.DECODE_COMBINE))(
-            *(cbase + width * i for i in range(len(self._cptrs))),
-            *(c.addressof(a) for a in cscalars),
-        )
         # both launches built once (a call only stores pointers and the stream): the decode
         # kernel, then with splits on sm_90 the merge kernel (module docstring)
         self._launches = [plan.prepare(self.grid, self.params, dependent=self._dependent)]
+        self.combine = combine_name(spec) if splits > 1 and combine_enabled(plan.arch) else None
         if self.combine is not None:
-            self._launches.append(plan.prepare(
-                self.combine_grid, self.combine_params, dependent=True, sibling=self.combine,
-                threads=COMBINE_THREADS,
-            ))  # fmt: skip
+            self._launches.append(self._merge_launch(plan, shape, splits))
         self._lock = threading.Lock()
+
+    def _merge_launch(self, plan: LaunchPlan, shape: DecodeShape, splits: int) -> PreparedLaunch:
+        """The merge kernel's prepared launch, a block per packed row: its arguments
+        (abi.DECODE_COMBINE) are o, lse, o_part, lse_part (stored per call in `_cptrs`), then
+        tq, the split count, o's strides and kv_group."""
+        c = ctypes
+        self._cptrs = (c.c_void_p * len(_COMBINE_POINTERS))()
+        self._cargs: list[Any] = [
+            c.c_int(shape.tq), c.c_int(splits), *(c.c_longlong(s) for s in shape.strides[9:12]),
+            c.c_int(shape.kv_group),
+        ]  # fmt: skip
+        if len(self._cargs) + len(self._cptrs) != len(abi.DECODE_COMBINE):
+            raise AssertionError("merge arguments out of step with abi.DECODE_COMBINE")
+        base, width = c.addressof(self._cptrs), c.sizeof(c.c_void_p)
+        params = (c.c_void_p * len(abi.DECODE_COMBINE))(
+            *(base + width * i for i in range(len(self._cptrs))),
+            *(c.addressof(a) for a in self._cargs),
+        )
+        grid = (shape.tq * shape.kv_group, shape.h_kv, shape.b)
+        return plan.prepare(
+            grid, params, dependent=True, sibling=self.combine, threads=COMBINE_THREADS
+        )
 
     def __call__(self, pointers: Sequence[int], stream: int) -> None:
         """Launch on `stream` with `pointers` in POINTER_ARGS order (0 for NULL); with a

@@ -277,16 +277,21 @@ class Driver:
         limit = os.environ.get(SM_LIMIT_ENV, "")
         return min(n, int(limit)) if limit.isdigit() and int(limit) > 0 else n
 
+    def _find(self, module: Any, name: str) -> ctypes.c_void_p:
+        """cuModuleGetFunction of `name` in `module` (its context current)."""
+        func = ctypes.c_void_p()
+        self.check(
+            self.lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
+            f"finding {name} in the cubin",
+        )
+        return func
+
     def function(self, context: int, module: int, name: str) -> int:
         """The CUfunction `name` of a loaded `module` (looked up in `context`, pushed for it)."""
         lib = self.lib
         self.check(lib.cuCtxPushCurrent_v2(context), "making the module's context current")
         try:
-            func = ctypes.c_void_p()
-            self.check(
-                lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
-                f"finding {name} in the cubin",
-            )
+            func = self._find(module, name)
         finally:
             lib.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
         return int(func.value or 0)
@@ -297,12 +302,9 @@ class Driver:
         ctx = self.primary_context(device)
         self.check(lib.cuCtxPushCurrent_v2(ctx), f"device {device}: making its context current")
         try:
-            module, func = ctypes.c_void_p(), ctypes.c_void_p()
+            module = ctypes.c_void_p()
             self.check(lib.cuModuleLoadData(ctypes.byref(module), cubin), "loading the cubin")
-            self.check(
-                lib.cuModuleGetFunction(ctypes.byref(func), module, name.encode()),
-                f"finding {name} in the cubin",
-            )
+            func = self._find(module, name)
             if smem > STATIC_SMEM_LIMIT:
                 optin = ctypes.c_int()
                 self.check(
