@@ -30,9 +30,16 @@ totals and sizes the grid as `VarlenPersistent.varlen_grid` does, never reading 
 Decode variants (family mma, direction "decode": `abi.DECODE`) get `flashgen_decode_params`,
 `flashgen_decode` and `flashgen_decode_workspace_bytes`, and per variant `<symbol>_decode`,
 `_decode_check`, `_decode_workspace_bytes`, `_decode_device_check`: the split count as
-`runtime.decode.choose_splits` (the SMs times the occupancy the runtime reports), the split
-scratch of `scratch_sizes` in the caller's workspace (`decode_workspace_layout`), its counters
-zeroed on the stream before the one launch.
+`runtime.decode_call.choose_launch` takes it for the variant (`choose_splits` over the SMs times
+the occupancy the runtime reports; with the merge kernel, DECODE_MIN_TILES_PER_WARP_MERGED tiles
+per warp while every block keeps an SM), the split scratch of `scratch_sizes` in the caller's
+workspace (`decode_workspace_layout`). A kernel binary built for sm_90 or newer (as
+`cudaFuncGetAttributes` reports it: SASS and PTX both; asked once per variant and device)
+launches as `DecodeLaunch` does on sm_90: the decode kernel as a programmatic dependent
+(`cudaLaunchKernelEx`), and with splits given counters = NULL, then its merge kernel
+`<name>_combine` (`abi.DECODE_COMBINE`) as a programmatic dependent on the same stream; an older
+binary gets plain launches, and with splits zeroes the counters on the stream and merges in
+the one launch.
 
 Family `wgmma` (Hopper, sm_90a) takes three `CUtensorMap`s ahead of the common C ABI (its
 backward four: Q, K, V and dO). Its C launcher builds them itself with the driver's
@@ -61,7 +68,7 @@ from flashgen.generator.backward import kernel_names, pre_rows, scratch_rows, sc
 from flashgen.generator.cache import atomic_write
 from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.families import FAMILIES
-from flashgen.generator.families.mma.decode import DECODE_MERGE_MAX
+from flashgen.generator.families.mma.decode import DECODE_MERGE_MAX, combine_name
 from flashgen.generator.features import RUNTIME_FEATURES, TOKENS
 from flashgen.generator.features.hook import (
     MAX_POINTERS,
@@ -82,8 +89,10 @@ from flashgen.generator.select import select
 from flashgen.generator.space import shipped
 from flashgen.generator.spec import KernelSpec
 from flashgen.runtime.decode import (
+    COMBINE_THREADS,
     DECODE_MAX_SPLITS,
     DECODE_MIN_TILES_PER_WARP,
+    DECODE_MIN_TILES_PER_WARP_MERGED,
     DECODE_WAVES,
     row_tiles,
     scratch_sizes,
@@ -350,6 +359,11 @@ class Variant:
             **self._feature_context(),
             "tma": False,
             "kernel_params": abi.declarations(abi.DECODE, elem=s.dtype_info.ctype, restrict=False),
+            # the split merge as a kernel of its own (sm_90 binaries), in the same kernel file
+            "combine_kernel": combine_name(s),
+            "combine_params": abi.declarations(
+                abi.DECODE_COMBINE, elem=s.dtype_info.ctype, restrict=False
+            ),
             "problems": [_decode_problem(s, *pb) for pb in EXAMPLE_DECODE],
         }
 
@@ -752,6 +766,8 @@ def bundle_context(specs: Sequence[KernelSpec]) -> dict[str, Any]:
             "merge_max": DECODE_MERGE_MAX,
             "waves": DECODE_WAVES,
             "min_tiles_per_warp": DECODE_MIN_TILES_PER_WARP,
+            "min_tiles_per_warp_merged": DECODE_MIN_TILES_PER_WARP_MERGED,
+            "combine_threads": COMBINE_THREADS,
         },
         **_shared_context(unique, headers, names),
     }

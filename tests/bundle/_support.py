@@ -25,6 +25,7 @@ from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.features.hook import call_args, hook_tokens, hooks_of, slots
 from flashgen.generator.hooks import emit_hook
 from flashgen.generator.spec import KernelSpec
+from flashgen.runtime.decode import COMBINE_THREADS
 from flashgen.runtime.tma import TMA_DTYPE
 
 SOURCES = Path(__file__).resolve().parent / "sources"
@@ -220,8 +221,8 @@ def _stand_in_line(s: KernelSpec) -> str:
     if s.direction == "bwd":
         args = f"{s.d}, {s.bc}, {pre_rows(s)}, {s.threads}, {s.smem_bytes}, {flag}"
         return f"STAND_IN_BWD({s.name}, {s.dtype_info.ctype}, {args})"
-    if s.direction == "decode":
-        args = f"{s.d}, {s.dv}, {s.br}, {s.threads}, {s.smem_bytes}, {flag}"
+    if s.direction == "decode":  # ... and its merge kernel's block
+        args = f"{s.d}, {s.dv}, {s.br}, {s.threads}, {s.smem_bytes}, {flag}, {COMBINE_THREADS}"
         return f"STAND_IN_DECODE({s.name}, {s.dtype_info.ctype}, {args})"
     if "varlen" in s.features:
         args = f"{s.d}, {s.dv}, {s.br}, {s.bc}, {s.threads}, {s.smem_bytes}, {flag}"
@@ -322,25 +323,36 @@ def initializer_rows(source: str, array: str) -> list[list[str]]:
 
 def kernel_declarations(launcher: str, name: str) -> list[str]:
     """The launcher's `extern "C" __global__ void <name>(...);` declarations (and those of
-    <name>_pre and <name>_post), found whitespace-insensitively."""
-    pattern = rf'extern\s+"C"\s+__global__\s+void\s+{re.escape(name)}(?:_pre|_post)?\s*\(.*?\);'
+    <name>_pre and <name>_post, or of a decode variant's merge kernel <name>_combine), found
+    whitespace-insensitively."""
+    suffix = "(?:_pre|_post|_combine)?"
+    pattern = rf'extern\s+"C"\s+__global__\s+void\s+{re.escape(name)}{suffix}\s*\(.*?\);'
     return re.findall(pattern, launcher, re.S)
 
 
 def assert_declarations_match(root: Path, specs: list[KernelSpec], param: str) -> None:
     """Each kernel's definition beside the launcher's declarations of it compiles (nvcc's host
-    front end), and does not once the last declaration's int `param` is made a long: the check
-    can fail. The bundle of `specs` is written in `root`."""
+    front end), and does not once the last declaration with an int `param` has it made a long
+    (a decode variant's merge kernel: its int n_splits too): the check can fail. The bundle of
+    `specs` is written in `root`."""
     nvcc = str(require_nvcc())
     launcher = (root / "flashgen_launch.cu").read_text()
     commands, labels = [], []
     for s in specs:
         decls = kernel_declarations(launcher, s.name)
-        assert len(decls) == (3 if s.direction == "bwd" else 1), (s.name, decls)
-        changed, n = re.subn(rf"\bint(\s+{param})\b", r"long\1", decls[-1])
-        assert n == 1, decls[-1]
+        want = {"bwd": 3, "decode": 2}.get(s.direction, 1)  # decode: the kernel and its merge
+        assert len(decls) == want, (s.name, decls)
+        last = max(i for i, d in enumerate(decls) if re.search(rf"\bint\s+{param}\b", d))
+        changes = [(last, param)]
+        if s.direction == "decode":
+            changes.append((len(decls) - 1, "n_splits"))
+        checks = [("same", "\n".join(decls))]
+        for k, (at, name) in enumerate(changes):
+            changed, n = re.subn(rf"\bint(\s+{name})\b", r"long\1", decls[at])
+            assert n == 1, decls[at]
+            checks.append((f"changed{k}", changed))
         arch = "compute_90a" if s.family == "wgmma" else "compute_90"
-        for label, text in (("same", "\n".join(decls)), ("changed", changed)):
+        for label, text in checks:
             src = root / f"sig_{label}_{s.name}.cu"
             src.write_text(fill("declarations.cu", KERNEL=s.name, DECLARATIONS=text))
             gencode = f"-gencode=arch={arch},code={arch}"

@@ -10,6 +10,10 @@
 // Environment:
 //   MOCK_BUG=skip|perturb|lse|dk|dv  breaks one output, so that the example must say FAIL
 //   MOCK_CC=86                       plays an sm_86 GPU (default: 90, an H100/H200)
+//   MOCK_BINARY=80, MOCK_PTX=80      the kernels' code as cudaFuncGetAttributes reports it: SASS
+//                                    arch and the PTX arch it came from (__CUDA_ARCH__ / 10;
+//                                    default MOCK_BINARY, whose default is MOCK_CC): 90/80 plays
+//                                    sm_80 PTX JIT-compiled for an H100
 //   MOCK_ENCODE=fail|missing         the driver refuses every tensor map / has no encoder
 //   MOCK_ENTRY_API=legacy            the launcher must look the encoder up with
 //                                    cudaGetDriverEntryPoint (CUDA < 12.5), not ...ByVersion
@@ -17,7 +21,9 @@
 //   MOCK_MAP_LOG=path                each wgmma backward main kernel appends its four maps
 //   MOCK_OCCUPANCY=n                 blocks one SM holds (cudaOccupancy...; default 3)
 //   MOCK_GRID_ONLY=path              varlen and decode kernels append their grid (and decode
-//                                    its arguments) to that file and compute nothing
+//                                    its arguments, and 1 when launched as a programmatic
+//                                    dependent, else 0) to that file and compute nothing; so
+//                                    does the decode merge kernel (<name>_combine)
 // The counters and switches below (stand_in_*) are for test programs linked with this file.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -41,6 +47,7 @@ static dim3 g_grid, g_block;
 static size_t g_smem;
 static bool g_configured;
 static void* g_stream;
+static bool g_dependent;  // whether the last launch allowed programmatic stream serialization
 static std::map<const void*, int> g_smem_attr;
 // what the launchers did: launches (pushed configurations), shared-memory opt-ins, tensor
 // maps encoded, and the last kernel that ran; a refused call must make none of them
@@ -51,6 +58,8 @@ static int g_fail_in, g_fail_code;
 static cudaError_t g_pending = cudaSuccess;
 static int g_bwd_phase;
 static int g_memsets_async;  // cudaMemsetAsync calls (the decode launcher zeroes its counters)
+static int g_func_attributes;  // cudaFuncGetAttributes calls (the decode launcher asks once a device)
+static int g_device;  // what cudaGetDevice says (stand_in_set_device)
 // the window sides the last forward kernel was launched with
 static int g_window[2] = {-9, -9};
 
@@ -60,6 +69,8 @@ int stand_in_launches(void) { return g_launches; }
 int stand_in_opt_ins(void) { return g_opt_ins; }
 int stand_in_encodes(void) { return g_encoded; }
 int stand_in_memsets_async(void) { return g_memsets_async; }
+int stand_in_func_attributes(void) { return g_func_attributes; }
+void stand_in_set_device(int device) { g_device = device; }  // the current device from now on
 void stand_in_grid(unsigned* x, unsigned* y, unsigned* z) { *x = g_grid.x, *y = g_grid.y, *z = g_grid.z; }
 const char* stand_in_last_kernel(void) { return g_last_kernel; }
 void stand_in_window(int* left, int* right) { *left = g_window[0], *right = g_window[1]; }
@@ -89,6 +100,7 @@ void __cudaUnregisterFatBinary(void**) {}
 char __cudaInitModule(void**) { return 0; }
 unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t smem, void* stream) {
   g_grid = grid, g_block = block, g_smem = smem, g_stream = stream, g_configured = true;
+  g_dependent = false;  // a <<<...>>> launch has no attributes
   ++g_launches;
   if (g_fail_in > 0 && --g_fail_in == 0) {  // a refused launch: the kernel is not called
     g_pending = static_cast<cudaError_t>(g_fail_code);
@@ -180,7 +192,52 @@ cudaError_t cudaFuncSetAttribute(const void* f, cudaFuncAttribute a, int value) 
   if (a == cudaFuncAttributeMaxDynamicSharedMemorySize) g_smem_attr[f] = value;
   return cudaSuccess;
 }
-cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
+cudaError_t cudaGetDevice(int* device) { *device = g_device; return cudaSuccess; }
+// The kernels' code (every kernel alike): SASS for MOCK_BINARY, from PTX for MOCK_PTX (see top)
+static int kernel_arch(bool ptx) {
+  const char* v = ptx ? std::getenv("MOCK_PTX") : nullptr;
+  if (v == nullptr) v = std::getenv("MOCK_BINARY");
+  if (v == nullptr) v = std::getenv("MOCK_CC");
+  return v ? std::atoi(v) : 90;
+}
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* f) {
+  if (attr == nullptr || f == nullptr) die("cudaFuncGetAttributes of no kernel");
+  ++g_func_attributes;
+  std::memset(attr, 0, sizeof *attr);
+  attr->binaryVersion = kernel_arch(false);
+  attr->ptxVersion = kernel_arch(true);
+  attr->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+// cudaLaunchKernelEx (the decode kernel's and its merge kernel's launches): the kernel stand-ins
+// it may launch register how to call them from its argument array; it sets `g_dependent` when
+// the launch allows programmatic stream serialization. A refused launch (stand_in_fail_launch)
+// returns its code and runs nothing.
+using ExInvoker = void (*)(void** args);
+static std::map<const void*, ExInvoker>& ex_kernels() {
+  static std::map<const void*, ExInvoker> kernels;
+  return kernels;
+}
+static bool register_ex(const void* f, ExInvoker call) {
+  ex_kernels()[f] = call;
+  return true;
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* f, void** args) {
+  const auto it = ex_kernels().find(f);
+  if (config == nullptr || it == ex_kernels().end()) die("cudaLaunchKernelEx of no known kernel");
+  ++g_launches;
+  if (g_fail_in > 0 && --g_fail_in == 0) return static_cast<cudaError_t>(g_fail_code);
+  g_grid = config->gridDim, g_block = config->blockDim, g_smem = config->dynamicSmemBytes;
+  g_stream = config->stream, g_configured = true, g_dependent = false;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const cudaLaunchAttribute& a = config->attrs[i];
+    if (a.id == cudaLaunchAttributeProgrammaticStreamSerialization) {
+      g_dependent = a.val.programmaticStreamSerializationAllowed == 1;
+    }
+  }
+  it->second(args);
+  return cudaSuccess;
+}
 // MOCK_CC=86 plays an sm_86 GPU (default: 90, an H100/H200)
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   const char* cc = std::getenv("MOCK_CC");
@@ -722,6 +779,13 @@ static void bwd_through_maps(const char* name, const TensorMap* maps, BwdArgs<T>
 // Decode: grid (splits, row tiles x K/V heads, B); with several splits the scratch (o_part,
 // lse_part, counters) must lie in the caller's allocation, 16-byte aligned and apart, and the
 // counters must be zero at launch (the launcher zeroes them: the example hands it garbage).
+// Given counters = NULL with several splits (code for sm_90 only: MOCK_PTX/MOCK_BINARY), the
+// kernel stores each split's O and base-2 LSE in the scratch -- the keys cut into `splits` runs
+// -- and the merge kernel (<name>_combine) must be the next launch, with this launch's o, lse,
+// scratch, shape and o strides, on its stream, as a programmatic dependent.
+// The decode launch itself must be a programmatic dependent (cudaLaunchKernelEx with the
+// attribute) exactly when the code is for sm_90 (it waits at griddepcontrol.wait; older code
+// does not, and must get a plain launch), split or not.
 // MOCK_BUG=perturb moves the first row's first O element by 0.5.
 static bool grid_only(const char* fmt, ...) {
   const char* path = std::getenv("MOCK_GRID_ONLY");
@@ -863,6 +927,17 @@ static void varlen(const char* name, const void* self, int H, int n_batch, const
         n_seqs, counter);                                                                     \
   }
 
+// The merge a decode launch given counters = NULL left to the merge kernel.
+struct PendingMerge {
+  bool due;
+  const void* o;
+  const float *lse, *o_part, *lse_part;
+  int splits, tq, group, hkv, B;
+  long long o_sb, o_sh, o_st;
+  void* stream;
+};
+static PendingMerge g_merge;
+
 template <class T, int D, int DV, int BR, int THREADS, int SMEM, bool CAUSAL>
 static void decode(const char* name, const void* self, const T* q, const T* k, const T* v, T* o,
                    float* lse, float* o_part, float* lse_part, int* counters, const int* seqlens,
@@ -871,6 +946,7 @@ static void decode(const char* name, const void* self, const T* q, const T* k, c
                    const float* slopes) {
   if (!g_configured) die("decode kernel called without a launch configuration");
   g_last_kernel = name;
+  if (g_merge.due) die("decode: the last launch (counters NULL) was not followed by its merge kernel");
   if (group < 1) die("decode: kv_group < 1");
   const int row_tiles = (tq * group + BR - 1) / BR;
   if (g_grid.y % row_tiles) die("decode: grid y is not row tiles x K/V heads");
@@ -880,26 +956,38 @@ static void decode(const char* name, const void* self, const T* q, const T* k, c
   if (SMEM > 48 * 1024 && g_smem_attr[self] < SMEM) die("decode: no opt-in above 48 KiB");
   if (wl < -1 || wr < -1 || wl >= tk || wr >= tq) die("decode: window sides out of range");
   if (table ? (page_size < 1 || n_pages < 1) : page_size != 1) die("decode: page arguments");
+  // counters NULL: the merge kernel's way, which only code compiled for sm_90 honours (older
+  // code would merge through the NULL counters)
+  const bool apart = splits > 1 && counters == nullptr;
+  const bool sm90 = kernel_arch(true) >= 90 && kernel_arch(false) >= 90;
+  if (apart && !sm90) die("decode: counters NULL on code compiled below sm_90, which merges through them");
+  // sm_90 code waits at griddepcontrol.wait: launched as a programmatic dependent, as the Python
+  // runtime launches it; older code has no such wait and must not be (it could start early)
+  if (g_dependent && !sm90) die("decode: code below sm_90 launched as a programmatic dependent");
+  if (!g_dependent && sm90) die("decode: sm_90 code launched without programmatic stream serialization");
   if (splits > 1) {  // the scratch of decode.scratch_sizes in the caller's workspace
     const long long rt = (long long)B * hkv * row_tiles;
     const int G = splits <= 16 ? splits : (int)std::ceil(std::sqrt((double)splits));
     const long long groups = (splits + G - 1) / G;
-    if (!o_part || !lse_part || !counters) die("decode: split scratch missing");
+    if (!o_part || !lse_part) die("decode: split scratch missing");
     if ((uintptr_t)o_part % 16 || (uintptr_t)lse_part % 16 || (uintptr_t)counters % 16)
       die("decode: scratch arrays not 16-byte aligned");
     const size_t ob = rt * splits * BR * DV * 4, lb = rt * splits * BR * 4, cb = rt * (1 + groups) * 4;
     within_allocation(o_part, ob, "decode: o_part past the workspace");
     within_allocation(lse_part, lb, "decode: lse_part past the workspace");
-    within_allocation(counters, cb, "decode: counters past the workspace");
     const char* a = (const char*)o_part;
     const char* b2 = (const char*)lse_part;
-    const char* c2 = (const char*)counters;
-    if (!(a + ob <= b2 && b2 + lb <= c2)) die("decode: scratch arrays overlap or out of order");
-    for (long long i = 0; i < rt * (1 + groups); ++i)
-      if (counters[i] != 0) die("decode: counters not zero at launch");
+    if (!(a + ob <= b2)) die("decode: scratch arrays overlap or out of order");
+    if (!apart) {
+      within_allocation(counters, cb, "decode: counters past the workspace");
+      if (!(b2 + lb <= (const char*)counters)) die("decode: scratch arrays overlap or out of order");
+      for (long long i = 0; i < rt * (1 + groups); ++i)
+        if (counters[i] != 0) die("decode: counters not zero at launch");
+    }
   }
-  if (grid_only("%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d\n", name, splits, (int)g_grid.y, B, H, tq, tk,
-                page_size, bt_stride, n_pages, wl)) return;
+  if (apart) g_merge = {true, o, lse, o_part, lse_part, splits, tq, group, hkv, B, s[9], s[10], s[11], g_stream};
+  if (grid_only("%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d\n", name, splits, (int)g_grid.y, B, H, tq, tk,
+                page_size, bt_stride, n_pages, wl, (int)g_dependent)) return;
   g_configured = false;
   const bool perturb = env_is("MOCK_BUG", "perturb");
   float out[DV];
@@ -934,8 +1022,26 @@ static void decode(const char* name, const void* self, const T* q, const T* k, c
       };
       for (int i = 0; i < tq; ++i) {
         float row_lse;
-        attend_row<T, D, DV>(q + b * s[0] + h * s[1] + (long long)i * s[2], i + n - tq, bad ? 0 : n, CAUSAL,
-                             wl, wr, scale_log2, cap, slopes ? slopes[h] : 0.0f, key, value, out, &row_lse);
+        const T* qi = q + b * s[0] + h * s[1] + (long long)i * s[2];
+        const float slope = slopes ? slopes[h] : 0.0f;
+        if (apart) {  // split x: keys [n x / splits, n (x + 1) / splits), into its scratch slot
+          const long long pr = (long long)i * group + h % group;  // the packed row
+          const long long tile = ((long long)b * hkv + g) * row_tiles + pr / BR;
+          for (int x = 0; x < splits; ++x) {
+            const int lo = (int)((long long)n * x / splits), hi = (int)((long long)n * (x + 1) / splits);
+            auto key_x = [&](int j) { return key(j + lo); };
+            auto value_x = [&](int j) { return value(j + lo); };
+            attend_row<T, D, DV>(qi, i + n - tq - lo, bad ? 0 : hi - lo, CAUSAL, wl, wr, scale_log2, cap,
+                                 slope, key_x, value_x, out, &row_lse);
+            if (perturb && b == 0 && h == 0 && i == 0) out[0] += 0.5f;
+            const long long slot = (tile * splits + x) * BR + pr % BR;
+            for (int c = 0; c < DV; ++c) o_part[slot * DV + c] = bad ? NAN : out[c];
+            lse_part[slot] = bad ? NAN : row_lse * 1.4426950408889634f;  // base 2 (-inf stays)
+          }
+          continue;
+        }
+        attend_row<T, D, DV>(qi, i + n - tq, bad ? 0 : n, CAUSAL, wl, wr, scale_log2, cap, slope, key, value,
+                             out, &row_lse);
         if (perturb && b == 0 && h == 0 && i == 0) out[0] += 0.5f;
         T* oi = o + b * s[9] + h * s[10] + (long long)i * s[11];
         for (int x = 0; x < DV; ++x) oi[x] = from_f32<T>(bad ? NAN : out[x]);
@@ -945,7 +1051,58 @@ static void decode(const char* name, const void* self, const T* q, const T* k, c
   }
 }
 
-#define STAND_IN_DECODE(NAME, T, D, DV, BR, THREADS, SMEM, CAUSAL)                               \
+// The decode merge kernel (templates/mma_decode.cu.j2, <name>_combine): grid (tq x group, H_kv,
+// B), a block of COMBINE_THREADS, no dynamic shared memory, launched right after the decode
+// launch that left it the merge; merges each packed row's splits by their LSE as the kernel
+// does (a NaN in any split: NaN row; no key seen: O = 0, LSE = -inf).
+template <class T, int DV, int BR, int COMBINE_THREADS>
+static void combine(const char* name, T* o, float* lse, const float* o_part, const float* lse_part, int tq,
+                    int n_splits, long long o_sb, long long o_sh, long long o_st, int group) {
+  if (!g_configured) die("merge kernel called without a launch configuration");
+  g_last_kernel = name;
+  const PendingMerge m = g_merge;
+  g_merge.due = false;
+  if (!m.due) die("merge kernel launched after no decode launch given counters = NULL");
+  if (!g_dependent) die("merge kernel launched without programmatic stream serialization");
+  if (g_stream != m.stream) die("merge kernel launched on another stream than its decode launch");
+  if (g_block.x != COMBINE_THREADS || g_block.y != 1 || g_block.z != 1 || g_smem != 0)
+    die("merge kernel block or dynamic shared memory");
+  if (o != m.o || lse != m.lse || o_part != m.o_part || lse_part != m.lse_part)
+    die("merge kernel: o, lse or the scratch differ from the decode launch's");
+  if (tq != m.tq || n_splits != m.splits || group != m.group) die("merge kernel: tq, n_splits or kv_group");
+  if (o_sb != m.o_sb || o_sh != m.o_sh || o_st != m.o_st) die("merge kernel: o's strides");
+  if (g_grid.x != (unsigned)(tq * group) || g_grid.y != (unsigned)m.hkv || g_grid.z != (unsigned)m.B)
+    die("merge kernel grid");
+  if (grid_only("%s|%u|%u|%u|%d|%d\n", name, g_grid.x, g_grid.y, g_grid.z, tq, n_splits)) return;
+  g_configured = false;
+  const int row_tiles = (tq * group + BR - 1) / BR, H = m.hkv * group;
+  for (int b = 0; b < m.B; ++b)
+    for (int g = 0; g < m.hkv; ++g)
+      for (int pr = 0; pr < tq * group; ++pr) {
+        const long long tile = ((long long)b * m.hkv + g) * row_tiles + pr / BR;
+        const int t = pr / group, h = g * group + pr % group;
+        bool nan = false;
+        float mx = -INFINITY;
+        for (int x = 0; x < n_splits; ++x) {
+          const float l2 = lse_part[(tile * n_splits + x) * BR + pr % BR];
+          nan |= l2 != l2;
+          mx = l2 > mx ? l2 : mx;
+        }
+        float acc[DV] = {}, sum = 0.0f;
+        for (int x = 0; x < n_splits && !nan && mx != -INFINITY; ++x) {
+          const long long slot = (tile * n_splits + x) * BR + pr % BR;
+          const float w = std::exp2(lse_part[slot] - mx);
+          sum += w;
+          for (int c = 0; c < DV; ++c) acc[c] += w * o_part[slot * DV + c];
+        }
+        T* orow = o + b * o_sb + h * o_sh + (long long)t * o_st;
+        for (int c = 0; c < DV; ++c) orow[c] = from_f32<T>(nan ? NAN : sum > 0.0f ? acc[c] / sum : 0.0f);
+        lse[((long long)b * H + h) * tq + t] =
+            nan ? NAN : mx == -INFINITY ? -INFINITY : (mx + std::log2(sum)) * 0.6931471805599453f;
+      }
+}
+
+#define STAND_IN_DECODE(NAME, T, D, DV, BR, THREADS, SMEM, CAUSAL, COMBINE_THREADS)              \
   extern "C" void NAME(const T* q, const T* k, const T* v, T* o, float* lse, float* o_part,     \
                        float* lse_part, int* counters, const int* seqlens, const int* table,    \
                        int tq, int tk, int page_size, int bt_stride, int n_pages, long long a,   \
@@ -957,5 +1114,27 @@ static void decode(const char* name, const void* self, const T* q, const T* k, c
     decode<T, D, DV, BR, THREADS, SMEM, CAUSAL>(#NAME, (const void*)&NAME, q, k, v, o, lse,      \
         o_part, lse_part, counters, seqlens, table, tq, tk, page_size, bt_stride, n_pages, s,    \
         sc, group, wl, wr, cap, slopes);                                                        \
-  }
+  }                                                                                             \
+  [[maybe_unused]] static const bool NAME##_ex =                                                \
+      register_ex((const void*)&NAME, [](void** a) {                                            \
+        const auto L = [&](int i) { return *(long long*)a[i]; };                                \
+        NAME(*(const T**)a[0], *(const T**)a[1], *(const T**)a[2], *(T**)a[3], *(float**)a[4],  \
+             *(float**)a[5], *(float**)a[6], *(int**)a[7], *(const int**)a[8],                  \
+             *(const int**)a[9], *(int*)a[10], *(int*)a[11], *(int*)a[12], *(int*)a[13],        \
+             *(int*)a[14], L(15), L(16), L(17), L(18), L(19), L(20), L(21), L(22), L(23),       \
+             L(24), L(25), L(26), *(float*)a[27], *(int*)a[28], *(int*)a[29], *(int*)a[30],     \
+             *(float*)a[31], *(const float**)a[32]);                                            \
+      });                                                                                       \
+  extern "C" void NAME##_combine(T* o, float* lse, const float* o_part, const float* lse_part,  \
+                                 int tq, int n_splits, long long o_sb, long long o_sh,          \
+                                 long long o_st, int group) {                                   \
+    combine<T, DV, BR, COMBINE_THREADS>(#NAME "_combine", o, lse, o_part, lse_part, tq,        \
+                                        n_splits, o_sb, o_sh, o_st, group);                     \
+  }                                                                                             \
+  [[maybe_unused]] static const bool NAME##_combine_ex =                                        \
+      register_ex((const void*)&NAME##_combine, [](void** a) {                                  \
+        NAME##_combine(*(T**)a[0], *(float**)a[1], *(const float**)a[2], *(const float**)a[3],  \
+                       *(int*)a[4], *(int*)a[5], *(long long*)a[6], *(long long*)a[7],          \
+                       *(long long*)a[8], *(int*)a[9]);                                         \
+      });
 @STAND_INS@
