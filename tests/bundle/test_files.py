@@ -26,7 +26,7 @@ from flashgen.generator.dtypes import DTYPES
 from flashgen.generator.render import render
 from flashgen.generator.select import lookup, select
 
-from ._support import BWD_B, MMA, PAIR, SIMT, cmake_args, prose
+from ._support import BWD_B, DECODE, MMA, PAIR, SIMT, VARLEN, WGMMA, cmake_args, prose
 
 TEMPLATES = Path(bundle_mod.__file__).resolve().parents[1] / "templates" / "bundle"
 FIXED_FILES = {"CMakeLists.txt", "README.md", "example.cu", HEADER, LAUNCHER}
@@ -38,6 +38,29 @@ def test_files_are_the_fixed_set_plus_one_kernel_per_variant() -> None:
     assert set(files) == FIXED_FILES | {f"kernels/{s.name}.cu" for s in PAIR}
     for s in PAIR:  # the kernels exactly as `flashgen build` writes them
         assert files[f"kernels/{s.name}.cu"] == render(s).source
+
+
+# what the launcher uses from the standard headers, and the header that declares it: a use
+# without its include compiles only where another header happens to pull it in (a decode-only
+# bundle's std::atomic built on the CPU machine and failed on the GPU host's compiler)
+_DECLARED_IN = {
+    r"\bstd::(atomic|memory_order_\w+)\b": "<atomic>",
+    r"\bmem(cpy|set)\(": "<string.h>",
+    r"\bINT_MAX\b": "<limits.h>",
+    r"\bFLT_MAX\b": "<float.h>",
+}
+
+
+@pytest.mark.parametrize(
+    "specs", [PAIR, [DECODE], [VARLEN], [WGMMA], [DECODE, WGMMA]],
+    ids=["pair", "decode", "varlen", "wgmma", "decode+wgmma"],
+)  # fmt: skip
+def test_launcher_includes_the_header_of_every_standard_name_it_uses(specs: Any) -> None:
+    launcher = bundle_files(specs)[LAUNCHER]
+    code = "\n".join(line.split("//")[0] for line in launcher.splitlines())  # comments out
+    for pattern, header in _DECLARED_IN.items():
+        if re.search(pattern, code):
+            assert f"#include {header}" in launcher, (pattern, header)
 
 
 def test_render_is_deterministic_and_independent_of_variant_order() -> None:
